@@ -1,0 +1,125 @@
+#include "epoch_state.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "errors.h"
+
+namespace torch_shards::core {
+namespace {
+
+constexpr int64_t kMagic = 0x5348524453455054;  // "SHRDSEPT"
+enum Word : int64_t { kMagicWord = 0, kLock = 1, kNext = 2, kLast = 3, kStamp = 4, kTable = 8 };
+enum Field : int64_t { kSeed = 0, kIteration, kWorkers, kEpoch, kMask, kEntryStamp, kFields };
+constexpr int64_t kSlots = (kEpochStateWords - kTable) / kFields;
+
+int64_t load(const int64_t* word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
+void store(int64_t* word, int64_t value) { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
+
+// A spin lock in shared memory holding the owner's pid. The critical sections
+// are a few dozen instructions; if an owner died inside one (kill -9), its
+// lock is taken over instead of hanging every other process.
+class StateLock {
+ public:
+  explicit StateLock(int64_t* state) : word_(state + kLock) {
+    const int64_t self = static_cast<int64_t>(getpid());
+    for (int64_t spins = 0;; ++spins) {
+      int64_t expected = 0;
+      if (__atomic_compare_exchange_n(word_, &expected, self, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) return;
+      if (spins % 1024 == 1023) {
+        if (expected != self && kill(static_cast<pid_t>(expected), 0) == -1 && errno == ESRCH &&
+            __atomic_compare_exchange_n(word_, &expected, self, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+          return;
+        }
+        const timespec pause{0, 100000};
+        nanosleep(&pause, nullptr);
+      }
+    }
+  }
+  ~StateLock() { __atomic_store_n(word_, 0, __ATOMIC_RELEASE); }
+  StateLock(const StateLock&) = delete;
+  StateLock& operator=(const StateLock&) = delete;
+
+ private:
+  int64_t* word_;
+};
+
+void check_initialised(const int64_t* state) {
+  if (load(state + kMagicWord) != kMagic) {
+    throw InvalidArgument("epoch state is not initialised (was it created by torch_shards?)");
+  }
+}
+
+int64_t claim_next(int64_t* state) {
+  const int64_t epoch = load(state + kNext);
+  store(state + kNext, epoch + 1);
+  store(state + kLast, epoch);
+  return epoch;
+}
+
+}  // namespace
+
+void epoch_state_init(int64_t* state) {
+  for (int64_t i = 0; i < kEpochStateWords; ++i) store(state + i, 0);
+  store(state + kLast, -1);
+  store(state + kMagicWord, kMagic);
+}
+
+void epoch_state_set_next(int64_t* state, int64_t epoch) {
+  check_initialised(state);
+  check_argument(epoch >= 0, "epoch must be >= 0, got ", epoch);
+  StateLock lock(state);
+  store(state + kNext, epoch);
+}
+
+int64_t epoch_state_next(const int64_t* state) {
+  check_initialised(state);
+  return load(state + kNext);
+}
+
+int64_t epoch_state_last(const int64_t* state) {
+  check_initialised(state);
+  return load(state + kLast);
+}
+
+int64_t epoch_state_claim_main(int64_t* state) {
+  check_initialised(state);
+  StateLock lock(state);
+  return claim_next(state);
+}
+
+int64_t epoch_state_claim_worker(int64_t* state, int64_t generation_seed, int64_t local_iteration,
+                                 int64_t num_workers, int64_t worker_id) {
+  check_initialised(state);
+  check_argument(num_workers >= 1 && worker_id >= 0 && worker_id < num_workers, "worker id ", worker_id,
+                 " out of range for ", num_workers, " workers");
+  const int64_t bit = worker_id < 63 ? (int64_t{1} << worker_id) : 0;
+  StateLock lock(state);
+  // Reuse the entry of this generation's name, else an empty (stamp 0) or the oldest entry.
+  int64_t* victim = nullptr;
+  for (int64_t slot = 0; slot < kSlots; ++slot) {
+    int64_t* entry = state + kTable + slot * kFields;
+    if (entry[kEntryStamp] != 0 && entry[kSeed] == generation_seed && entry[kIteration] == local_iteration &&
+        entry[kWorkers] == num_workers) {
+      if ((entry[kMask] & bit) == 0) {
+        entry[kMask] |= bit;
+        return entry[kEpoch];
+      }
+      victim = entry;  // this worker already took part: a new generation under the same name
+      break;
+    }
+    if (victim == nullptr || entry[kEntryStamp] < victim[kEntryStamp]) victim = entry;
+  }
+  const int64_t epoch = claim_next(state);
+  victim[kSeed] = generation_seed;
+  victim[kIteration] = local_iteration;
+  victim[kWorkers] = num_workers;
+  victim[kEpoch] = epoch;
+  victim[kMask] = bit;
+  victim[kEntryStamp] = ++state[kStamp];
+  return epoch;
+}
+
+}  // namespace torch_shards::core

@@ -1,0 +1,58 @@
+// The planner joins a bound strategy (what the epoch visits) and the epoch
+// layout (who delivers which batch): it answers "which rows, in which order,
+// does this worker deliver next?" for any (seed, epoch, rank, worker).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "epoch_layout.h"
+#include "strategy.h"
+
+namespace torch_shards::core {
+
+class Planner {
+ public:
+  Planner(std::shared_ptr<const SamplingPlan> plan, const LoaderOptions& options, int64_t world_size);
+
+  const SamplingPlan& plan() const { return *plan_; }
+  const EpochLayout& layout() const { return layout_; }
+
+  // The rows of fetch f in delivery order: read in ascending order, then (for
+  // shuffling strategies) permuted by a permutation keyed by (seed, epoch, f).
+  void fetch_rows(uint64_t seed, int64_t epoch, int64_t fetch, std::vector<int64_t>& rows) const;
+
+ private:
+  std::shared_ptr<const SamplingPlan> plan_;
+  EpochLayout layout_;
+};
+
+// Walks the units one worker delivers in one epoch, in order.
+class UnitCursor {
+ public:
+  UnitCursor(std::shared_ptr<const Planner> planner, uint64_t seed, int64_t epoch, int64_t rank, int64_t worker,
+             int64_t num_workers);
+
+  int64_t num_units() const { return num_units_; }
+  int64_t position() const { return next_; }
+  // Skips units already delivered (e.g. when resuming).
+  void skip(int64_t units);
+  // The next unit and its rows in delivery order; false once exhausted.
+  bool next(WorkUnit& unit, std::vector<int64_t>& rows);
+
+ private:
+  std::shared_ptr<const Planner> planner_;
+  uint64_t seed_;
+  int64_t epoch_;
+  int64_t rank_;
+  int64_t worker_;
+  int64_t num_workers_;
+  int64_t num_units_;
+  int64_t next_ = 0;
+  // Tail batches of one fetch often follow each other: keep its rows.
+  int64_t cached_fetch_ = -1;
+  std::vector<int64_t> cached_rows_;
+};
+
+}  // namespace torch_shards::core

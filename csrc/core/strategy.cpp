@@ -1,0 +1,430 @@
+#include "strategy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <unordered_map>
+
+#include "errors.h"
+#include "permutation.h"
+#include "random.h"
+
+namespace torch_shards::core {
+namespace {
+
+// Order-sensitive digest of an array, so that describe() tells apart two
+// strategies whose arrays differ without printing the arrays.
+template <typename T>
+uint64_t digest(const std::vector<T>& values) {
+  uint64_t h = mix64(values.size());
+  for (const T& value : values) {
+    uint64_t bits = 0;
+    std::memcpy(&bits, &value, sizeof(T) < sizeof(bits) ? sizeof(T) : sizeof(bits));
+    h = mix64(h ^ bits);
+  }
+  return h;
+}
+
+std::string hex(uint64_t value) {
+  static const char* digits = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, value >>= 4) out[i] = digits[value & 15];
+  return out;
+}
+
+std::string describe_optional(const std::optional<int64_t>& value) {
+  return value ? std::to_string(*value) : std::string("None");
+}
+
+void check_indices(const char* strategy, const std::optional<std::vector<int64_t>>& indices) {
+  if (!indices) return;
+  check_argument(!indices->empty(), strategy, ": indices must not be empty");
+  for (size_t i = 0; i < indices->size(); ++i) {
+    check_argument((*indices)[i] >= 0, strategy, ": indices must be >= 0, got indices[", i, "] = ", (*indices)[i]);
+  }
+  std::vector<int64_t> sorted = *indices;
+  std::sort(sorted.begin(), sorted.end());
+  const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+  check_argument(dup == sorted.end(), strategy, ": indices must be unique, got row ", dup == sorted.end() ? 0 : *dup,
+                 " more than once");
+}
+
+void check_block_size(const char* strategy, int64_t block_size) {
+  check_argument(block_size >= 1, strategy, ": block_size must be >= 1, got ", block_size);
+}
+
+void check_total_size(const char* strategy, const std::optional<int64_t>& total_size) {
+  check_argument(!total_size || *total_size >= 1, strategy, ": total_size must be >= 1, got ",
+                 describe_optional(total_size));
+}
+
+class StreamingPlan : public SamplingPlan {
+ public:
+  StreamingPlan(RowSubset subset, bool shuffle) : subset_(std::move(subset)), shuffle_(shuffle) {}
+  int64_t size() const override { return subset_.size(); }
+  bool shuffles_within_fetch() const override { return shuffle_; }
+  void fill(uint64_t, int64_t, int64_t begin, int64_t count, int64_t* rows) const override {
+    for (int64_t i = 0; i < count; ++i) rows[i] = subset_.row(begin + i);
+  }
+
+ private:
+  RowSubset subset_;
+  bool shuffle_;
+};
+
+class BlockShufflingPlan : public SamplingPlan {
+ public:
+  BlockShufflingPlan(RowSubset subset, int64_t block_size)
+      : subset_(std::move(subset)), order_(subset_.size(), block_size) {}
+  int64_t size() const override { return subset_.size(); }
+  bool shuffles_within_fetch() const override { return true; }
+  void fill(uint64_t seed, int64_t epoch, int64_t begin, int64_t count, int64_t* rows) const override {
+    order_.fill_positions(derive_key(seed, epoch, Purpose::kBlockOrder), begin, count, rows);
+    for (int64_t i = 0; i < count; ++i) rows[i] = subset_.row(rows[i]);
+  }
+
+ private:
+  RowSubset subset_;
+  BlockOrder order_;
+};
+
+// Draws with replacement. Draw j belongs to group j / block_size; a group picks
+// one block of block_size consecutive subset positions with probability
+// proportional to the block's total weight, then each of its draws picks a row
+// inside that block proportionally to the row weights. So every draw has
+// marginal probability exactly w_row / W while a group's rows stay close on
+// disk. Only the cumulative weights are kept (8 bytes per row).
+class WeightedPlan : public SamplingPlan {
+ public:
+  WeightedPlan(RowSubset subset, const std::vector<double>& weights, int64_t total_size, int64_t block_size)
+      : subset_(std::move(subset)), total_size_(total_size), block_size_(block_size) {
+    cumulative_.resize(weights.size() + 1);
+    cumulative_[0] = 0.0;
+    for (size_t i = 0; i < weights.size(); ++i) cumulative_[i + 1] = cumulative_[i] + weights[i];
+    num_blocks_ = (subset_.size() + block_size_ - 1) / block_size_;
+  }
+  int64_t size() const override { return total_size_; }
+  bool shuffles_within_fetch() const override { return true; }
+
+  void fill(uint64_t seed, int64_t epoch, int64_t begin, int64_t count, int64_t* rows) const override {
+    const uint64_t block_key = derive_key(seed, epoch, Purpose::kWeightedBlock);
+    const uint64_t row_key = derive_key(seed, epoch, Purpose::kWeightedRow);
+    int64_t group = -1, start = 0, end = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t draw = begin + i;
+      if (block_size_ == 1) {
+        rows[i] = subset_.row(find_position(0, subset_.size(), uniform_at(row_key, draw)));
+        continue;
+      }
+      if (draw / block_size_ != group) {
+        group = draw / block_size_;
+        const int64_t block = find_block(uniform_at(block_key, group));
+        start = block * block_size_;
+        end = std::min(start + block_size_, subset_.size());
+      }
+      rows[i] = subset_.row(find_position(start, end, uniform_at(row_key, draw)));
+    }
+  }
+
+ private:
+  double boundary(int64_t block) const { return cumulative_[std::min(block * block_size_, subset_.size())]; }
+
+  // The block b whose share of [0, W) contains u * W.
+  int64_t find_block(double u) const {
+    const double x = u * cumulative_.back();
+    int64_t lo = 0, hi = num_blocks_;  // invariant: boundary(lo) <= x, answer in [lo, hi)
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (boundary(mid) <= x) lo = mid; else hi = mid;
+    }
+    // Rounding can land on a zero-weight block at the end; step back.
+    while (lo > 0 && boundary(lo + 1) == boundary(lo)) --lo;
+    return lo;
+  }
+
+  // The position p in [start, end) whose share of the block's weight contains u.
+  int64_t find_position(int64_t start, int64_t end, double u) const {
+    const double low = cumulative_[start];
+    const double x = low + u * (cumulative_[end] - low);
+    const auto first = cumulative_.begin() + start + 1;
+    int64_t p = (std::upper_bound(first, cumulative_.begin() + end + 1, x) - cumulative_.begin()) - 1;
+    if (p >= end) p = end - 1;
+    while (p > start && cumulative_[p + 1] == cumulative_[p]) --p;  // never a zero-weight row
+    return p;
+  }
+
+  RowSubset subset_;
+  std::vector<double> cumulative_;
+  int64_t total_size_;
+  int64_t block_size_;
+  int64_t num_blocks_ = 0;
+};
+
+// Draws without replacement: each epoch selects total_size distinct rows by
+// Efraimidis-Spirakis keys (exponential clocks -log(u)/w, smallest win), the
+// same successive-sampling law as torch.multinomial(replacement=False); the
+// selection is visited in block order like BlockShuffling.
+class WeightedWithoutReplacementPlan : public SamplingPlan {
+ public:
+  WeightedWithoutReplacementPlan(RowSubset subset, std::vector<double> weights, int64_t total_size,
+                                 int64_t block_size)
+      : subset_(std::move(subset)), weights_(std::move(weights)), total_size_(total_size),
+        order_(total_size, block_size) {}
+  int64_t size() const override { return total_size_; }
+  bool shuffles_within_fetch() const override { return true; }
+
+  void fill(uint64_t seed, int64_t epoch, int64_t begin, int64_t count, int64_t* rows) const override {
+    const auto selected = selection(seed, epoch);
+    order_.fill_positions(derive_key(seed, epoch, Purpose::kBlockOrder), begin, count, rows);
+    for (int64_t i = 0; i < count; ++i) rows[i] = subset_.row((*selected)[rows[i]]);
+  }
+
+ private:
+  std::shared_ptr<const std::vector<int64_t>> selection(uint64_t seed, int64_t epoch) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (selected_ && cached_seed_ == seed && cached_epoch_ == epoch) return selected_;
+    const uint64_t key = derive_key(seed, epoch, Purpose::kWithoutReplacement);
+    std::vector<std::pair<double, int64_t>> clocks;
+    clocks.reserve(weights_.size());
+    for (size_t p = 0; p < weights_.size(); ++p) {
+      if (weights_[p] <= 0.0) continue;
+      const double u = 1.0 - uniform_at(key, p);  // in (0, 1]
+      clocks.emplace_back(-std::log(u) / weights_[p], static_cast<int64_t>(p));
+    }
+    std::nth_element(clocks.begin(), clocks.begin() + (total_size_ - 1), clocks.end());
+    auto chosen = std::make_shared<std::vector<int64_t>>();
+    chosen->reserve(total_size_);
+    for (int64_t i = 0; i < total_size_; ++i) chosen->push_back(clocks[i].second);
+    std::sort(chosen->begin(), chosen->end());
+    selected_ = std::move(chosen);
+    cached_seed_ = seed;
+    cached_epoch_ = epoch;
+    return selected_;
+  }
+
+  RowSubset subset_;
+  std::vector<double> weights_;
+  int64_t total_size_;
+  BlockOrder order_;
+  mutable std::mutex mutex_;
+  mutable std::shared_ptr<const std::vector<int64_t>> selected_;
+  mutable uint64_t cached_seed_ = 0;
+  mutable int64_t cached_epoch_ = 0;
+};
+
+}  // namespace
+
+RowSubset RowSubset::all(int64_t num_rows) {
+  RowSubset subset;
+  subset.num_rows_ = num_rows;
+  return subset;
+}
+
+RowSubset RowSubset::of(std::vector<int64_t> sorted_rows) {
+  RowSubset subset;
+  subset.all_ = false;
+  subset.rows_ = std::move(sorted_rows);
+  return subset;
+}
+
+BlockOrder::BlockOrder(int64_t size, int64_t block_size) : size_(size), block_size_(block_size) {
+  num_blocks_ = (size + block_size - 1) / block_size;
+  short_size_ = size - (num_blocks_ - 1) * block_size;
+}
+
+void BlockOrder::fill_positions(uint64_t key, int64_t begin, int64_t count, int64_t* positions) const {
+  const FeistelPermutation order(static_cast<uint64_t>(num_blocks_), key);
+  // Order position of the last block, the only one that may be short.
+  const int64_t short_at = static_cast<int64_t>(order.inverse(static_cast<uint64_t>(num_blocks_ - 1)));
+  const int64_t short_begin = short_at * block_size_;
+  const int64_t short_end = short_begin + short_size_;
+  int64_t i = begin;
+  const int64_t end = begin + count;
+  while (i < end) {
+    int64_t slot, offset;
+    if (i < short_begin) {
+      slot = i / block_size_;
+      offset = i % block_size_;
+    } else if (i < short_end) {
+      slot = short_at;
+      offset = i - short_begin;
+    } else {
+      slot = short_at + 1 + (i - short_end) / block_size_;
+      offset = (i - short_end) % block_size_;
+    }
+    const int64_t block = static_cast<int64_t>(order(static_cast<uint64_t>(slot)));
+    const int64_t length = block == num_blocks_ - 1 ? short_size_ : block_size_;
+    const int64_t run = std::min(length - offset, end - i);
+    const int64_t first = block * block_size_ + offset;
+    for (int64_t t = 0; t < run; ++t) positions[i - begin + t] = first + t;
+    i += run;
+  }
+}
+
+Strategy::Strategy(const char* name, std::optional<std::vector<int64_t>> indices)
+    : name_(name), indices_(std::move(indices)) {}
+
+std::vector<int64_t> Strategy::subset_order(int64_t num_rows) const {
+  const auto& indices = *indices_;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    check_argument(indices[i] < num_rows, name(), ": indices must be < the number of rows (", num_rows,
+                   "), got indices[", i, "] = ", indices[i]);
+  }
+  std::vector<int64_t> order(indices.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return indices[a] < indices[b]; });
+  return order;
+}
+
+RowSubset Strategy::subset(int64_t num_rows) const {
+  check_argument(num_rows >= 1, name(), ": the source must have at least one row, got ", num_rows);
+  if (!indices_) return RowSubset::all(num_rows);
+  std::vector<int64_t> rows;
+  rows.reserve(indices_->size());
+  for (int64_t position : subset_order(num_rows)) rows.push_back((*indices_)[position]);
+  return RowSubset::of(std::move(rows));
+}
+
+std::string Strategy::describe_indices() const {
+  if (!indices_) return "indices=None";
+  return concat("indices=<", indices_->size(), " rows #", hex(digest(*indices_)), ">");
+}
+
+
+Streaming::Streaming(bool shuffle, std::optional<std::vector<int64_t>> indices)
+    : Strategy("Streaming", std::move(indices)), shuffle_(shuffle) {
+  check_indices(name(), indices_);
+}
+
+std::shared_ptr<const SamplingPlan> Streaming::bind(int64_t num_rows) const {
+  return std::make_shared<StreamingPlan>(subset(num_rows), shuffle_);
+}
+
+std::string Streaming::describe() const {
+  return concat("Streaming(shuffle=", shuffle_ ? "True" : "False", ", ", describe_indices(), ")");
+}
+
+BlockShuffling::BlockShuffling(int64_t block_size, std::optional<std::vector<int64_t>> indices)
+    : Strategy("BlockShuffling", std::move(indices)), block_size_(block_size) {
+  check_block_size(name(), block_size_);
+  check_indices(name(), indices_);
+}
+
+std::shared_ptr<const SamplingPlan> BlockShuffling::bind(int64_t num_rows) const {
+  return std::make_shared<BlockShufflingPlan>(subset(num_rows), block_size_);
+}
+
+std::string BlockShuffling::describe() const {
+  return concat("BlockShuffling(block_size=", block_size_, ", ", describe_indices(), ")");
+}
+
+BlockWeightedSampling::BlockWeightedSampling(std::vector<double> weights, std::optional<int64_t> total_size,
+                                             int64_t block_size, std::optional<std::vector<int64_t>> indices,
+                                             bool replacement)
+    : BlockWeightedSampling("BlockWeightedSampling", std::move(weights), total_size, block_size, std::move(indices),
+                            replacement) {}
+
+BlockWeightedSampling::BlockWeightedSampling(const char* strategy_name, std::vector<double> weights,
+                                             std::optional<int64_t> total_size, int64_t block_size,
+                                             std::optional<std::vector<int64_t>> indices, bool replacement)
+    : Strategy(strategy_name, std::move(indices)), weights_(std::move(weights)), total_size_(total_size), block_size_(block_size),
+      replacement_(replacement) {
+  check_block_size(name(), block_size_);
+  check_total_size(name(), total_size_);
+  check_indices(name(), indices_);
+  check_argument(!weights_.empty(), name(), ": weights must not be empty");
+  double total = 0.0;
+  for (size_t i = 0; i < weights_.size(); ++i) {
+    check_argument(std::isfinite(weights_[i]) && weights_[i] >= 0.0, name(),
+                   ": weights must be finite and >= 0, got weights[", i, "] = ", weights_[i]);
+    total += weights_[i];
+  }
+  check_argument(total > 0.0, name(), ": weights must not all be zero");
+  check_argument(std::isfinite(total), name(), ": the sum of weights overflows, got ", total);
+}
+
+std::vector<double> BlockWeightedSampling::subset_weights(int64_t num_rows) const {
+  const int64_t count = static_cast<int64_t>(weights_.size());
+  if (!indices_) {
+    check_argument(count == num_rows, name(), ": weights must have one entry per row (", num_rows, "), got ", count);
+    return weights_;
+  }
+  const int64_t num_indices = static_cast<int64_t>(indices_->size());
+  check_argument(count == num_rows || count == num_indices, name(), ": weights must have one entry per row (",
+                 num_rows, ") or one per entry of indices (", num_indices, "), got ", count);
+  const auto order = subset_order(num_rows);
+  std::vector<double> aligned;
+  aligned.reserve(order.size());
+  for (int64_t position : order) {
+    aligned.push_back(count == num_rows ? weights_[(*indices_)[position]] : weights_[position]);
+  }
+  return aligned;
+}
+
+std::shared_ptr<const SamplingPlan> BlockWeightedSampling::bind_weights(int64_t num_rows,
+                                                                        std::vector<double> weights) const {
+  RowSubset rows = subset(num_rows);
+  int64_t positive = 0;
+  double total = 0.0;
+  for (double w : weights) {
+    positive += w > 0.0;
+    total += w;
+  }
+  check_argument(total > 0.0, name(), ": the weights of the sampled rows must not all be zero");
+  const int64_t size = total_size_.value_or(rows.size());
+  if (replacement_) return std::make_shared<WeightedPlan>(std::move(rows), weights, size, block_size_);
+  check_argument(size <= positive, name(), ": total_size (", size,
+                 ") must not exceed the number of rows with positive weight (", positive,
+                 ") when replacement=False");
+  return std::make_shared<WeightedWithoutReplacementPlan>(std::move(rows), std::move(weights), size, block_size_);
+}
+
+std::shared_ptr<const SamplingPlan> BlockWeightedSampling::bind(int64_t num_rows) const {
+  check_argument(num_rows >= 1, name(), ": the source must have at least one row, got ", num_rows);
+  return bind_weights(num_rows, subset_weights(num_rows));
+}
+
+std::string BlockWeightedSampling::describe() const {
+  return concat("BlockWeightedSampling(weights=<", weights_.size(), " #", hex(digest(weights_)),
+                ">, total_size=", describe_optional(total_size_), ", block_size=", block_size_, ", ",
+                describe_indices(), ", replacement=", replacement_ ? "True" : "False", ")");
+}
+
+ClassBalancedSampling::ClassBalancedSampling(std::vector<int64_t> labels, std::optional<int64_t> total_size,
+                                             int64_t block_size, std::optional<std::vector<int64_t>> indices)
+    : BlockWeightedSampling("ClassBalancedSampling", {1.0}, total_size, block_size, std::move(indices), true),
+      labels_(std::move(labels)) {
+  check_argument(!labels_.empty(), name(), ": labels must not be empty");
+}
+
+std::shared_ptr<const SamplingPlan> ClassBalancedSampling::bind(int64_t num_rows) const {
+  check_argument(num_rows >= 1, name(), ": the source must have at least one row, got ", num_rows);
+  const int64_t count = static_cast<int64_t>(labels_.size());
+  std::vector<int64_t> labels;
+  if (!indices_) {
+    check_argument(count == num_rows, name(), ": labels must have one entry per row (", num_rows, "), got ", count);
+    labels = labels_;
+  } else {
+    const int64_t num_indices = static_cast<int64_t>(indices_->size());
+    check_argument(count == num_rows || count == num_indices, name(), ": labels must have one entry per row (",
+                   num_rows, ") or one per entry of indices (", num_indices, "), got ", count);
+    for (int64_t position : subset_order(num_rows)) {
+      labels.push_back(count == num_rows ? labels_[(*indices_)[position]] : labels_[position]);
+    }
+  }
+  std::unordered_map<int64_t, int64_t> class_sizes;
+  for (int64_t label : labels) ++class_sizes[label];
+  std::vector<double> weights;
+  weights.reserve(labels.size());
+  for (int64_t label : labels) weights.push_back(1.0 / static_cast<double>(class_sizes[label]));
+  return bind_weights(num_rows, std::move(weights));
+}
+
+std::string ClassBalancedSampling::describe() const {
+  return concat("ClassBalancedSampling(labels=<", labels_.size(), " #", hex(digest(labels_)),
+                ">, total_size=", describe_optional(total_size_), ", block_size=", block_size_, ", ",
+                describe_indices(), ")");
+}
+
+}  // namespace torch_shards::core

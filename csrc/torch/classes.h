@@ -1,0 +1,118 @@
+// The objects torch knows as torch.classes.torch_shards.*: thin holders over
+// the core, shared by Python, TorchScript and C++ LibTorch users.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../core/planner.h"
+#include "../core/strategy.h"
+#include "../io/source.h"
+
+namespace torch_shards {
+
+// torch.classes.torch_shards.Strategy: built by the torch_shards::streaming,
+// ::block_shuffling, ::block_weighted_sampling, ::class_balanced_sampling ops.
+class Strategy : public torch::CustomClassHolder {
+ public:
+  explicit Strategy(std::shared_ptr<const core::Strategy> strategy) : strategy_(std::move(strategy)) {}
+  const std::shared_ptr<const core::Strategy>& get() const { return strategy_; }
+  std::string describe() const { return strategy_->describe(); }
+  // Number of plan entries for a source of num_rows rows.
+  int64_t plan_size(int64_t num_rows) const;
+  // The whole plan P of one epoch (for inspection and tests: O(L) memory).
+  at::Tensor plan(int64_t num_rows, int64_t seed, int64_t epoch) const;
+  // DistributedSampler layout: out[j] = P[(start + j * step) mod L], j < count.
+  at::Tensor strided(int64_t num_rows, int64_t seed, int64_t epoch, int64_t start, int64_t step,
+                     int64_t count) const;
+
+ private:
+  std::shared_ptr<const core::SamplingPlan> bound(int64_t num_rows) const;
+
+  std::shared_ptr<const core::Strategy> strategy_;
+  // The last binding, reused while num_rows stays the same.
+  mutable std::shared_ptr<const core::SamplingPlan> bound_;
+  mutable int64_t bound_rows_ = -1;
+};
+
+// torch.classes.torch_shards.Source: built by torch_shards::tensor_source and
+// the file source ops.
+class Source : public torch::CustomClassHolder {
+ public:
+  explicit Source(std::shared_ptr<const io::Source> source) : source_(std::move(source)) {}
+  const std::shared_ptr<const io::Source>& get() const { return source_; }
+  int64_t num_rows() const { return source_->num_rows(); }
+  std::vector<std::string> field_names() const { return source_->field_names(); }
+  std::string describe() const { return source_->describe(); }
+  io::Batch read(const at::Tensor& rows) const;
+
+ private:
+  std::shared_ptr<const io::Source> source_;
+};
+
+class EpochReader;
+
+// torch.classes.torch_shards.ShardedDataset: one rank's view of a source read
+// through a strategy. Iteration state lives in EpochReader.
+class ShardedDataset : public torch::CustomClassHolder {
+ public:
+  ShardedDataset(c10::intrusive_ptr<Source> source, c10::intrusive_ptr<Strategy> strategy, int64_t batch_size,
+                 int64_t fetch_factor, bool drop_last, const std::string& even_batches, int64_t seed, int64_t rank,
+                 int64_t world_size);
+
+  int64_t seed() const { return static_cast<int64_t>(seed_); }
+  int64_t rank() const { return rank_; }
+  int64_t world_size() const { return planner_->layout().world_size(); }
+  int64_t batch_size() const { return planner_->layout().batch_size(); }
+  int64_t plan_size() const { return planner_->layout().plan_size(); }
+  int64_t num_global_batches() const { return planner_->layout().num_global_batches(); }
+  // Batches this rank delivers per epoch, all workers together.
+  int64_t num_batches() const { return planner_->layout().rank_batches(rank_); }
+  int64_t worker_batches(int64_t worker, int64_t num_workers) const;
+  // Rows of fetch f of an epoch, in delivery order.
+  at::Tensor fetch_rows(int64_t epoch, int64_t fetch) const;
+  std::string describe() const;
+  c10::intrusive_ptr<EpochReader> reader(int64_t epoch, int64_t worker, int64_t num_workers) const;
+
+  const std::shared_ptr<const io::Source>& source() const { return source_; }
+  const std::shared_ptr<const core::Planner>& planner() const { return planner_; }
+
+ private:
+  std::shared_ptr<const io::Source> source_;
+  std::string strategy_description_;
+  std::shared_ptr<const core::Planner> planner_;
+  std::string even_batches_;
+  uint64_t seed_;
+  int64_t rank_;
+};
+
+// torch.classes.torch_shards.EpochReader: one worker's pass over one epoch.
+// next() returns the rows of the next unit (a whole fetch, or one batch at
+// the epoch's tail) with an "index" field, or None at the end.
+class EpochReader : public torch::CustomClassHolder {
+ public:
+  EpochReader(std::shared_ptr<const io::Source> source, std::shared_ptr<const core::Planner> planner, uint64_t seed,
+              int64_t epoch, int64_t rank, int64_t worker, int64_t num_workers);
+  std::optional<io::Batch> next();
+  int64_t epoch() const { return epoch_; }
+  int64_t num_units() const { return cursor_.num_units(); }
+  int64_t units_done() const { return cursor_.position(); }
+  void skip_units(int64_t units) { cursor_.skip(units); }
+  // Whether the unit returned last repeats a batch of another rank (even_batches="pad").
+  bool last_was_padding() const { return last_padding_; }
+
+ private:
+  std::shared_ptr<const io::Source> source_;
+  core::UnitCursor cursor_;
+  int64_t epoch_;
+  bool last_padding_ = false;
+  core::WorkUnit unit_;
+  std::vector<int64_t> rows_;
+};
+
+}  // namespace torch_shards

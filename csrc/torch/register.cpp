@@ -1,0 +1,200 @@
+// Everything torch_shards registers with torch: the torch.classes.torch_shards
+// classes and the torch.ops.torch_shards factory and utility ops.
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../core/epoch_state.h"
+#include "../core/errors.h"
+#include "../io/tensor_source.h"
+#include "classes.h"
+#include "process_group.h"
+
+namespace torch_shards {
+namespace {
+
+// Core errors keep their message; InvalidArgument surfaces as ValueError.
+template <typename F>
+auto translate_errors(F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const core::InvalidArgument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  } catch (const core::ReadError& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+std::vector<int64_t> to_int64_vector(const at::Tensor& tensor, const char* what) {
+  TORCH_CHECK_VALUE(tensor.dim() == 1, what, " must be 1-D, got shape ", tensor.sizes());
+  TORCH_CHECK_VALUE(!at::isFloatingType(tensor.scalar_type()) && !at::isComplexType(tensor.scalar_type()) &&
+                        tensor.scalar_type() != at::kBool,
+                    what, " must be an integer tensor, got ", tensor.scalar_type());
+  const at::Tensor values = tensor.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* data = values.data_ptr<int64_t>();
+  return std::vector<int64_t>(data, data + values.numel());
+}
+
+std::optional<std::vector<int64_t>> to_indices(const std::optional<at::Tensor>& indices) {
+  if (!indices) return std::nullopt;
+  return to_int64_vector(*indices, "indices");
+}
+
+std::vector<double> to_double_vector(const at::Tensor& tensor, const char* what) {
+  TORCH_CHECK_VALUE(tensor.dim() == 1, what, " must be 1-D, got shape ", tensor.sizes());
+  TORCH_CHECK_VALUE(!at::isComplexType(tensor.scalar_type()), what, " must be real, got ", tensor.scalar_type());
+  const at::Tensor values = tensor.to(at::kCPU, at::kDouble).contiguous();
+  const double* data = values.data_ptr<double>();
+  return std::vector<double>(data, data + values.numel());
+}
+
+c10::intrusive_ptr<Strategy> make_strategy(std::shared_ptr<const core::Strategy> strategy) {
+  return c10::make_intrusive<Strategy>(std::move(strategy));
+}
+
+c10::intrusive_ptr<Strategy> streaming(bool shuffle, const std::optional<at::Tensor>& indices) {
+  return translate_errors([&] { return make_strategy(std::make_shared<core::Streaming>(shuffle, to_indices(indices))); });
+}
+
+c10::intrusive_ptr<Strategy> block_shuffling(int64_t block_size, const std::optional<at::Tensor>& indices) {
+  return translate_errors(
+      [&] { return make_strategy(std::make_shared<core::BlockShuffling>(block_size, to_indices(indices))); });
+}
+
+c10::intrusive_ptr<Strategy> block_weighted_sampling(const at::Tensor& weights, std::optional<int64_t> total_size,
+                                                     int64_t block_size, const std::optional<at::Tensor>& indices,
+                                                     bool replacement) {
+  return translate_errors([&] {
+    return make_strategy(std::make_shared<core::BlockWeightedSampling>(
+        to_double_vector(weights, "BlockWeightedSampling: weights"), total_size, block_size, to_indices(indices),
+        replacement));
+  });
+}
+
+c10::intrusive_ptr<Strategy> class_balanced_sampling(const at::Tensor& labels, std::optional<int64_t> total_size,
+                                                     int64_t block_size, const std::optional<at::Tensor>& indices) {
+  return translate_errors([&] {
+    return make_strategy(std::make_shared<core::ClassBalancedSampling>(
+        to_int64_vector(labels, "ClassBalancedSampling: labels"), total_size, block_size, to_indices(indices)));
+  });
+}
+
+c10::intrusive_ptr<Source> tensor_source(const c10::Dict<std::string, at::Tensor>& fields) {
+  return translate_errors(
+      [&] { return c10::make_intrusive<Source>(std::make_shared<io::TensorSource>(fields.copy())); });
+}
+
+int64_t* epoch_state_words(const at::Tensor& state) {
+  TORCH_CHECK_VALUE(state.scalar_type() == at::kLong && state.is_contiguous() && state.device().is_cpu() &&
+                        state.numel() == core::kEpochStateWords,
+                    "epoch state must be a contiguous CPU int64 tensor of ", core::kEpochStateWords, " elements");
+  return state.data_ptr<int64_t>();
+}
+
+}  // namespace
+
+TORCH_LIBRARY(torch_shards, m) {
+  m.class_<Strategy>("Strategy")
+      .def("describe", &Strategy::describe)
+      .def("plan_size", [](const c10::intrusive_ptr<Strategy>& self, int64_t num_rows) {
+        return translate_errors([&] { return self->plan_size(num_rows); });
+      })
+      .def("plan", [](const c10::intrusive_ptr<Strategy>& self, int64_t num_rows, int64_t seed, int64_t epoch) {
+        return translate_errors([&] { return self->plan(num_rows, seed, epoch); });
+      })
+      .def("strided", [](const c10::intrusive_ptr<Strategy>& self, int64_t num_rows, int64_t seed, int64_t epoch,
+                         int64_t start, int64_t step, int64_t count) {
+        return translate_errors([&] { return self->strided(num_rows, seed, epoch, start, step, count); });
+      });
+
+  m.class_<Source>("Source")
+      .def("num_rows", &Source::num_rows)
+      .def("field_names", &Source::field_names)
+      .def("describe", &Source::describe)
+      .def("read", [](const c10::intrusive_ptr<Source>& self, const at::Tensor& rows) {
+        return translate_errors([&] { return self->read(rows); });
+      });
+
+  m.class_<EpochReader>("EpochReader")
+      .def("next", [](const c10::intrusive_ptr<EpochReader>& self) {
+        return translate_errors([&] { return self->next(); });
+      })
+      .def("epoch", &EpochReader::epoch)
+      .def("num_units", &EpochReader::num_units)
+      .def("units_done", &EpochReader::units_done)
+      .def("last_was_padding", &EpochReader::last_was_padding)
+      .def("skip_units", [](const c10::intrusive_ptr<EpochReader>& self, int64_t units) {
+        translate_errors([&] { self->skip_units(units); });
+      });
+
+  m.class_<ShardedDataset>("ShardedDataset")
+      .def(torch::init([](c10::intrusive_ptr<Source> source, c10::intrusive_ptr<Strategy> strategy,
+                          int64_t batch_size, int64_t fetch_factor, bool drop_last, std::string even_batches,
+                          int64_t seed, int64_t rank, int64_t world_size) {
+        return translate_errors([&] {
+          return c10::make_intrusive<ShardedDataset>(std::move(source), std::move(strategy), batch_size, fetch_factor,
+                                                     drop_last, even_batches, seed, rank, world_size);
+        });
+      }))
+      .def("seed", &ShardedDataset::seed)
+      .def("rank", &ShardedDataset::rank)
+      .def("world_size", &ShardedDataset::world_size)
+      .def("batch_size", &ShardedDataset::batch_size)
+      .def("plan_size", &ShardedDataset::plan_size)
+      .def("num_global_batches", &ShardedDataset::num_global_batches)
+      .def("num_batches", &ShardedDataset::num_batches)
+      .def("describe", &ShardedDataset::describe)
+      .def("worker_batches", [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t worker, int64_t num_workers) {
+        return translate_errors([&] { return self->worker_batches(worker, num_workers); });
+      })
+      .def("fetch_rows", [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t epoch, int64_t fetch) {
+        return translate_errors([&] { return self->fetch_rows(epoch, fetch); });
+      })
+      .def("reader", [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t epoch, int64_t worker,
+                        int64_t num_workers) {
+        return translate_errors([&] { return self->reader(epoch, worker, num_workers); });
+      });
+
+  m.def("streaming(bool shuffle=False, Tensor? indices=None) -> __torch__.torch.classes.torch_shards.Strategy",
+        &streaming);
+  m.def("block_shuffling(int block_size=8, Tensor? indices=None) -> __torch__.torch.classes.torch_shards.Strategy",
+        &block_shuffling);
+  m.def(
+      "block_weighted_sampling(Tensor weights, int? total_size=None, int block_size=1, Tensor? indices=None, "
+      "bool replacement=True) -> __torch__.torch.classes.torch_shards.Strategy",
+      &block_weighted_sampling);
+  m.def(
+      "class_balanced_sampling(Tensor labels, int? total_size=None, int block_size=1, Tensor? indices=None) -> "
+      "__torch__.torch.classes.torch_shards.Strategy",
+      &class_balanced_sampling);
+  m.def("tensor_source(Dict(str, Tensor) fields) -> __torch__.torch.classes.torch_shards.Source", &tensor_source);
+
+  m.def("epoch_state_init(Tensor state) -> ()",
+        [](const at::Tensor& state) { core::epoch_state_init(epoch_state_words(state)); });
+  m.def("epoch_state_set_next(Tensor state, int epoch) -> ()", [](const at::Tensor& state, int64_t epoch) {
+    translate_errors([&] { core::epoch_state_set_next(epoch_state_words(state), epoch); });
+  });
+  m.def("epoch_state_next(Tensor state) -> int", [](const at::Tensor& state) {
+    return translate_errors([&] { return core::epoch_state_next(epoch_state_words(state)); });
+  });
+  m.def("epoch_state_last(Tensor state) -> int", [](const at::Tensor& state) {
+    return translate_errors([&] { return core::epoch_state_last(epoch_state_words(state)); });
+  });
+  m.def("epoch_state_claim_main(Tensor state) -> int", [](const at::Tensor& state) {
+    return translate_errors([&] { return core::epoch_state_claim_main(epoch_state_words(state)); });
+  });
+  m.def("epoch_state_claim_worker(Tensor state, int generation_seed, int local_iteration, int num_workers, int worker_id) -> int",
+        [](const at::Tensor& state, int64_t generation_seed, int64_t local_iteration, int64_t num_workers,
+           int64_t worker_id) {
+          return translate_errors([&] {
+            return core::epoch_state_claim_worker(epoch_state_words(state), generation_seed, local_iteration,
+                                                  num_workers, worker_id);
+          });
+        });
+  m.def("broadcast_seed(int seed, str group_name) -> int", &broadcast_seed);
+}
+
+}  // namespace torch_shards

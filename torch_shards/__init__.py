@@ -1,0 +1,28 @@
+"""torch_shards: exactly-once, DDP-aware streaming of large datasets into PyTorch."""
+
+from ._library import LIBRARY_PATH
+from .dataset import ShardedDataset
+from .sampler import DistributedSampler
+from .sources import Source, TensorSource
+from .strategies import (
+    BlockShuffling,
+    BlockWeightedSampling,
+    ClassBalancedSampling,
+    Strategy,
+    Streaming,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LIBRARY_PATH",
+    "BlockShuffling",
+    "BlockWeightedSampling",
+    "ClassBalancedSampling",
+    "DistributedSampler",
+    "ShardedDataset",
+    "Source",
+    "Strategy",
+    "Streaming",
+    "TensorSource",
+]

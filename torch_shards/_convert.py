@@ -1,0 +1,79 @@
+"""Argument checks and conversions shared by the Python wrappers.
+
+Every check raises ValueError (or TypeError for a wrong kind of object) naming
+the parameter and the value, before anything reaches the native core.
+"""
+
+import numbers
+
+import numpy as np
+import torch
+
+
+def check_int(name, value, minimum=None):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def optional_int(name, value, minimum=None):
+    return None if value is None else check_int(name, value, minimum)
+
+
+def _as_array(name, values):
+    if isinstance(values, torch.Tensor):
+        return values.detach().cpu().numpy()
+    try:
+        return np.asarray(values)
+    except Exception as error:  # e.g. ragged lists
+        raise ValueError(f"{name} must be a 1-D array of numbers, got {type(values).__name__}") from error
+
+
+def index_tensor(name, values):
+    """A 1-D int64 tensor from a tensor, array or sequence of integers."""
+    array = _as_array(name, values)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(array.shape)}")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{name} must contain integers, got dtype {array.dtype}")
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+
+
+def optional_index_tensor(name, values):
+    return None if values is None else index_tensor(name, values)
+
+
+def weight_tensor(name, values):
+    """A 1-D float64 tensor; negative, NaN and infinite entries are rejected by the core."""
+    array = _as_array(name, values)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(array.shape)}")
+    if array.size and not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+        raise ValueError(f"{name} must contain numbers, got dtype {array.dtype}")
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float64))
+
+
+def label_codes(name, labels):
+    """Integer class codes and the class values, from ints, strings or a pandas column."""
+    codes = getattr(labels, "cat", None)
+    if codes is not None and hasattr(codes, "codes"):  # pandas categorical Series
+        values = np.asarray(codes.codes, dtype=np.int64)
+        return torch.from_numpy(values), list(codes.categories)
+    array = _as_array(name, labels)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(array.shape)}")
+    if array.size == 0:
+        raise ValueError(f"{name} must not be empty")
+    if np.issubdtype(array.dtype, np.integer):
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)), None
+    if np.issubdtype(array.dtype, np.floating):
+        if np.isnan(array).any():
+            raise ValueError(f"{name} must not contain NaN")
+    try:
+        classes, inverse = np.unique(array, return_inverse=True)
+    except TypeError as error:
+        raise ValueError(f"{name} must hold comparable values (ints or strings), got {array.dtype}") from error
+    return torch.from_numpy(inverse.reshape(-1).astype(np.int64)), list(classes)

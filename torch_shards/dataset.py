@@ -1,0 +1,155 @@
+"""ShardedDataset: the IterableDataset that streams a source through a strategy,
+partitioned exactly once across ranks and DataLoader workers."""
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from . import _convert
+from ._library import classes
+from .distributed import resolve_rank_and_world_size, resolve_seed
+from .epochs import EpochCounter
+from .sources import Source, TensorSource
+from .strategies import Strategy
+
+_EVEN_BATCHES = {"pad": "pad", "drop": "drop", None: "none"}
+
+
+def _slice_rows(data, start, stop):
+    if isinstance(data, dict):
+        return {key: _slice_rows(value, start, stop) for key, value in data.items()}
+    return data[start:stop]
+
+
+class ShardedDataset(IterableDataset):
+    """Batches of ``source`` rows in the order ``strategy`` plans, each rank and
+    DataLoader worker delivering its own share exactly once per epoch.
+
+    Use with ``DataLoader(ds, batch_size=None, num_workers=k)``. Every batch is
+    a dict of tensors with an ``"index"`` int64 tensor of global row indices.
+
+    Args:
+        source: a torch_shards source, or a tensor / dict of tensors (wrapped in
+            a TensorSource).
+        strategy: Streaming, BlockShuffling, BlockWeightedSampling or
+            ClassBalancedSampling.
+        batch_size: rows per batch.
+        fetch_factor: batches read together in one fetch (one sorted read,
+            then shuffled across its batches for shuffling strategies).
+        drop_last: drop the epoch's single short batch, if any.
+        even_batches: "pad" (short ranks repeat one batch), "drop" (long ranks
+            drop one) or None (uneven; for single-process or evaluation).
+        seed: base seed; None draws one (rank 0's, shared over the default
+            process group when one is initialised).
+        rank, world_size: explicit, else the default process group, else the
+            RANK/WORLD_SIZE environment variables, else 0 and 1.
+        fetch_transform: called on each unit read at once (a fetch, or a lone
+            batch at the epoch's tail) as a dict of tensors; must keep the rows
+            (their number and order) and return a dict or something sliceable.
+        batch_transform: called on each batch before it is yielded.
+
+    The epoch advances at every new iteration, also inside DataLoader workers
+    (persistent or not, fork or spawn); ``set_epoch(e)`` pins the next one.
+    """
+
+    def __init__(
+        self,
+        source,
+        strategy,
+        *,
+        batch_size,
+        fetch_factor=16,
+        drop_last=False,
+        even_batches="pad",
+        seed=None,
+        rank=None,
+        world_size=None,
+        fetch_transform=None,
+        batch_transform=None,
+    ):
+        super().__init__()
+        if isinstance(source, (torch.Tensor, dict)):
+            source = TensorSource(source)
+        if not isinstance(source, Source):
+            raise TypeError(f"ShardedDataset: source must be a torch_shards source, got {type(source).__name__}")
+        if not isinstance(strategy, Strategy):
+            raise TypeError(
+                f"ShardedDataset: strategy must be a torch_shards strategy, got {type(strategy).__name__}"
+            )
+        if even_batches not in _EVEN_BATCHES:
+            raise ValueError(f"ShardedDataset: even_batches must be 'pad', 'drop' or None, got {even_batches!r}")
+        if not isinstance(drop_last, bool):
+            raise TypeError(f"ShardedDataset: drop_last must be a bool, got {drop_last!r}")
+        for name, function in (("fetch_transform", fetch_transform), ("batch_transform", batch_transform)):
+            if function is not None and not callable(function):
+                raise TypeError(f"ShardedDataset: {name} must be callable, got {function!r}")
+        self.source = source
+        self.strategy = strategy
+        self.batch_size = _convert.check_int("ShardedDataset: batch_size", batch_size, 1)
+        self.fetch_factor = _convert.check_int("ShardedDataset: fetch_factor", fetch_factor, 1)
+        self.drop_last = drop_last
+        self.even_batches = even_batches
+        self.rank, self.world_size = resolve_rank_and_world_size(rank, world_size)
+        self.fetch_transform = fetch_transform
+        self.batch_transform = batch_transform
+        self.seed = resolve_seed(seed)
+        self._epochs = EpochCounter()
+        self._native_object = None
+        self.native  # validates the whole configuration now, in the constructor
+
+    @property
+    def native(self):
+        """The torch.classes.torch_shards.ShardedDataset of this process."""
+        if self._native_object is None:
+            self._native_object = classes.ShardedDataset(
+                self.source.native,
+                self.strategy.native,
+                self.batch_size,
+                self.fetch_factor,
+                self.drop_last,
+                _EVEN_BATCHES[self.even_batches],
+                self.seed,
+                self.rank,
+                self.world_size,
+            )
+        return self._native_object
+
+    def __len__(self):
+        """Batches this rank yields per epoch, all DataLoader workers together."""
+        return self.native.num_batches()
+
+    @property
+    def epoch(self):
+        """The most recently started epoch (-1 before the first iteration)."""
+        return self._epochs.last
+
+    def set_epoch(self, epoch):
+        """Pins the epoch of the next iteration; later ones count on from it."""
+        self._epochs.set_next(epoch)
+
+    def __iter__(self):
+        # Claim the epoch now, not at the first next(): a DataLoader worker
+        # calls iter() once per generation, at start-up.
+        epoch = self._epochs.claim()
+        info = get_worker_info()
+        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        return self._batches(self.native.reader(epoch, worker, num_workers))
+
+    def _batches(self, reader):
+        batch_size = self.batch_size
+        while True:
+            unit = reader.next()
+            if unit is None:
+                return
+            rows = unit["index"].shape[0]
+            data = unit if self.fetch_transform is None else self.fetch_transform(unit)
+            for start in range(0, rows, batch_size):
+                batch = _slice_rows(data, start, start + batch_size)
+                yield batch if self.batch_transform is None else self.batch_transform(batch)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_native_object"] = None
+        return state
+
+    def __repr__(self):
+        return self.native.describe()
