@@ -72,9 +72,7 @@ class ShardedDataset(IterableDataset):
         if not isinstance(source, Source):
             raise TypeError(f"ShardedDataset: source must be a torch_shards source, got {type(source).__name__}")
         if not isinstance(strategy, Strategy):
-            raise TypeError(
-                f"ShardedDataset: strategy must be a torch_shards strategy, got {type(strategy).__name__}"
-            )
+            raise TypeError(f"ShardedDataset: strategy must be a torch_shards strategy, got {type(strategy).__name__}")
         if even_batches not in _EVEN_BATCHES:
             raise ValueError(f"ShardedDataset: even_batches must be 'pad', 'drop' or None, got {even_batches!r}")
         if not isinstance(drop_last, bool):
@@ -94,23 +92,26 @@ class ShardedDataset(IterableDataset):
         self.seed = resolve_seed(seed)
         self._epochs = EpochCounter()
         self._native_object = None
-        self.native  # validates the whole configuration now, in the constructor
+        self._native_object = self._build()  # validates the whole configuration now
+
+    def _build(self):
+        return classes.ShardedDataset(
+            self.source.native,
+            self.strategy.native,
+            self.batch_size,
+            self.fetch_factor,
+            self.drop_last,
+            _EVEN_BATCHES[self.even_batches],
+            self.seed,
+            self.rank,
+            self.world_size,
+        )
 
     @property
     def native(self):
         """The torch.classes.torch_shards.ShardedDataset of this process."""
         if self._native_object is None:
-            self._native_object = classes.ShardedDataset(
-                self.source.native,
-                self.strategy.native,
-                self.batch_size,
-                self.fetch_factor,
-                self.drop_last,
-                _EVEN_BATCHES[self.even_batches],
-                self.seed,
-                self.rank,
-                self.world_size,
-            )
+            self._native_object = self._build()
         return self._native_object
 
     def __len__(self):

@@ -30,9 +30,7 @@ class EpochCounter:
         self.local_iterations += 1
         if info is None:
             return ops.epoch_state_claim_main(self.state)
-        return ops.epoch_state_claim_worker(
-            self.state, info.seed - info.id, iteration, info.num_workers, info.id
-        )
+        return ops.epoch_state_claim_worker(self.state, info.seed - info.id, iteration, info.num_workers, info.id)
 
     def set_next(self, epoch):
         ops.epoch_state_set_next(self.state, _convert.check_int("epoch", epoch, 0))

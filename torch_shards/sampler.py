@@ -77,9 +77,7 @@ class DistributedSampler(Sampler):
         for first in range(0, self.num_samples, _CHUNK):
             count = min(_CHUNK, self.num_samples - first)
             start = self.rank + first * self.num_replicas
-            yield from native.strided(
-                self.num_rows, self.seed, epoch, start, self.num_replicas, count
-            ).tolist()
+            yield from native.strided(self.num_rows, self.seed, epoch, start, self.num_replicas, count).tolist()
 
     def __len__(self):
         return self.num_samples

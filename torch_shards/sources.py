@@ -19,6 +19,10 @@ class Source(abc.ABC):
     def _build(self):
         """Builds the native source (torch.classes.torch_shards.Source)."""
 
+    def _build_now(self):
+        """Builds the native object in the constructor, so bad arguments fail there."""
+        self._native_object = self._build()
+
     @property
     def native(self):
         if self._native_object is None:
@@ -63,7 +67,7 @@ class TensorSource(Source):
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"TensorSource: field {name!r} must be a tensor, got {type(value).__name__}")
         self.tensors = dict(tensors)
-        self.native
+        self._build_now()
 
     def _build(self):
         return ops.tensor_source(self.tensors)

@@ -26,6 +26,10 @@ class Strategy(abc.ABC):
     def _build(self):
         """Builds the native strategy from the parameters."""
 
+    def _build_now(self):
+        """Builds the native object in the constructor, so bad arguments fail there."""
+        self._native_object = self._build()
+
     @property
     def native(self):
         """The torch.classes.torch_shards.Strategy behind this strategy."""
@@ -35,9 +39,7 @@ class Strategy(abc.ABC):
 
     def plan(self, num_rows, seed=0, epoch=0):
         """The whole plan of one epoch for a source of ``num_rows`` rows, as an int64 tensor."""
-        return self.native.plan(
-            _convert.check_int("num_rows", num_rows, 1), _convert.check_int("seed", seed), epoch
-        )
+        return self.native.plan(_convert.check_int("num_rows", num_rows, 1), _convert.check_int("seed", seed), epoch)
 
     def plan_size(self, num_rows):
         """Number of plan entries per epoch for ``num_rows`` rows."""
@@ -63,7 +65,7 @@ class Streaming(Strategy):
             raise TypeError(f"Streaming: shuffle must be a bool, got {shuffle!r}")
         self.shuffle = shuffle
         self.indices = _convert.optional_index_tensor("Streaming: indices", indices)
-        self.native  # validate now
+        self._build_now()
 
     def _build(self):
         return ops.streaming(self.shuffle, self.indices)
@@ -78,7 +80,7 @@ class BlockShuffling(Strategy):
         super().__init__()
         self.block_size = _convert.check_int("BlockShuffling: block_size", block_size)
         self.indices = _convert.optional_index_tensor("BlockShuffling: indices", indices)
-        self.native
+        self._build_now()
 
     def _build(self):
         return ops.block_shuffling(self.block_size, self.indices)
@@ -106,7 +108,7 @@ class BlockWeightedSampling(Strategy):
         if not isinstance(replacement, bool):
             raise TypeError(f"BlockWeightedSampling: replacement must be a bool, got {replacement!r}")
         self.replacement = replacement
-        self.native
+        self._build_now()
 
     def _build(self):
         return ops.block_weighted_sampling(
@@ -130,7 +132,7 @@ class ClassBalancedSampling(Strategy):
         self.total_size = _convert.optional_int("ClassBalancedSampling: total_size", total_size)
         self.block_size = _convert.check_int("ClassBalancedSampling: block_size", block_size)
         self.indices = _convert.optional_index_tensor("ClassBalancedSampling: indices", indices)
-        self.native
+        self._build_now()
 
     def _build(self):
         return ops.class_balanced_sampling(self.labels, self.total_size, self.block_size, self.indices)

@@ -16,9 +16,12 @@ EvenBatches parse_even_batches(const std::string& value) {
 
 const char* to_string(EvenBatches value) {
   switch (value) {
-    case EvenBatches::kPad: return "pad";
-    case EvenBatches::kDrop: return "drop";
-    case EvenBatches::kNone: return "none";
+    case EvenBatches::kPad:
+      return "pad";
+    case EvenBatches::kDrop:
+      return "drop";
+    case EvenBatches::kNone:
+      return "none";
   }
   return "?";
 }
@@ -28,8 +31,7 @@ void check_loader_options(const LoaderOptions& options, int64_t world_size) {
   check_argument(options.fetch_factor >= 1, "fetch_factor must be >= 1, got ", options.fetch_factor);
   // Fetches are shuffled with 32-bit bounded draws.
   check_argument(options.batch_size <= std::numeric_limits<int32_t>::max() / options.fetch_factor,
-                 "batch_size * fetch_factor must be < 2**31, got ", options.batch_size, " * ",
-                 options.fetch_factor);
+                 "batch_size * fetch_factor must be < 2**31, got ", options.batch_size, " * ", options.fetch_factor);
   check_argument(world_size >= 1, "world_size must be >= 1, got ", world_size);
 }
 
@@ -48,9 +50,7 @@ EpochLayout::EpochLayout(int64_t plan_size, const LoaderOptions& options, int64_
   tail_batches_ = num_global_batches_ - rounds_ * world_size_ * options.fetch_factor;
 }
 
-int64_t EpochLayout::fetch_rows(int64_t fetch) const {
-  return std::min(fetch_size_, plan_size_ - fetch * fetch_size_);
-}
+int64_t EpochLayout::fetch_rows(int64_t fetch) const { return std::min(fetch_size_, plan_size_ - fetch * fetch_size_); }
 
 int64_t EpochLayout::fetch_batches(int64_t fetch) const {
   if (fetch < num_full_fetches_) return options_.fetch_factor;
@@ -64,9 +64,12 @@ int64_t EpochLayout::batch_rows(int64_t fetch, int64_t batch) const {
 
 int64_t EpochLayout::rank_tail_units(int64_t rank) const {
   switch (options_.even_batches) {
-    case EvenBatches::kPad: return (tail_batches_ + world_size_ - 1) / world_size_;
-    case EvenBatches::kDrop: return tail_batches_ / world_size_;
-    case EvenBatches::kNone: return rank < tail_batches_ ? (tail_batches_ - rank + world_size_ - 1) / world_size_ : 0;
+    case EvenBatches::kPad:
+      return (tail_batches_ + world_size_ - 1) / world_size_;
+    case EvenBatches::kDrop:
+      return tail_batches_ / world_size_;
+    case EvenBatches::kNone:
+      return rank < tail_batches_ ? (tail_batches_ - rank + world_size_ - 1) / world_size_ : 0;
   }
   return 0;
 }

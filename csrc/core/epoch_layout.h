@@ -35,7 +35,7 @@ struct WorkUnit {
   int64_t fetch = 0;
   int64_t first_batch = 0;  // within the fetch
   int64_t num_batches = 0;
-  bool padding = false;     // a repeat of a batch another rank delivers (even_batches="pad")
+  bool padding = false;  // a repeat of a batch another rank delivers (even_batches="pad")
 };
 
 class EpochLayout {

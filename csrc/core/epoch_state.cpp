@@ -90,8 +90,8 @@ int64_t epoch_state_claim_main(int64_t* state) {
   return claim_next(state);
 }
 
-int64_t epoch_state_claim_worker(int64_t* state, int64_t generation_seed, int64_t local_iteration,
-                                 int64_t num_workers, int64_t worker_id) {
+int64_t epoch_state_claim_worker(int64_t* state, int64_t generation_seed, int64_t local_iteration, int64_t num_workers,
+                                 int64_t worker_id) {
   check_initialised(state);
   check_argument(num_workers >= 1 && worker_id >= 0 && worker_id < num_workers, "worker id ", worker_id,
                  " out of range for ", num_workers, " workers");

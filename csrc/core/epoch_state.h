@@ -30,7 +30,7 @@ int64_t epoch_state_next(const int64_t* state);
 // The epoch most recently claimed, or -1 if none.
 int64_t epoch_state_last(const int64_t* state);
 int64_t epoch_state_claim_main(int64_t* state);
-int64_t epoch_state_claim_worker(int64_t* state, int64_t generation_seed, int64_t local_iteration,
-                                 int64_t num_workers, int64_t worker_id);
+int64_t epoch_state_claim_worker(int64_t* state, int64_t generation_seed, int64_t local_iteration, int64_t num_workers,
+                                 int64_t worker_id);
 
 }  // namespace torch_shards::core

@@ -18,9 +18,7 @@ FeistelPermutation::FeistelPermutation(uint64_t n, uint64_t key) : n_(n) {
   }
 }
 
-uint64_t FeistelPermutation::round_value(int round, uint64_t half) const {
-  return mix64(half ^ round_keys_[round]);
-}
+uint64_t FeistelPermutation::round_value(int round, uint64_t half) const { return mix64(half ^ round_keys_[round]); }
 
 uint64_t FeistelPermutation::encrypt(uint64_t x) const {
   uint64_t high = x >> low_bits_;

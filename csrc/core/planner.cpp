@@ -27,7 +27,11 @@ void Planner::fetch_rows(uint64_t seed, int64_t epoch, int64_t fetch, std::vecto
 
 UnitCursor::UnitCursor(std::shared_ptr<const Planner> planner, uint64_t seed, int64_t epoch, int64_t rank,
                        int64_t worker, int64_t num_workers)
-    : planner_(std::move(planner)), seed_(seed), epoch_(epoch), rank_(rank), worker_(worker),
+    : planner_(std::move(planner)),
+      seed_(seed),
+      epoch_(epoch),
+      rank_(rank),
+      worker_(worker),
       num_workers_(num_workers) {
   const int64_t world_size = planner_->layout().world_size();
   check_argument(rank >= 0 && rank < world_size, "rank must be in [0, world_size=", world_size, "), got ", rank);
@@ -51,8 +55,8 @@ bool UnitCursor::next(WorkUnit& unit, std::vector<int64_t>& rows) {
     cached_fetch_ = unit.fetch;
   }
   const int64_t begin = unit.first_batch * layout.batch_size();
-  const int64_t end = std::min<int64_t>(begin + unit.num_batches * layout.batch_size(),
-                                        static_cast<int64_t>(cached_rows_.size()));
+  const int64_t end =
+      std::min<int64_t>(begin + unit.num_batches * layout.batch_size(), static_cast<int64_t>(cached_rows_.size()));
   rows.assign(cached_rows_.begin() + begin, cached_rows_.begin() + end);
   return true;
 }

@@ -136,7 +136,10 @@ class WeightedPlan : public SamplingPlan {
     int64_t lo = 0, hi = num_blocks_;  // invariant: boundary(lo) <= x, answer in [lo, hi)
     while (hi - lo > 1) {
       const int64_t mid = lo + (hi - lo) / 2;
-      if (boundary(mid) <= x) lo = mid; else hi = mid;
+      if (boundary(mid) <= x)
+        lo = mid;
+      else
+        hi = mid;
     }
     // Rounding can land on a zero-weight block at the end; step back.
     while (lo > 0 && boundary(lo + 1) == boundary(lo)) --lo;
@@ -167,9 +170,10 @@ class WeightedPlan : public SamplingPlan {
 // selection is visited in block order like BlockShuffling.
 class WeightedWithoutReplacementPlan : public SamplingPlan {
  public:
-  WeightedWithoutReplacementPlan(RowSubset subset, std::vector<double> weights, int64_t total_size,
-                                 int64_t block_size)
-      : subset_(std::move(subset)), weights_(std::move(weights)), total_size_(total_size),
+  WeightedWithoutReplacementPlan(RowSubset subset, std::vector<double> weights, int64_t total_size, int64_t block_size)
+      : subset_(std::move(subset)),
+        weights_(std::move(weights)),
+        total_size_(total_size),
         order_(total_size, block_size) {}
   int64_t size() const override { return total_size_; }
   bool shuffles_within_fetch() const override { return true; }
@@ -291,7 +295,6 @@ std::string Strategy::describe_indices() const {
   return concat("indices=<", indices_->size(), " rows #", hex(digest(*indices_)), ">");
 }
 
-
 Streaming::Streaming(bool shuffle, std::optional<std::vector<int64_t>> indices)
     : Strategy("Streaming", std::move(indices)), shuffle_(shuffle) {
   check_indices(name(), indices_);
@@ -328,7 +331,10 @@ BlockWeightedSampling::BlockWeightedSampling(std::vector<double> weights, std::o
 BlockWeightedSampling::BlockWeightedSampling(const char* strategy_name, std::vector<double> weights,
                                              std::optional<int64_t> total_size, int64_t block_size,
                                              std::optional<std::vector<int64_t>> indices, bool replacement)
-    : Strategy(strategy_name, std::move(indices)), weights_(std::move(weights)), total_size_(total_size), block_size_(block_size),
+    : Strategy(strategy_name, std::move(indices)),
+      weights_(std::move(weights)),
+      total_size_(total_size),
+      block_size_(block_size),
       replacement_(replacement) {
   check_block_size(name(), block_size_);
   check_total_size(name(), total_size_);
@@ -351,8 +357,8 @@ std::vector<double> BlockWeightedSampling::subset_weights(int64_t num_rows) cons
     return weights_;
   }
   const int64_t num_indices = static_cast<int64_t>(indices_->size());
-  check_argument(count == num_rows || count == num_indices, name(), ": weights must have one entry per row (",
-                 num_rows, ") or one per entry of indices (", num_indices, "), got ", count);
+  check_argument(count == num_rows || count == num_indices, name(), ": weights must have one entry per row (", num_rows,
+                 ") or one per entry of indices (", num_indices, "), got ", count);
   const auto order = subset_order(num_rows);
   std::vector<double> aligned;
   aligned.reserve(order.size());
@@ -375,8 +381,7 @@ std::shared_ptr<const SamplingPlan> BlockWeightedSampling::bind_weights(int64_t 
   const int64_t size = total_size_.value_or(rows.size());
   if (replacement_) return std::make_shared<WeightedPlan>(std::move(rows), weights, size, block_size_);
   check_argument(size <= positive, name(), ": total_size (", size,
-                 ") must not exceed the number of rows with positive weight (", positive,
-                 ") when replacement=False");
+                 ") must not exceed the number of rows with positive weight (", positive, ") when replacement=False");
   return std::make_shared<WeightedWithoutReplacementPlan>(std::move(rows), std::move(weights), size, block_size_);
 }
 

@@ -67,7 +67,8 @@ at::Tensor Strategy::strided(int64_t num_rows, int64_t seed, int64_t epoch, int6
 }
 
 io::Batch Source::read(const at::Tensor& rows) const {
-  core::check_argument(rows.dim() == 1 && rows.scalar_type() == at::kLong, "Source.read: rows must be a 1-D int64 tensor");
+  core::check_argument(rows.dim() == 1 && rows.scalar_type() == at::kLong,
+                       "Source.read: rows must be a 1-D int64 tensor");
   const at::Tensor contiguous = rows.contiguous();
   const int64_t* data = contiguous.data_ptr<int64_t>();
   std::vector<int64_t> list(data, data + contiguous.numel());
@@ -81,8 +82,11 @@ io::Batch Source::read(const at::Tensor& rows) const {
 ShardedDataset::ShardedDataset(c10::intrusive_ptr<Source> source, c10::intrusive_ptr<Strategy> strategy,
                                int64_t batch_size, int64_t fetch_factor, bool drop_last,
                                const std::string& even_batches, int64_t seed, int64_t rank, int64_t world_size)
-    : source_(source->get()), strategy_description_(strategy->describe()), even_batches_(even_batches),
-      seed_(static_cast<uint64_t>(seed)), rank_(rank) {
+    : source_(source->get()),
+      strategy_description_(strategy->describe()),
+      even_batches_(even_batches),
+      seed_(static_cast<uint64_t>(seed)),
+      rank_(rank) {
   core::LoaderOptions options;
   options.batch_size = batch_size;
   options.fetch_factor = fetch_factor;
@@ -95,8 +99,8 @@ ShardedDataset::ShardedDataset(c10::intrusive_ptr<Source> source, c10::intrusive
 }
 
 int64_t ShardedDataset::worker_batches(int64_t worker, int64_t num_workers) const {
-  core::check_argument(num_workers >= 1 && worker >= 0 && worker < num_workers, "worker must be in [0, num_workers=",
-                       num_workers, "), got ", worker);
+  core::check_argument(num_workers >= 1 && worker >= 0 && worker < num_workers,
+                       "worker must be in [0, num_workers=", num_workers, "), got ", worker);
   return planner_->layout().worker_batches(rank_, worker, num_workers);
 }
 
@@ -111,8 +115,9 @@ at::Tensor ShardedDataset::fetch_rows(int64_t epoch, int64_t fetch) const {
 std::string ShardedDataset::describe() const {
   const auto& layout = planner_->layout();
   return core::concat("ShardedDataset(source=", source_->describe(), ", strategy=", strategy_description_,
-                      ", batch_size=", layout.batch_size(), ", fetch_factor=", layout.fetch_size() / layout.batch_size(),
-                      ", even_batches=", even_batches_, ", rank=", rank_, ", world_size=", layout.world_size(), ")");
+                      ", batch_size=", layout.batch_size(),
+                      ", fetch_factor=", layout.fetch_size() / layout.batch_size(), ", even_batches=", even_batches_,
+                      ", rank=", rank_, ", world_size=", layout.world_size(), ")");
 }
 
 c10::intrusive_ptr<EpochReader> ShardedDataset::reader(int64_t epoch, int64_t worker, int64_t num_workers) const {

@@ -28,8 +28,7 @@ class Strategy : public torch::CustomClassHolder {
   // The whole plan P of one epoch (for inspection and tests: O(L) memory).
   at::Tensor plan(int64_t num_rows, int64_t seed, int64_t epoch) const;
   // DistributedSampler layout: out[j] = P[(start + j * step) mod L], j < count.
-  at::Tensor strided(int64_t num_rows, int64_t seed, int64_t epoch, int64_t start, int64_t step,
-                     int64_t count) const;
+  at::Tensor strided(int64_t num_rows, int64_t seed, int64_t epoch, int64_t start, int64_t step, int64_t count) const;
 
  private:
   std::shared_ptr<const core::SamplingPlan> bound(int64_t num_rows) const;

@@ -56,7 +56,8 @@ c10::intrusive_ptr<Strategy> make_strategy(std::shared_ptr<const core::Strategy>
 }
 
 c10::intrusive_ptr<Strategy> streaming(bool shuffle, const std::optional<at::Tensor>& indices) {
-  return translate_errors([&] { return make_strategy(std::make_shared<core::Streaming>(shuffle, to_indices(indices))); });
+  return translate_errors(
+      [&] { return make_strategy(std::make_shared<core::Streaming>(shuffle, to_indices(indices))); });
 }
 
 c10::intrusive_ptr<Strategy> block_shuffling(int64_t block_size, const std::optional<at::Tensor>& indices) {
@@ -68,9 +69,9 @@ c10::intrusive_ptr<Strategy> block_weighted_sampling(const at::Tensor& weights, 
                                                      int64_t block_size, const std::optional<at::Tensor>& indices,
                                                      bool replacement) {
   return translate_errors([&] {
-    return make_strategy(std::make_shared<core::BlockWeightedSampling>(
-        to_double_vector(weights, "BlockWeightedSampling: weights"), total_size, block_size, to_indices(indices),
-        replacement));
+    return make_strategy(
+        std::make_shared<core::BlockWeightedSampling>(to_double_vector(weights, "BlockWeightedSampling: weights"),
+                                                      total_size, block_size, to_indices(indices), replacement));
   });
 }
 
@@ -99,12 +100,10 @@ int64_t* epoch_state_words(const at::Tensor& state) {
 TORCH_LIBRARY(torch_shards, m) {
   m.class_<Strategy>("Strategy")
       .def("describe", &Strategy::describe)
-      .def("plan_size", [](const c10::intrusive_ptr<Strategy>& self, int64_t num_rows) {
-        return translate_errors([&] { return self->plan_size(num_rows); });
-      })
-      .def("plan", [](const c10::intrusive_ptr<Strategy>& self, int64_t num_rows, int64_t seed, int64_t epoch) {
-        return translate_errors([&] { return self->plan(num_rows, seed, epoch); });
-      })
+      .def("plan_size", [](const c10::intrusive_ptr<Strategy>& self,
+                           int64_t num_rows) { return translate_errors([&] { return self->plan_size(num_rows); }); })
+      .def("plan", [](const c10::intrusive_ptr<Strategy>& self, int64_t num_rows, int64_t seed,
+                      int64_t epoch) { return translate_errors([&] { return self->plan(num_rows, seed, epoch); }); })
       .def("strided", [](const c10::intrusive_ptr<Strategy>& self, int64_t num_rows, int64_t seed, int64_t epoch,
                          int64_t start, int64_t step, int64_t count) {
         return translate_errors([&] { return self->strided(num_rows, seed, epoch, start, step, count); });
@@ -119,9 +118,8 @@ TORCH_LIBRARY(torch_shards, m) {
       });
 
   m.class_<EpochReader>("EpochReader")
-      .def("next", [](const c10::intrusive_ptr<EpochReader>& self) {
-        return translate_errors([&] { return self->next(); });
-      })
+      .def("next",
+           [](const c10::intrusive_ptr<EpochReader>& self) { return translate_errors([&] { return self->next(); }); })
       .def("epoch", &EpochReader::epoch)
       .def("num_units", &EpochReader::num_units)
       .def("units_done", &EpochReader::units_done)
@@ -131,9 +129,9 @@ TORCH_LIBRARY(torch_shards, m) {
       });
 
   m.class_<ShardedDataset>("ShardedDataset")
-      .def(torch::init([](c10::intrusive_ptr<Source> source, c10::intrusive_ptr<Strategy> strategy,
-                          int64_t batch_size, int64_t fetch_factor, bool drop_last, std::string even_batches,
-                          int64_t seed, int64_t rank, int64_t world_size) {
+      .def(torch::init([](c10::intrusive_ptr<Source> source, c10::intrusive_ptr<Strategy> strategy, int64_t batch_size,
+                          int64_t fetch_factor, bool drop_last, std::string even_batches, int64_t seed, int64_t rank,
+                          int64_t world_size) {
         return translate_errors([&] {
           return c10::make_intrusive<ShardedDataset>(std::move(source), std::move(strategy), batch_size, fetch_factor,
                                                      drop_last, even_batches, seed, rank, world_size);
@@ -147,16 +145,16 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("num_global_batches", &ShardedDataset::num_global_batches)
       .def("num_batches", &ShardedDataset::num_batches)
       .def("describe", &ShardedDataset::describe)
-      .def("worker_batches", [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t worker, int64_t num_workers) {
-        return translate_errors([&] { return self->worker_batches(worker, num_workers); });
-      })
-      .def("fetch_rows", [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t epoch, int64_t fetch) {
-        return translate_errors([&] { return self->fetch_rows(epoch, fetch); });
-      })
-      .def("reader", [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t epoch, int64_t worker,
-                        int64_t num_workers) {
-        return translate_errors([&] { return self->reader(epoch, worker, num_workers); });
-      });
+      .def("worker_batches",
+           [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t worker, int64_t num_workers) {
+             return translate_errors([&] { return self->worker_batches(worker, num_workers); });
+           })
+      .def("fetch_rows", [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t epoch,
+                            int64_t fetch) { return translate_errors([&] { return self->fetch_rows(epoch, fetch); }); })
+      .def("reader",
+           [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t epoch, int64_t worker, int64_t num_workers) {
+             return translate_errors([&] { return self->reader(epoch, worker, num_workers); });
+           });
 
   m.def("streaming(bool shuffle=False, Tensor? indices=None) -> __torch__.torch.classes.torch_shards.Strategy",
         &streaming);
@@ -186,14 +184,16 @@ TORCH_LIBRARY(torch_shards, m) {
   m.def("epoch_state_claim_main(Tensor state) -> int", [](const at::Tensor& state) {
     return translate_errors([&] { return core::epoch_state_claim_main(epoch_state_words(state)); });
   });
-  m.def("epoch_state_claim_worker(Tensor state, int generation_seed, int local_iteration, int num_workers, int worker_id) -> int",
-        [](const at::Tensor& state, int64_t generation_seed, int64_t local_iteration, int64_t num_workers,
-           int64_t worker_id) {
-          return translate_errors([&] {
-            return core::epoch_state_claim_worker(epoch_state_words(state), generation_seed, local_iteration,
-                                                  num_workers, worker_id);
-          });
+  m.def(
+      "epoch_state_claim_worker(Tensor state, int generation_seed, int local_iteration, int num_workers, int "
+      "worker_id) -> int",
+      [](const at::Tensor& state, int64_t generation_seed, int64_t local_iteration, int64_t num_workers,
+         int64_t worker_id) {
+        return translate_errors([&] {
+          return core::epoch_state_claim_worker(epoch_state_words(state), generation_seed, local_iteration, num_workers,
+                                                worker_id);
         });
+      });
   m.def("broadcast_seed(int seed, str group_name) -> int", &broadcast_seed);
 }
 

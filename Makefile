@@ -1,0 +1,57 @@
+# Everything the project needs, from a fresh Debian machine:
+#   make demo   system packages + venv + torch + build, then a 2-rank torchrun DDP run on CPU
+#   make test   the same setup, then lint, pytest and the GoogleTest suite
+
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+PY := $(VENV)/bin/python
+SYSTEM_PACKAGES := build-essential cmake ninja-build ccache clang-format libgtest-dev \
+	libhdf5-dev libblosc-dev libzstd-dev zlib1g-dev
+PYTHON_PACKAGES := numpy pytest pytest-timeout scipy pandas h5py anndata zarr ruff
+
+# ccache's compiler links first: rebuilds only recompile what changed.
+export PATH := /usr/lib/ccache:$(PATH)
+export MAX_JOBS ?= $(shell nproc)
+
+.PHONY: setup demo test system lint test-python test-cpp clean
+
+system:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		sudo=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+		echo "installing system packages:" $$missing; \
+		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq $$missing; \
+	fi
+
+# torch is installed first and alone, so no later package can pull another build.
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q $(PYTHON_PACKAGES)
+	touch $@
+
+setup: system $(VENV)/.installed
+	$(PY) -m pip install -q --no-build-isolation -e .
+
+demo: setup
+	$(VENV)/bin/torchrun --standalone --nproc_per_node=2 examples/ddp_train.py
+
+lint: setup
+	$(VENV)/bin/ruff check torch_shards tests examples benchmarks setup.py
+	$(VENV)/bin/ruff format --check torch_shards tests examples benchmarks setup.py
+	clang-format --dry-run -Werror $$(find csrc tests/cpp -name '*.cpp' -o -name '*.h' | grep -v /build/)
+
+test-python: setup
+	$(PY) -m pytest -q tests
+
+test-cpp: system
+	cmake -S tests/cpp -B tests/cpp/build -G Ninja -DCMAKE_BUILD_TYPE=Release
+	cmake --build tests/cpp/build
+	ctest --test-dir tests/cpp/build --output-on-failure
+
+test: lint test-python test-cpp
+
+clean:
+	rm -rf build tests/cpp/build $(VENV) torch_shards/_C*.so torch_shards/_build_info.py *.egg-info

@@ -1,0 +1,75 @@
+import collections
+
+import torch
+from torch.utils.data import DataLoader
+
+import torch_shards as ts
+
+
+def make_strategy(name, num_rows, block_size=3):
+    """One instance of each strategy, over a source of num_rows rows."""
+    if name == "Streaming":
+        return ts.Streaming()
+    if name == "StreamingShuffle":
+        return ts.Streaming(shuffle=True)
+    if name == "BlockShuffling":
+        return ts.BlockShuffling(block_size=block_size)
+    if name == "BlockWeightedSampling":
+        weights = torch.arange(num_rows, dtype=torch.float64) % 5 + 0.5
+        return ts.BlockWeightedSampling(weights, total_size=num_rows + 3, block_size=block_size)
+    if name == "ClassBalancedSampling":
+        labels = torch.arange(num_rows) % 3
+        return ts.ClassBalancedSampling(labels, block_size=block_size)
+    raise ValueError(name)
+
+
+STRATEGIES = ["Streaming", "StreamingShuffle", "BlockShuffling", "BlockWeightedSampling", "ClassBalancedSampling"]
+
+
+def rows_source(num_rows):
+    """A source whose field "X" holds each row's own index, to audit reads."""
+    return ts.TensorSource({"X": torch.arange(num_rows, dtype=torch.int64) * 10})
+
+
+def read_rank(dataset, num_workers, **loader_kwargs):
+    """Every batch one rank yields through a real DataLoader, as (worker-order) list."""
+    if num_workers == 0:
+        loader_kwargs.pop("multiprocessing_context", None)
+        loader_kwargs.pop("persistent_workers", None)
+    loader = DataLoader(dataset, batch_size=None, num_workers=num_workers, **loader_kwargs)
+    return [batch["index"].tolist() for batch in loader]
+
+
+def read_rank_by_workers(dataset, num_workers, epoch):
+    """What the DataLoader workers of one rank deliver in one epoch, without
+    processes: worker w of K runs the same native reader a worker would."""
+    workers = max(num_workers, 1)
+    batches = []
+    for worker in range(workers):
+        reader = dataset.native.reader(epoch, worker, workers)
+        for unit in iter(reader.next, None):
+            index = unit["index"]
+            for start in range(0, index.shape[0], dataset.batch_size):
+                batches.append(index[start : start + dataset.batch_size].tolist())
+    return batches
+
+
+def global_batches(dataset, epoch):
+    """The epoch's global batches, computed from the fetches (drop_last applied)."""
+    native = dataset.native
+    batches = []
+    for fetch in range(
+        (native.plan_size() + dataset.batch_size * dataset.fetch_factor - 1)
+        // (dataset.batch_size * dataset.fetch_factor)
+    ):
+        rows = native.fetch_rows(epoch, fetch).tolist()
+        for start in range(0, len(rows), dataset.batch_size):
+            batch = rows[start : start + dataset.batch_size]
+            if dataset.drop_last and len(batch) < dataset.batch_size:
+                continue
+            batches.append(batch)
+    return batches
+
+
+def multiset(batches):
+    return collections.Counter(tuple(batch) for batch in batches)
