@@ -42,7 +42,10 @@ write_build_info()
 extension = CppExtension(
     "torch_shards._C",
     native_sources(),
-    extra_compile_args={"cxx": ["-O3", "-Wall", "-Wno-unused-parameter", "-fvisibility=hidden"]},
+    extra_compile_args={
+        # No FMA contraction: plans must be bit-identical on every platform.
+        "cxx": ["-O3", "-Wall", "-Wno-unused-parameter", "-fvisibility=hidden", "-ffp-contract=off"]
+    },
 )
 
 setup(

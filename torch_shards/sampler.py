@@ -1,6 +1,7 @@
 """DistributedSampler: a drop-in for torch.utils.data.distributed.DistributedSampler
 that also partitions any torch_shards strategy (weighted ones included)."""
 
+import itertools
 import math
 
 from torch.utils.data import Sampler
@@ -70,14 +71,15 @@ class DistributedSampler(Sampler):
     def __iter__(self):
         self.epoch = self._next_epoch
         self._next_epoch += 1
-        return self._indices(self.epoch)
+        # Chained list iterators: the per-index cost is C-level, like iterating a list.
+        return itertools.chain.from_iterable(self._chunks(self.epoch))
 
-    def _indices(self, epoch):
+    def _chunks(self, epoch):
         native = self.strategy.native
         for first in range(0, self.num_samples, _CHUNK):
             count = min(_CHUNK, self.num_samples - first)
             start = self.rank + first * self.num_replicas
-            yield from native.strided(self.num_rows, self.seed, epoch, start, self.num_replicas, count).tolist()
+            yield native.strided(self.num_rows, self.seed, epoch, start, self.num_replicas, count).tolist()
 
     def __len__(self):
         return self.num_samples

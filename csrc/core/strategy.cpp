@@ -6,6 +6,7 @@
 #include <numeric>
 #include <unordered_map>
 
+#include "alias_table.h"
 #include "errors.h"
 #include "permutation.h"
 #include "random.h"
@@ -94,15 +95,19 @@ class BlockShufflingPlan : public SamplingPlan {
 // proportional to the block's total weight, then each of its draws picks a row
 // inside that block proportionally to the row weights. So every draw has
 // marginal probability exactly w_row / W while a group's rows stay close on
-// disk. Only the cumulative weights are kept (8 bytes per row).
+// disk. Both choices are O(1) alias-table draws.
 class WeightedPlan : public SamplingPlan {
  public:
   WeightedPlan(RowSubset subset, const std::vector<double>& weights, int64_t total_size, int64_t block_size)
       : subset_(std::move(subset)), total_size_(total_size), block_size_(block_size) {
-    cumulative_.resize(weights.size() + 1);
-    cumulative_[0] = 0.0;
-    for (size_t i = 0; i < weights.size(); ++i) cumulative_[i + 1] = cumulative_[i] + weights[i];
-    num_blocks_ = (subset_.size() + block_size_ - 1) / block_size_;
+    if (block_size_ == 1) {
+      blocks_ = AliasTable(weights, static_cast<int64_t>(weights.size()));
+      return;
+    }
+    std::vector<double> block_weights((weights.size() + block_size_ - 1) / block_size_, 0.0);
+    for (size_t i = 0; i < weights.size(); ++i) block_weights[i / block_size_] += weights[i];
+    blocks_ = AliasTable(block_weights, static_cast<int64_t>(block_weights.size()));
+    rows_ = AliasTable(weights, block_size_);
   }
   int64_t size() const override { return total_size_; }
   bool shuffles_within_fetch() const override { return true; }
@@ -110,58 +115,51 @@ class WeightedPlan : public SamplingPlan {
   void fill(uint64_t seed, int64_t epoch, int64_t begin, int64_t count, int64_t* rows) const override {
     const uint64_t block_key = derive_key(seed, epoch, Purpose::kWeightedBlock);
     const uint64_t row_key = derive_key(seed, epoch, Purpose::kWeightedRow);
-    int64_t group = -1, start = 0, end = 0;
+    if (block_size_ == 1) {
+      fill_rows(block_key, begin, count, rows);
+      return;
+    }
+    int64_t group = -1, block = 0;
     for (int64_t i = 0; i < count; ++i) {
       const int64_t draw = begin + i;
-      if (block_size_ == 1) {
-        rows[i] = subset_.row(find_position(0, subset_.size(), uniform_at(row_key, draw)));
-        continue;
-      }
       if (draw / block_size_ != group) {
         group = draw / block_size_;
-        const int64_t block = find_block(uniform_at(block_key, group));
-        start = block * block_size_;
-        end = std::min(start + block_size_, subset_.size());
+        block = pick(blocks_, 0, block_key, static_cast<uint64_t>(group));
       }
-      rows[i] = subset_.row(find_position(start, end, uniform_at(row_key, draw)));
+      rows[i] = subset_.row(pick(rows_, block, row_key, static_cast<uint64_t>(draw)));
     }
   }
 
  private:
-  double boundary(int64_t block) const { return cumulative_[std::min(block * block_size_, subset_.size())]; }
-
-  // The block b whose share of [0, W) contains u * W.
-  int64_t find_block(double u) const {
-    const double x = u * cumulative_.back();
-    int64_t lo = 0, hi = num_blocks_;  // invariant: boundary(lo) <= x, answer in [lo, hi)
-    while (hi - lo > 1) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (boundary(mid) <= x)
-        lo = mid;
-      else
-        hi = mid;
-    }
-    // Rounding can land on a zero-weight block at the end; step back.
-    while (lo > 0 && boundary(lo + 1) == boundary(lo)) --lo;
-    return lo;
+  static int64_t pick(const AliasTable& table, int64_t segment, uint64_t key, uint64_t counter) {
+    const auto r = philox4x32(key, counter, 0);
+    return table.draw(segment, (uint64_t{r[0]} << 32) | r[1], to_unit_double(r[2], r[3]));
   }
 
-  // The position p in [start, end) whose share of the block's weight contains u.
-  int64_t find_position(int64_t start, int64_t end, double u) const {
-    const double low = cumulative_[start];
-    const double x = low + u * (cumulative_[end] - low);
-    const auto first = cumulative_.begin() + start + 1;
-    int64_t p = (std::upper_bound(first, cumulative_.begin() + end + 1, x) - cumulative_.begin()) - 1;
-    if (p >= end) p = end - 1;
-    while (p > start && cumulative_[p + 1] == cumulative_[p]) --p;  // never a zero-weight row
-    return p;
+  // One draw per row over a table too large for the caches: draws are
+  // independent, so compute a batch of slots first and prefetch them, letting
+  // their cache misses overlap.
+  void fill_rows(uint64_t key, int64_t begin, int64_t count, int64_t* rows) const {
+    constexpr int64_t kBatch = 32;
+    uint64_t index_bits[kBatch];
+    double units[kBatch];
+    for (int64_t first = 0; first < count; first += kBatch) {
+      const int64_t n = std::min(kBatch, count - first);
+      for (int64_t i = 0; i < n; ++i) {
+        const auto r = philox4x32(key, static_cast<uint64_t>(begin + first + i), 0);
+        index_bits[i] = (uint64_t{r[0]} << 32) | r[1];
+        units[i] = to_unit_double(r[2], r[3]);
+        blocks_.prefetch(0, index_bits[i]);
+      }
+      for (int64_t i = 0; i < n; ++i) rows[first + i] = subset_.row(blocks_.draw(0, index_bits[i], units[i]));
+    }
   }
 
   RowSubset subset_;
-  std::vector<double> cumulative_;
   int64_t total_size_;
   int64_t block_size_;
-  int64_t num_blocks_ = 0;
+  AliasTable blocks_;  // one item per block (per row when block_size == 1)
+  AliasTable rows_;    // rows, one segment per block (unused when block_size == 1)
 };
 
 // Draws without replacement: each epoch selects total_size distinct rows by
@@ -290,6 +288,30 @@ RowSubset Strategy::subset(int64_t num_rows) const {
   return RowSubset::of(std::move(rows));
 }
 
+template <typename T>
+const std::vector<T>& Strategy::align_to_subset(const std::vector<T>& values, const char* what, int64_t num_rows,
+                                                std::vector<T>& storage) const {
+  const int64_t count = static_cast<int64_t>(values.size());
+  if (!indices_) {
+    check_argument(count == num_rows, name(), ": ", what, " must have one entry per row (", num_rows, "), got ", count);
+    return values;
+  }
+  const int64_t num_indices = static_cast<int64_t>(indices_->size());
+  check_argument(count == num_rows || count == num_indices, name(), ": ", what, " must have one entry per row (",
+                 num_rows, ") or one per entry of indices (", num_indices, "), got ", count);
+  storage.clear();
+  storage.reserve(indices_->size());
+  for (int64_t position : subset_order(num_rows)) {
+    storage.push_back(count == num_rows ? values[(*indices_)[position]] : values[position]);
+  }
+  return storage;
+}
+
+template const std::vector<double>& Strategy::align_to_subset(const std::vector<double>&, const char*, int64_t,
+                                                              std::vector<double>&) const;
+template const std::vector<int64_t>& Strategy::align_to_subset(const std::vector<int64_t>&, const char*, int64_t,
+                                                               std::vector<int64_t>&) const;
+
 std::string Strategy::describe_indices() const {
   if (!indices_) return "indices=None";
   return concat("indices=<", indices_->size(), " rows #", hex(digest(*indices_)), ">");
@@ -350,26 +372,8 @@ BlockWeightedSampling::BlockWeightedSampling(const char* strategy_name, std::vec
   check_argument(std::isfinite(total), name(), ": the sum of weights overflows, got ", total);
 }
 
-std::vector<double> BlockWeightedSampling::subset_weights(int64_t num_rows) const {
-  const int64_t count = static_cast<int64_t>(weights_.size());
-  if (!indices_) {
-    check_argument(count == num_rows, name(), ": weights must have one entry per row (", num_rows, "), got ", count);
-    return weights_;
-  }
-  const int64_t num_indices = static_cast<int64_t>(indices_->size());
-  check_argument(count == num_rows || count == num_indices, name(), ": weights must have one entry per row (", num_rows,
-                 ") or one per entry of indices (", num_indices, "), got ", count);
-  const auto order = subset_order(num_rows);
-  std::vector<double> aligned;
-  aligned.reserve(order.size());
-  for (int64_t position : order) {
-    aligned.push_back(count == num_rows ? weights_[(*indices_)[position]] : weights_[position]);
-  }
-  return aligned;
-}
-
 std::shared_ptr<const SamplingPlan> BlockWeightedSampling::bind_weights(int64_t num_rows,
-                                                                        std::vector<double> weights) const {
+                                                                        const std::vector<double>& weights) const {
   RowSubset rows = subset(num_rows);
   int64_t positive = 0;
   double total = 0.0;
@@ -382,12 +386,13 @@ std::shared_ptr<const SamplingPlan> BlockWeightedSampling::bind_weights(int64_t 
   if (replacement_) return std::make_shared<WeightedPlan>(std::move(rows), weights, size, block_size_);
   check_argument(size <= positive, name(), ": total_size (", size,
                  ") must not exceed the number of rows with positive weight (", positive, ") when replacement=False");
-  return std::make_shared<WeightedWithoutReplacementPlan>(std::move(rows), std::move(weights), size, block_size_);
+  return std::make_shared<WeightedWithoutReplacementPlan>(std::move(rows), weights, size, block_size_);
 }
 
 std::shared_ptr<const SamplingPlan> BlockWeightedSampling::bind(int64_t num_rows) const {
   check_argument(num_rows >= 1, name(), ": the source must have at least one row, got ", num_rows);
-  return bind_weights(num_rows, subset_weights(num_rows));
+  std::vector<double> storage;
+  return bind_weights(num_rows, align_to_subset(weights_, "weights", num_rows, storage));
 }
 
 std::string BlockWeightedSampling::describe() const {
@@ -405,25 +410,23 @@ ClassBalancedSampling::ClassBalancedSampling(std::vector<int64_t> labels, std::o
 
 std::shared_ptr<const SamplingPlan> ClassBalancedSampling::bind(int64_t num_rows) const {
   check_argument(num_rows >= 1, name(), ": the source must have at least one row, got ", num_rows);
-  const int64_t count = static_cast<int64_t>(labels_.size());
-  std::vector<int64_t> labels;
-  if (!indices_) {
-    check_argument(count == num_rows, name(), ": labels must have one entry per row (", num_rows, "), got ", count);
-    labels = labels_;
+  std::vector<int64_t> storage;
+  const std::vector<int64_t>& labels = align_to_subset(labels_, "labels", num_rows, storage);
+  // weight = 1 / class size. Labels are usually small codes: count them in an
+  // array, else in a map.
+  std::vector<double> weights(labels.size());
+  const auto [low, high] = std::minmax_element(labels.begin(), labels.end());
+  if (static_cast<uint64_t>(*high) - static_cast<uint64_t>(*low) < (uint64_t{1} << 24)) {
+    const int64_t base = *low;
+    std::vector<int64_t> sizes(static_cast<size_t>(*high - base + 1), 0);
+    for (int64_t label : labels) ++sizes[label - base];
+    for (size_t i = 0; i < labels.size(); ++i) weights[i] = 1.0 / static_cast<double>(sizes[labels[i] - base]);
   } else {
-    const int64_t num_indices = static_cast<int64_t>(indices_->size());
-    check_argument(count == num_rows || count == num_indices, name(), ": labels must have one entry per row (",
-                   num_rows, ") or one per entry of indices (", num_indices, "), got ", count);
-    for (int64_t position : subset_order(num_rows)) {
-      labels.push_back(count == num_rows ? labels_[(*indices_)[position]] : labels_[position]);
-    }
+    std::unordered_map<int64_t, int64_t> sizes;
+    for (int64_t label : labels) ++sizes[label];
+    for (size_t i = 0; i < labels.size(); ++i) weights[i] = 1.0 / static_cast<double>(sizes[labels[i]]);
   }
-  std::unordered_map<int64_t, int64_t> class_sizes;
-  for (int64_t label : labels) ++class_sizes[label];
-  std::vector<double> weights;
-  weights.reserve(labels.size());
-  for (int64_t label : labels) weights.push_back(1.0 / static_cast<double>(class_sizes[label]));
-  return bind_weights(num_rows, std::move(weights));
+  return bind_weights(num_rows, weights);
 }
 
 std::string ClassBalancedSampling::describe() const {

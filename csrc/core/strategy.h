@@ -58,6 +58,12 @@ class Strategy {
   std::vector<int64_t> subset_order(int64_t num_rows) const;
   RowSubset subset(int64_t num_rows) const;
   std::string describe_indices() const;
+  // Values given per row of the source or per entry of indices, aligned with
+  // the sorted subset positions: `values` itself without indices, else
+  // `storage` filled in that order.
+  template <typename T>
+  const std::vector<T>& align_to_subset(const std::vector<T>& values, const char* what, int64_t num_rows,
+                                        std::vector<T>& storage) const;
 
   const char* name_;
   std::optional<std::vector<int64_t>> indices_;
@@ -95,9 +101,7 @@ class BlockWeightedSampling : public Strategy {
  protected:
   BlockWeightedSampling(const char* name, std::vector<double> weights, std::optional<int64_t> total_size,
                         int64_t block_size, std::optional<std::vector<int64_t>> indices, bool replacement);
-  // Weights aligned with the sorted subset positions.
-  std::vector<double> subset_weights(int64_t num_rows) const;
-  std::shared_ptr<const SamplingPlan> bind_weights(int64_t num_rows, std::vector<double> weights) const;
+  std::shared_ptr<const SamplingPlan> bind_weights(int64_t num_rows, const std::vector<double>& weights) const;
 
   std::vector<double> weights_;
   std::optional<int64_t> total_size_;
