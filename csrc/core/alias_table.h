@@ -4,6 +4,7 @@
 // draws from) the same table.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 

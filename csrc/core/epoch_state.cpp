@@ -12,8 +12,12 @@ namespace {
 
 constexpr int64_t kMagic = 0x5348524453455054;  // "SHRDSEPT"
 enum Word : int64_t { kMagicWord = 0, kLock = 1, kNext = 2, kLast = 3, kStamp = 4, kTable = 8 };
-enum Field : int64_t { kSeed = 0, kIteration, kWorkers, kEpoch, kMask, kEntryStamp, kFields };
+// The mask records which worker ids claimed under an entry's name (bit w of
+// word w / 64), up to kMaxWorkers workers.
+constexpr int64_t kMaskWords = 4;
+enum Field : int64_t { kSeed = 0, kIteration, kWorkers, kEpoch, kEntryStamp, kMask, kFields = kMask + kMaskWords };
 constexpr int64_t kSlots = (kEpochStateWords - kTable) / kFields;
+static_assert(kSlots >= 8, "the epoch state needs room for recent generations");
 
 int64_t load(const int64_t* word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
 void store(int64_t* word, int64_t value) { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
@@ -95,7 +99,10 @@ int64_t epoch_state_claim_worker(int64_t* state, int64_t generation_seed, int64_
   check_initialised(state);
   check_argument(num_workers >= 1 && worker_id >= 0 && worker_id < num_workers, "worker id ", worker_id,
                  " out of range for ", num_workers, " workers");
-  const int64_t bit = worker_id < 63 ? (int64_t{1} << worker_id) : 0;
+  check_argument(num_workers <= kMaxWorkers, "at most ", kMaxWorkers, " DataLoader workers are supported, got ",
+                 num_workers);
+  const int64_t word = kMask + worker_id / 64;
+  const uint64_t bit = uint64_t{1} << (worker_id % 64);
   StateLock lock(state);
   // Reuse the entry of this generation's name, else an empty (stamp 0) or the oldest entry.
   int64_t* victim = nullptr;
@@ -103,8 +110,8 @@ int64_t epoch_state_claim_worker(int64_t* state, int64_t generation_seed, int64_
     int64_t* entry = state + kTable + slot * kFields;
     if (entry[kEntryStamp] != 0 && entry[kSeed] == generation_seed && entry[kIteration] == local_iteration &&
         entry[kWorkers] == num_workers) {
-      if ((entry[kMask] & bit) == 0) {
-        entry[kMask] |= bit;
+      if ((static_cast<uint64_t>(entry[word]) & bit) == 0) {
+        entry[word] = static_cast<int64_t>(static_cast<uint64_t>(entry[word]) | bit);
         return entry[kEpoch];
       }
       victim = entry;  // this worker already took part: a new generation under the same name
@@ -117,7 +124,8 @@ int64_t epoch_state_claim_worker(int64_t* state, int64_t generation_seed, int64_
   victim[kIteration] = local_iteration;
   victim[kWorkers] = num_workers;
   victim[kEpoch] = epoch;
-  victim[kMask] = bit;
+  for (int64_t w = 0; w < kMaskWords; ++w) victim[kMask + w] = 0;
+  victim[word] = static_cast<int64_t>(bit);
   victim[kEntryStamp] = ++state[kStamp];
   return epoch;
 }

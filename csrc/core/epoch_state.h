@@ -21,6 +21,7 @@
 namespace torch_shards::core {
 
 constexpr int64_t kEpochStateWords = 128;
+constexpr int64_t kMaxWorkers = 256;
 
 // Called once on a zeroed array.
 void epoch_state_init(int64_t* state);

@@ -416,7 +416,8 @@ std::shared_ptr<const SamplingPlan> ClassBalancedSampling::bind(int64_t num_rows
   // array, else in a map.
   std::vector<double> weights(labels.size());
   const auto [low, high] = std::minmax_element(labels.begin(), labels.end());
-  if (static_cast<uint64_t>(*high) - static_cast<uint64_t>(*low) < (uint64_t{1} << 24)) {
+  const uint64_t range = static_cast<uint64_t>(*high) - static_cast<uint64_t>(*low);
+  if (range < (uint64_t{1} << 20) || range < labels.size()) {
     const int64_t base = *low;
     std::vector<int64_t> sizes(static_cast<size_t>(*high - base + 1), 0);
     for (int64_t label : labels) ++sizes[label - base];
