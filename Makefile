@@ -6,9 +6,9 @@ PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
-SYSTEM_PACKAGES := build-essential cmake ninja-build ccache clang-format libgtest-dev \
-	libhdf5-dev libblosc-dev libzstd-dev zlib1g-dev
-PYTHON_PACKAGES := numpy pytest pytest-timeout scipy pandas h5py anndata zarr ruff
+SYSTEM_PACKAGES := build-essential pkg-config cmake ninja-build ccache clang-format libgtest-dev \
+	libhdf5-dev libblosc-dev libzstd-dev zlib1g-dev nlohmann-json3-dev
+PYTHON_PACKAGES := numpy pytest pytest-timeout scipy pandas h5py hdf5plugin anndata zarr ruff
 
 # ccache's compiler links first: rebuilds only recompile what changed.
 export PATH := /usr/lib/ccache:$(PATH)

@@ -3,7 +3,7 @@
 from ._library import LIBRARY_PATH
 from .dataset import ShardedDataset
 from .sampler import DistributedSampler
-from .sources import Source, TensorSource
+from .sources import AnnDataSource, Collection, HDF5Source, Source, TensorSource, ZarrSource, open
 from .strategies import (
     BlockShuffling,
     BlockWeightedSampling,
@@ -16,6 +16,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LIBRARY_PATH",
+    "AnnDataSource",
+    "Collection",
+    "HDF5Source",
+    "ZarrSource",
+    "open",
     "BlockShuffling",
     "BlockWeightedSampling",
     "ClassBalancedSampling",

@@ -1,6 +1,8 @@
 """ShardedDataset: the IterableDataset that streams a source through a strategy,
 partitioned exactly once across ranks and DataLoader workers."""
 
+import os
+
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -17,7 +19,24 @@ _EVEN_BATCHES = {"pad": "pad", "drop": "drop", None: "none"}
 def _slice_rows(data, start, stop):
     if isinstance(data, dict):
         return {key: _slice_rows(value, start, stop) for key, value in data.items()}
+    if isinstance(data, torch.Tensor) and data.layout == torch.sparse_csr:
+        stop = min(stop, data.shape[0])
+        offsets = data.crow_indices()
+        first, last = int(offsets[start]), int(offsets[stop])
+        return torch.sparse_csr_tensor(
+            offsets[start : stop + 1] - first,
+            data.col_indices()[first:last],
+            data.values()[first:last],
+            (stop - start, data.shape[1]),
+        )
     return data[start:stop]
+
+
+def _available_cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 class ShardedDataset(IterableDataset):
@@ -42,6 +61,8 @@ class ShardedDataset(IterableDataset):
             process group when one is initialised).
         rank, world_size: explicit, else the default process group, else the
             RANK/WORLD_SIZE environment variables, else 0 and 1.
+        num_threads: threads reading one worker's data (None: this process's
+            CPUs shared among the DataLoader workers).
         fetch_transform: called on each unit read at once (a fetch, or a lone
             batch at the epoch's tail) as a dict of tensors; must keep the rows
             (their number and order) and return a dict or something sliceable.
@@ -63,6 +84,7 @@ class ShardedDataset(IterableDataset):
         seed=None,
         rank=None,
         world_size=None,
+        num_threads=None,
         fetch_transform=None,
         batch_transform=None,
     ):
@@ -87,6 +109,7 @@ class ShardedDataset(IterableDataset):
         self.drop_last = drop_last
         self.even_batches = even_batches
         self.rank, self.world_size = resolve_rank_and_world_size(rank, world_size)
+        self.num_threads = _convert.optional_int("ShardedDataset: num_threads", num_threads, 1)
         self.fetch_transform = fetch_transform
         self.batch_transform = batch_transform
         self.seed = resolve_seed(seed)
@@ -133,7 +156,8 @@ class ShardedDataset(IterableDataset):
         epoch = self._epochs.claim()
         info = get_worker_info()
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
-        return self._batches(self.native.reader(epoch, worker, num_workers))
+        threads = self.num_threads or max(1, _available_cpus() // num_workers)
+        return self._batches(self.native.reader(epoch, worker, num_workers, threads))
 
     def _batches(self, reader):
         batch_size = self.batch_size

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "../core/errors.h"
+#include "anndata_source.h"
 
 namespace torch_shards {
 namespace {
@@ -66,7 +67,13 @@ at::Tensor Strategy::strided(int64_t num_rows, int64_t seed, int64_t epoch, int6
   return out;
 }
 
-io::Batch Source::read(const at::Tensor& rows) const {
+std::vector<std::string> Source::field_specs() const {
+  std::vector<std::string> specs;
+  for (const auto& field : source_->fields()) specs.push_back(field.describe());
+  return specs;
+}
+
+sources::Batch Source::read(const at::Tensor& rows, int64_t num_threads) const {
   core::check_argument(rows.dim() == 1 && rows.scalar_type() == at::kLong,
                        "Source.read: rows must be a 1-D int64 tensor");
   const at::Tensor contiguous = rows.contiguous();
@@ -76,7 +83,8 @@ io::Batch Source::read(const at::Tensor& rows) const {
     core::check_argument(row >= 0 && row < source_->num_rows(), "Source.read: row ", row, " out of range [0, ",
                          source_->num_rows(), ")");
   }
-  return source_->read(list);
+  core::ThreadPool pool(static_cast<int>(std::max<int64_t>(num_threads, 1) - 1));
+  return source_->read(list, pool);
 }
 
 ShardedDataset::ShardedDataset(c10::intrusive_ptr<Source> source, c10::intrusive_ptr<Strategy> strategy,
@@ -120,21 +128,38 @@ std::string ShardedDataset::describe() const {
                       ", rank=", rank_, ", world_size=", layout.world_size(), ")");
 }
 
-c10::intrusive_ptr<EpochReader> ShardedDataset::reader(int64_t epoch, int64_t worker, int64_t num_workers) const {
+c10::intrusive_ptr<EpochReader> ShardedDataset::reader(int64_t epoch, int64_t worker, int64_t num_workers,
+                                                       int64_t num_threads) const {
   core::check_argument(epoch >= 0, "epoch must be >= 0, got ", epoch);
-  return c10::make_intrusive<EpochReader>(source_, planner_, seed_, epoch, rank_, worker, num_workers);
+  core::check_argument(num_threads >= 1, "num_threads must be >= 1, got ", num_threads);
+  return c10::make_intrusive<EpochReader>(source_, planner_, seed_, epoch, rank_, worker, num_workers, num_threads);
 }
 
-EpochReader::EpochReader(std::shared_ptr<const io::Source> source, std::shared_ptr<const core::Planner> planner,
-                         uint64_t seed, int64_t epoch, int64_t rank, int64_t worker, int64_t num_workers)
-    : source_(std::move(source)), cursor_(std::move(planner), seed, epoch, rank, worker, num_workers), epoch_(epoch) {}
+EpochReader::EpochReader(std::shared_ptr<const sources::Source> source, std::shared_ptr<const core::Planner> planner,
+                         uint64_t seed, int64_t epoch, int64_t rank, int64_t worker, int64_t num_workers,
+                         int64_t num_threads)
+    : source_(std::move(source)),
+      cursor_(std::move(planner), seed, epoch, rank, worker, num_workers),
+      pool_(static_cast<int>(num_threads - 1)),  // the calling thread reads too
+      epoch_(epoch) {}
 
-std::optional<io::Batch> EpochReader::next() {
+std::optional<sources::Batch> EpochReader::next() {
   if (!cursor_.next(unit_, rows_)) return std::nullopt;
   last_padding_ = unit_.padding;
-  io::Batch batch = source_->read(rows_);
+  sources::Batch batch = source_->read(rows_, pool_);
   batch.insert("index", to_tensor(rows_));
   return batch;
+}
+
+std::string AnnData::categories_json(const std::string& column) const {
+  const io::ObsColumn found = store_->obs_column(column);
+  core::check_argument(found.categorical, store_->root().where(), ": obs column '", column, "' is not categorical");
+  return found.categories.dump();
+}
+
+c10::intrusive_ptr<Source> AnnData::source(const std::vector<std::string>& obs, const std::optional<std::string>& layer,
+                                           bool dense) const {
+  return c10::make_intrusive<Source>(std::make_shared<sources::AnnDataSource>(store_, layer, obs, dense));
 }
 
 }  // namespace torch_shards

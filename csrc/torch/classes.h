@@ -12,7 +12,9 @@
 
 #include "../core/planner.h"
 #include "../core/strategy.h"
-#include "../io/source.h"
+#include "../core/thread_pool.h"
+#include "../io/anndata.h"
+#include "source.h"
 
 namespace torch_shards {
 
@@ -43,15 +45,18 @@ class Strategy : public torch::CustomClassHolder {
 // the file source ops.
 class Source : public torch::CustomClassHolder {
  public:
-  explicit Source(std::shared_ptr<const io::Source> source) : source_(std::move(source)) {}
-  const std::shared_ptr<const io::Source>& get() const { return source_; }
+  explicit Source(std::shared_ptr<const sources::Source> source) : source_(std::move(source)) {}
+  const std::shared_ptr<const sources::Source>& get() const { return source_; }
   int64_t num_rows() const { return source_->num_rows(); }
   std::vector<std::string> field_names() const { return source_->field_names(); }
+  // One line per field: "X: Float[2000] (sparse CSR)".
+  std::vector<std::string> field_specs() const;
   std::string describe() const { return source_->describe(); }
-  io::Batch read(const at::Tensor& rows) const;
+  // Reads rows (any order, repeats allowed) with num_threads threads.
+  sources::Batch read(const at::Tensor& rows, int64_t num_threads) const;
 
  private:
-  std::shared_ptr<const io::Source> source_;
+  std::shared_ptr<const sources::Source> source_;
 };
 
 class EpochReader;
@@ -76,13 +81,14 @@ class ShardedDataset : public torch::CustomClassHolder {
   // Rows of fetch f of an epoch, in delivery order.
   at::Tensor fetch_rows(int64_t epoch, int64_t fetch) const;
   std::string describe() const;
-  c10::intrusive_ptr<EpochReader> reader(int64_t epoch, int64_t worker, int64_t num_workers) const;
+  // One worker's pass over one epoch, reading with num_threads threads.
+  c10::intrusive_ptr<EpochReader> reader(int64_t epoch, int64_t worker, int64_t num_workers, int64_t num_threads) const;
 
-  const std::shared_ptr<const io::Source>& source() const { return source_; }
+  const std::shared_ptr<const sources::Source>& source() const { return source_; }
   const std::shared_ptr<const core::Planner>& planner() const { return planner_; }
 
  private:
-  std::shared_ptr<const io::Source> source_;
+  std::shared_ptr<const sources::Source> source_;
   std::string strategy_description_;
   std::shared_ptr<const core::Planner> planner_;
   std::string even_batches_;
@@ -95,9 +101,9 @@ class ShardedDataset : public torch::CustomClassHolder {
 // the epoch's tail) with an "index" field, or None at the end.
 class EpochReader : public torch::CustomClassHolder {
  public:
-  EpochReader(std::shared_ptr<const io::Source> source, std::shared_ptr<const core::Planner> planner, uint64_t seed,
-              int64_t epoch, int64_t rank, int64_t worker, int64_t num_workers);
-  std::optional<io::Batch> next();
+  EpochReader(std::shared_ptr<const sources::Source> source, std::shared_ptr<const core::Planner> planner,
+              uint64_t seed, int64_t epoch, int64_t rank, int64_t worker, int64_t num_workers, int64_t num_threads);
+  std::optional<sources::Batch> next();
   int64_t epoch() const { return epoch_; }
   int64_t num_units() const { return cursor_.num_units(); }
   int64_t units_done() const { return cursor_.position(); }
@@ -106,12 +112,32 @@ class EpochReader : public torch::CustomClassHolder {
   bool last_was_padding() const { return last_padding_; }
 
  private:
-  std::shared_ptr<const io::Source> source_;
+  std::shared_ptr<const sources::Source> source_;
   core::UnitCursor cursor_;
+  core::ThreadPool pool_;  // started on the first read, inside iteration
   int64_t epoch_;
   bool last_padding_ = false;
   core::WorkUnit unit_;
   std::vector<int64_t> rows_;
+};
+
+// torch.classes.torch_shards.AnnData: an opened .h5ad file or AnnData zarr
+// store, for lookups (names, categories) and for making sources.
+class AnnData : public torch::CustomClassHolder {
+ public:
+  explicit AnnData(std::shared_ptr<const io::AnnDataStore> store) : store_(std::move(store)) {}
+  int64_t n_obs() const { return store_->n_obs(); }
+  int64_t n_vars() const { return store_->n_vars(); }
+  std::vector<std::string> obs_names() const { return store_->obs_names(); }
+  std::vector<std::string> var_names() const { return store_->var_names(); }
+  std::vector<std::string> obs_columns() const { return store_->obs_columns(); }
+  // The categories of a categorical obs column, as a JSON array.
+  std::string categories_json(const std::string& column) const;
+  c10::intrusive_ptr<Source> source(const std::vector<std::string>& obs, const std::optional<std::string>& layer,
+                                    bool dense) const;
+
+ private:
+  std::shared_ptr<const io::AnnDataStore> store_;
 };
 
 }  // namespace torch_shards

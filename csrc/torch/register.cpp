@@ -9,9 +9,16 @@
 
 #include "../core/epoch_state.h"
 #include "../core/errors.h"
-#include "../io/tensor_source.h"
+#include "../io/file.h"
+#include "../io/hdf5_array.h"
+#include "../io/hdf5_group.h"
+#include "../io/zarr_array.h"
+#include "../io/zarr_group.h"
+#include "array_source.h"
 #include "classes.h"
+#include "collection_source.h"
 #include "process_group.h"
+#include "tensor_source.h"
 
 namespace torch_shards {
 namespace {
@@ -85,7 +92,66 @@ c10::intrusive_ptr<Strategy> class_balanced_sampling(const at::Tensor& labels, s
 
 c10::intrusive_ptr<Source> tensor_source(const c10::Dict<std::string, at::Tensor>& fields) {
   return translate_errors(
-      [&] { return c10::make_intrusive<Source>(std::make_shared<io::TensorSource>(fields.copy())); });
+      [&] { return c10::make_intrusive<Source>(std::make_shared<sources::TensorSource>(fields.copy())); });
+}
+
+c10::intrusive_ptr<Source> hdf5_source(const std::string& path, const c10::Dict<std::string, std::string>& datasets) {
+  return translate_errors([&] {
+    std::vector<sources::ArraySource::NamedArray> arrays;
+    for (const auto& item : datasets) arrays.emplace_back(item.key(), io::open_hdf5_array(path, item.value()));
+    return c10::make_intrusive<Source>(std::make_shared<sources::ArraySource>("HDF5Source", std::move(arrays)));
+  });
+}
+
+c10::intrusive_ptr<Source> zarr_source(const std::string& path, const c10::Dict<std::string, std::string>& arrays) {
+  return translate_errors([&] {
+    core::check_argument(io::file_exists(path), "ZarrSource: ", path, ": no such file or directory");
+    std::vector<sources::ArraySource::NamedArray> named;
+    for (const auto& item : arrays) named.emplace_back(item.key(), io::open_zarr_array(path, item.value()));
+    return c10::make_intrusive<Source>(std::make_shared<sources::ArraySource>("ZarrSource", std::move(named)));
+  });
+}
+
+std::shared_ptr<const io::Group> open_group(const std::string& path) {
+  if (io::is_directory(path)) {
+    if (!io::is_zarr_group(path)) throw core::ReadError(path + ": not a zarr group (no .zgroup or zarr.json)");
+    return io::open_zarr_group(path, "/");
+  }
+  return io::open_hdf5_group(path, "/");
+}
+
+c10::intrusive_ptr<AnnData> anndata(const std::string& path) {
+  return translate_errors(
+      [&] { return c10::make_intrusive<AnnData>(std::make_shared<io::AnnDataStore>(open_group(path))); });
+}
+
+c10::intrusive_ptr<Source> collection(const std::vector<c10::intrusive_ptr<Source>>& parts) {
+  return translate_errors([&] {
+    std::vector<std::shared_ptr<const sources::Source>> sources;
+    for (const auto& part : parts) sources.push_back(part->get());
+    return c10::make_intrusive<Source>(std::make_shared<sources::CollectionSource>(std::move(sources)));
+  });
+}
+
+// What a path holds, for torch_shards.open: "missing", "hdf5", "hdf5-anndata",
+// "zarr-array", "zarr-group", "zarr-anndata" or "unknown".
+std::string probe(const std::string& path) {
+  return translate_errors([&]() -> std::string {
+    if (!io::file_exists(path)) return "missing";
+    const auto is_anndata = [](const io::Group& root) {
+      const auto attributes = root.attributes();
+      const auto encoding = attributes.find("encoding-type");
+      if (encoding != attributes.end() && encoding->is_string()) return encoding->get<std::string>() == "anndata";
+      return root.has_group("obs") && (root.has_array("X") || root.has_group("X"));
+    };
+    if (io::is_directory(path)) {
+      if (io::is_zarr_array(path)) return "zarr-array";
+      if (!io::is_zarr_group(path)) return "unknown";
+      return is_anndata(*io::open_zarr_group(path, "/")) ? "zarr-anndata" : "zarr-group";
+    }
+    if (!io::is_hdf5_file(path)) return "unknown";
+    return is_anndata(*io::open_hdf5_group(path, "/")) ? "hdf5-anndata" : "hdf5";
+  });
 }
 
 int64_t* epoch_state_words(const at::Tensor& state) {
@@ -112,10 +178,29 @@ TORCH_LIBRARY(torch_shards, m) {
   m.class_<Source>("Source")
       .def("num_rows", &Source::num_rows)
       .def("field_names", &Source::field_names)
+      .def("field_specs", &Source::field_specs)
       .def("describe", &Source::describe)
-      .def("read", [](const c10::intrusive_ptr<Source>& self, const at::Tensor& rows) {
-        return translate_errors([&] { return self->read(rows); });
+      .def("read", [](const c10::intrusive_ptr<Source>& self, const at::Tensor& rows, int64_t num_threads) {
+        return translate_errors([&] { return self->read(rows, num_threads); });
       });
+
+  m.class_<AnnData>("AnnData")
+      .def("n_obs", &AnnData::n_obs)
+      .def("n_vars", &AnnData::n_vars)
+      .def("obs_names",
+           [](const c10::intrusive_ptr<AnnData>& self) { return translate_errors([&] { return self->obs_names(); }); })
+      .def("var_names",
+           [](const c10::intrusive_ptr<AnnData>& self) { return translate_errors([&] { return self->var_names(); }); })
+      .def(
+          "obs_columns",
+          [](const c10::intrusive_ptr<AnnData>& self) { return translate_errors([&] { return self->obs_columns(); }); })
+      .def("categories_json",
+           [](const c10::intrusive_ptr<AnnData>& self, const std::string& column) {
+             return translate_errors([&] { return self->categories_json(column); });
+           })
+      .def("source", [](const c10::intrusive_ptr<AnnData>& self, const std::vector<std::string>& obs,
+                        const std::optional<std::string>& layer,
+                        bool dense) { return translate_errors([&] { return self->source(obs, layer, dense); }); });
 
   m.class_<EpochReader>("EpochReader")
       .def("next",
@@ -151,10 +236,10 @@ TORCH_LIBRARY(torch_shards, m) {
            })
       .def("fetch_rows", [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t epoch,
                             int64_t fetch) { return translate_errors([&] { return self->fetch_rows(epoch, fetch); }); })
-      .def("reader",
-           [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t epoch, int64_t worker, int64_t num_workers) {
-             return translate_errors([&] { return self->reader(epoch, worker, num_workers); });
-           });
+      .def("reader", [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t epoch, int64_t worker,
+                        int64_t num_workers, int64_t num_threads) {
+        return translate_errors([&] { return self->reader(epoch, worker, num_workers, num_threads); });
+      });
 
   m.def("streaming(bool shuffle=False, Tensor? indices=None) -> __torch__.torch.classes.torch_shards.Strategy",
         &streaming);
@@ -169,6 +254,16 @@ TORCH_LIBRARY(torch_shards, m) {
       "__torch__.torch.classes.torch_shards.Strategy",
       &class_balanced_sampling);
   m.def("tensor_source(Dict(str, Tensor) fields) -> __torch__.torch.classes.torch_shards.Source", &tensor_source);
+  m.def("hdf5_source(str path, Dict(str, str) datasets) -> __torch__.torch.classes.torch_shards.Source",
+        [](std::string path, c10::Dict<std::string, std::string> datasets) { return hdf5_source(path, datasets); });
+  m.def("zarr_source(str path, Dict(str, str) arrays) -> __torch__.torch.classes.torch_shards.Source",
+        [](std::string path, c10::Dict<std::string, std::string> arrays) { return zarr_source(path, arrays); });
+  m.def("anndata(str path) -> __torch__.torch.classes.torch_shards.AnnData",
+        [](std::string path) { return anndata(path); });
+  m.def(
+      "collection(__torch__.torch.classes.torch_shards.Source[] parts) -> __torch__.torch.classes.torch_shards.Source",
+      [](std::vector<c10::intrusive_ptr<Source>> parts) { return collection(parts); });
+  m.def("probe(str path) -> str", [](std::string path) { return probe(path); });
 
   m.def("epoch_state_init(Tensor state) -> ()",
         [](const at::Tensor& state) { core::epoch_state_init(epoch_state_words(state)); });
@@ -194,7 +289,8 @@ TORCH_LIBRARY(torch_shards, m) {
                                                 worker_id);
         });
       });
-  m.def("broadcast_seed(int seed, str group_name) -> int", &broadcast_seed);
+  m.def("broadcast_seed(int seed, str group_name) -> int",
+        [](int64_t seed, std::string group_name) { return broadcast_seed(seed, group_name); });
 }
 
 }  // namespace torch_shards

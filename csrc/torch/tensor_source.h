@@ -6,14 +6,14 @@
 
 #include "source.h"
 
-namespace torch_shards::io {
+namespace torch_shards::sources {
 
 class TensorSource : public Source {
  public:
   explicit TensorSource(Batch fields);
   int64_t num_rows() const override { return num_rows_; }
-  std::vector<std::string> field_names() const override;
-  Batch read(const std::vector<int64_t>& rows) const override;
+  std::vector<FieldSpec> fields() const override;
+  Batch read(const std::vector<int64_t>& rows, core::ThreadPool& pool) const override;
   std::string describe() const override;
 
  private:
@@ -21,4 +21,4 @@ class TensorSource : public Source {
   int64_t num_rows_ = 0;
 };
 
-}  // namespace torch_shards::io
+}  // namespace torch_shards::sources

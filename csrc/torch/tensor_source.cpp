@@ -8,7 +8,7 @@
 
 #include "../core/errors.h"
 
-namespace torch_shards::io {
+namespace torch_shards::sources {
 
 using core::check_argument;
 
@@ -34,13 +34,16 @@ TensorSource::TensorSource(Batch fields) : fields_(std::move(fields)) {
   check_argument(num_rows_ >= 1, "TensorSource: the tensors have no rows (an empty source)");
 }
 
-std::vector<std::string> TensorSource::field_names() const {
-  std::vector<std::string> names;
-  for (const auto& item : fields_) names.push_back(item.key());
-  return names;
+std::vector<FieldSpec> TensorSource::fields() const {
+  std::vector<FieldSpec> specs;
+  for (const auto& item : fields_) {
+    const auto sizes = item.value().sizes();
+    specs.push_back(FieldSpec{item.key(), item.value().scalar_type(), {sizes.begin() + 1, sizes.end()}, false});
+  }
+  return specs;
 }
 
-Batch TensorSource::read(const std::vector<int64_t>& rows) const {
+Batch TensorSource::read(const std::vector<int64_t>& rows, core::ThreadPool&) const {
   const auto index = at::from_blob(const_cast<int64_t*>(rows.data()), {static_cast<int64_t>(rows.size())},
                                    at::TensorOptions().dtype(at::kLong));
   Batch out;
@@ -61,4 +64,4 @@ std::string TensorSource::describe() const {
   return out.str();
 }
 
-}  // namespace torch_shards::io
+}  // namespace torch_shards::sources

@@ -1,0 +1,110 @@
+#include "array.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "../core/errors.h"
+#include "codecs.h"
+
+namespace torch_shards::io {
+
+using core::check_argument;
+using core::concat;
+
+Array::Array(ArrayInfo info) : info_(std::move(info)) {
+  for (size_t d = 1; d < info_.shape.size(); ++d) row_elements_ *= info_.shape[d];
+}
+
+void Array::read(const std::vector<Segment>& segments, void* out, core::ThreadPool& pool) const {
+  const int64_t rows = num_rows();
+  for (const Segment& segment : segments) {
+    check_argument(segment.source >= 0 && segment.length >= 0 && segment.source + segment.length <= rows, where(),
+                   ": rows [", segment.source, ", ", segment.source + segment.length, ") outside [0, ", rows, ")");
+  }
+  if (segments.empty() || row_bytes() == 0) return;
+  auto* bytes = static_cast<uint8_t*>(out);
+  read_raw(segments, bytes, pool);
+  const size_t unit = dtype_swap_unit(info_.dtype);
+  const bool swap = info_.big_endian && unit > 1;
+  const bool boolean = info_.dtype == DType::kBool;
+  if (!swap && !boolean) return;
+  const size_t row_size = row_bytes();
+  for (const Segment& segment : segments) {
+    uint8_t* first = bytes + segment.dest * row_size;
+    const size_t size = static_cast<size_t>(segment.length) * row_size;
+    if (swap) codecs::byteswap(first, size / unit, unit);
+    if (boolean) {
+      for (size_t i = 0; i < size; ++i) first[i] = first[i] != 0;
+    }
+  }
+}
+
+std::vector<uint8_t> Array::read_range(int64_t begin, int64_t end, core::ThreadPool& pool) const {
+  std::vector<uint8_t> out(static_cast<size_t>(end - begin) * row_bytes());
+  read({Segment{begin, end - begin, 0}}, out.data(), pool);
+  return out;
+}
+
+std::vector<Segment> segments_for_rows(const std::vector<int64_t>& rows, const std::vector<int64_t>& dests) {
+  std::vector<size_t> order(rows.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows[a] < rows[b]; });
+  std::vector<Segment> segments;
+  for (size_t i : order) {
+    if (!segments.empty()) {
+      Segment& last = segments.back();
+      if (rows[i] == last.source + last.length && dests[i] == last.dest + last.length) {
+        ++last.length;
+        continue;
+      }
+    }
+    segments.push_back(Segment{rows[i], 1, dests[i]});
+  }
+  return segments;
+}
+
+std::vector<Segment> segments_in_delivery_order(const std::vector<int64_t>& rows) {
+  std::vector<int64_t> dests(rows.size());
+  std::iota(dests.begin(), dests.end(), 0);
+  return segments_for_rows(rows, dests);
+}
+
+std::vector<Span> plan_spans(const std::vector<Segment>& segments, size_t row_bytes, size_t max_gap_bytes,
+                             size_t max_span_bytes) {
+  std::vector<Span> spans;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& segment = segments[i];
+    const int64_t end = segment.source + segment.length;
+    if (!spans.empty()) {
+      Span& span = spans.back();
+      const int64_t gap = std::max<int64_t>(0, segment.source - span.end);
+      const int64_t new_end = std::max(span.end, end);
+      if (static_cast<size_t>(gap) * row_bytes <= max_gap_bytes &&
+          static_cast<size_t>(new_end - span.begin) * row_bytes <= max_span_bytes) {
+        span.end = new_end;
+        span.last = i + 1;
+        continue;
+      }
+    }
+    spans.push_back(Span{segment.source, end, i, i + 1});
+  }
+  return spans;
+}
+
+MemoryArray::MemoryArray(ArrayInfo info, std::vector<uint8_t> bytes)
+    : Array(std::move(info)), bytes_(std::move(bytes)) {
+  const size_t expected = static_cast<size_t>(num_rows()) * row_bytes();
+  if (bytes_.size() != expected) {
+    throw core::ReadError(concat(where(), ": holds ", bytes_.size(), " bytes, expected ", expected));
+  }
+}
+
+void MemoryArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool&) const {
+  const size_t row_size = row_bytes();
+  for (const Segment& segment : segments) {
+    std::memcpy(out + segment.dest * row_size, bytes_.data() + segment.source * row_size, segment.length * row_size);
+  }
+}
+
+}  // namespace torch_shards::io

@@ -1,0 +1,90 @@
+// An on-disk N-D array read by rows (axis 0): the one abstraction HDF5 and
+// zarr datasets, dense matrices and the three arrays of a CSR matrix share.
+//
+// Reads are lists of segments: "rows [source, source + length) of the array
+// go to rows [dest, dest + length) of the output". Segments come sorted by
+// source (a row may be asked for more than once, e.g. by weighted sampling);
+// destinations never overlap. Implementations coalesce nearby segments into
+// large reads, decode each chunk once per call, and write every row straight
+// to its destination.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../core/thread_pool.h"
+#include "dtype.h"
+
+namespace torch_shards::io {
+
+struct Segment {
+  int64_t source = 0;
+  int64_t length = 0;
+  int64_t dest = 0;
+};
+
+struct ArrayInfo {
+  std::string file;  // the file, or the zarr store directory
+  std::string path;  // the dataset / array inside it, e.g. "/X/data"
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;  // shape[0] is the number of rows
+  bool big_endian = false;     // stored byte order; reads return native order
+};
+
+class Array {
+ public:
+  explicit Array(ArrayInfo info);
+  virtual ~Array() = default;
+
+  const ArrayInfo& info() const { return info_; }
+  int64_t num_rows() const { return info_.shape.empty() ? 1 : info_.shape[0]; }
+  // Elements and bytes of one row (the product of shape[1:]).
+  int64_t row_elements() const { return row_elements_; }
+  size_t row_bytes() const { return static_cast<size_t>(row_elements_) * dtype_size(info_.dtype); }
+  // "file:path", for messages.
+  std::string where() const { return info_.file + ":" + info_.path; }
+
+  // Reads the segments into `out`, row-major, native byte order, bools as 0/1.
+  // Throws InvalidArgument for rows outside the array and ReadError (naming
+  // the file and path) for anything wrong on disk.
+  void read(const std::vector<Segment>& segments, void* out, core::ThreadPool& pool) const;
+  // Convenience: rows [begin, end) into a new buffer.
+  std::vector<uint8_t> read_range(int64_t begin, int64_t end, core::ThreadPool& pool) const;
+
+ protected:
+  virtual void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const = 0;
+
+  ArrayInfo info_;
+  int64_t row_elements_ = 1;
+};
+
+// Segments reading rows[i] into output row dests[i], sorted by source row,
+// with runs that are consecutive in both source and destination merged.
+std::vector<Segment> segments_for_rows(const std::vector<int64_t>& rows, const std::vector<int64_t>& dests);
+// Segments reading rows[i] into output row i (delivery order).
+std::vector<Segment> segments_in_delivery_order(const std::vector<int64_t>& rows);
+
+// Consecutive segments grouped into one read when the rows between them cost
+// less to read through than a separate request.
+struct Span {
+  int64_t begin = 0, end = 0;  // source rows
+  size_t first = 0, last = 0;  // segments [first, last)
+};
+std::vector<Span> plan_spans(const std::vector<Segment>& segments, size_t row_bytes, size_t max_gap_bytes,
+                             size_t max_span_bytes);
+
+// Bytes held in memory (small datasets, e.g. HDF5 compact layout).
+class MemoryArray : public Array {
+ public:
+  MemoryArray(ArrayInfo info, std::vector<uint8_t> bytes);
+
+ protected:
+  void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override;
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+}  // namespace torch_shards::io

@@ -1,0 +1,160 @@
+#include "chunked_array.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+
+#include "../core/errors.h"
+
+namespace torch_shards::io {
+
+using core::concat;
+using core::ReadError;
+
+namespace {
+
+std::string format_coords(const std::vector<int64_t>& coords) {
+  std::string text = "(";
+  for (size_t i = 0; i < coords.size(); ++i) text += (i ? ", " : "") + std::to_string(coords[i]);
+  return text + (coords.size() == 1 ? ",)" : ")");
+}
+
+}  // namespace
+
+std::string ChunkStore::describe_chunk(const std::vector<int64_t>& coords) const {
+  return "chunk " + format_coords(coords);
+}
+
+ChunkedArray::ChunkedArray(ArrayInfo info, std::vector<int64_t> chunk_shape, std::shared_ptr<const ChunkStore> store,
+                           std::shared_ptr<const ChunkDecoder> decoder, std::vector<uint8_t> fill_value)
+    : Array(std::move(info)),
+      chunk_shape_(std::move(chunk_shape)),
+      store_(std::move(store)),
+      decoder_(std::move(decoder)),
+      fill_value_(std::move(fill_value)) {
+  const auto& shape = info_.shape;
+  if (chunk_shape_.size() != shape.size() || shape.empty()) {
+    throw ReadError(
+        concat(where(), ": chunk shape has ", chunk_shape_.size(), " dimensions but the array has ", shape.size()));
+  }
+  size_t elements = 1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (chunk_shape_[d] < 1)
+      throw ReadError(concat(where(), ": invalid chunk shape (dimension ", d, " is ", chunk_shape_[d], ")"));
+    grid_.push_back((shape[d] + chunk_shape_[d] - 1) / chunk_shape_[d]);
+    if (d > 0) inner_chunks_ *= grid_.back();
+    elements *= static_cast<size_t>(chunk_shape_[d]);
+  }
+  chunk_bytes_ = elements * dtype_size(info_.dtype);
+  if (fill_value_.size() != dtype_size(info_.dtype)) fill_value_.assign(dtype_size(info_.dtype), 0);
+}
+
+void ChunkedArray::copy_row_part(const uint8_t* chunk, int64_t row_in_chunk, const std::vector<int64_t>& inner_coords,
+                                 uint8_t* out_row) const {
+  const size_t item = dtype_size(info_.dtype);
+  const size_t dims = info_.shape.size();
+  if (dims == 1) {
+    std::memcpy(out_row, chunk + row_in_chunk * item, item);
+    return;
+  }
+  // Strides (in elements) of the chunk's row block and of the output row.
+  int64_t chunk_row_elements = 1;
+  for (size_t d = 1; d < dims; ++d) chunk_row_elements *= chunk_shape_[d];
+  const uint8_t* chunk_row = chunk + static_cast<size_t>(row_in_chunk * chunk_row_elements) * item;
+  // Extent of this chunk inside the output row, per inner dimension.
+  std::vector<int64_t> origin(dims), extent(dims);
+  for (size_t d = 1; d < dims; ++d) {
+    origin[d] = inner_coords[d - 1] * chunk_shape_[d];
+    extent[d] = std::min(chunk_shape_[d], info_.shape[d] - origin[d]);
+  }
+  const size_t run_bytes = static_cast<size_t>(extent[dims - 1]) * item;
+  std::vector<int64_t> index(dims, 0);  // over dimensions 1 .. dims-2
+  for (;;) {
+    int64_t chunk_offset = 0, out_offset = 0;
+    for (size_t d = 1; d < dims; ++d) {
+      const int64_t i = d + 1 < dims ? index[d] : 0;
+      chunk_offset = chunk_offset * chunk_shape_[d] + i;
+      out_offset = out_offset * info_.shape[d] + origin[d] + i;
+    }
+    std::memcpy(out_row + out_offset * item, chunk_row + chunk_offset * item, run_bytes);
+    size_t d = dims - 2;
+    while (d >= 1) {
+      if (++index[d] < extent[d]) break;
+      index[d] = 0;
+      --d;
+    }
+    if (d == 0) return;
+  }
+}
+
+void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const {
+  const int64_t rows_per_chunk = chunk_shape_[0];
+  const int64_t rows = num_rows();
+  const size_t row_size = row_bytes();
+  // (chunk row, segment) pairs, grouped by chunk row: each chunk decodes once.
+  std::vector<std::pair<int64_t, size_t>> touches;
+  for (size_t s = 0; s < segments.size(); ++s) {
+    const Segment& segment = segments[s];
+    if (segment.length == 0) continue;
+    for (int64_t c = segment.source / rows_per_chunk; c <= (segment.source + segment.length - 1) / rows_per_chunk;
+         ++c) {
+      touches.emplace_back(c, s);
+    }
+  }
+  std::sort(touches.begin(), touches.end());
+  std::vector<size_t> starts;  // index into touches where each chunk row begins
+  for (size_t i = 0; i < touches.size(); ++i) {
+    if (i == 0 || touches[i].first != touches[i - 1].first) starts.push_back(i);
+  }
+  starts.push_back(touches.size());
+  const int64_t chunk_rows = static_cast<int64_t>(starts.size()) - 1;
+  // Whole rows live in one chunk when no inner dimension is split.
+  const bool whole_rows =
+      inner_chunks_ == 1 && std::equal(chunk_shape_.begin() + 1, chunk_shape_.end(), info_.shape.begin() + 1);
+
+  pool.parallel_for(chunk_rows * inner_chunks_, [&](int64_t task) {
+    const int64_t group = task / inner_chunks_;
+    int64_t inner = task % inner_chunks_;
+    const int64_t chunk_row = touches[starts[group]].first;
+    std::vector<int64_t> coords(info_.shape.size());
+    coords[0] = chunk_row;
+    for (size_t d = info_.shape.size() - 1; d >= 1; --d) {
+      coords[d] = inner % grid_[d];
+      inner /= grid_[d];
+    }
+    thread_local std::vector<uint8_t> decoded;
+    decoded.resize(chunk_bytes_);
+    std::optional<std::vector<uint8_t>> encoded;
+    try {
+      encoded = store_->read_chunk(coords);
+      if (encoded) {
+        decoder_->decode(*encoded, decoded.data(), chunk_bytes_, store_->skipped_filters(coords));
+      } else {
+        const size_t item = fill_value_.size();
+        for (size_t i = 0; i < chunk_bytes_; i += item) std::memcpy(decoded.data() + i, fill_value_.data(), item);
+      }
+    } catch (const ReadError&) {
+      throw;
+    } catch (const std::exception& error) {
+      throw ReadError(concat(where(), ": ", store_->describe_chunk(coords), ": ", error.what()));
+    }
+    const std::vector<int64_t> inner_coords(coords.begin() + 1, coords.end());
+    const int64_t first_row = chunk_row * rows_per_chunk;
+    const int64_t end_row = std::min(first_row + rows_per_chunk, rows);
+    for (size_t t = starts[group]; t < starts[group + 1]; ++t) {
+      const Segment& segment = segments[touches[t].second];
+      const int64_t lo = std::max(segment.source, first_row);
+      const int64_t hi = std::min(segment.source + segment.length, end_row);
+      uint8_t* dest = out + (segment.dest + lo - segment.source) * row_size;
+      if (whole_rows) {
+        std::memcpy(dest, decoded.data() + (lo - first_row) * row_size, (hi - lo) * row_size);
+        continue;
+      }
+      for (int64_t row = lo; row < hi; ++row, dest += row_size) {
+        copy_row_part(decoded.data(), row - first_row, inner_coords, dest);
+      }
+    }
+  });
+}
+
+}  // namespace torch_shards::io

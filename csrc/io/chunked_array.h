@@ -1,0 +1,70 @@
+// Arrays stored as a regular grid of encoded chunks (HDF5 chunked layout,
+// zarr v2 and v3, zarr v3 shards). Where a chunk's bytes are is a ChunkStore;
+// how they are encoded is a ChunkDecoder. A read decodes every chunk it needs
+// once, in parallel, and copies each requested row straight to its
+// destination.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "array.h"
+
+namespace torch_shards::io {
+
+class ChunkStore {
+ public:
+  virtual ~ChunkStore() = default;
+  // The encoded bytes of the chunk at grid coordinates `coords`, or nullopt
+  // if it was never written (the array's fill value stands in for it).
+  virtual std::optional<std::vector<uint8_t>> read_chunk(const std::vector<int64_t>& coords) const = 0;
+  // Where the chunk lives, for messages ("chunk (3, 0) at offset 1234").
+  virtual std::string describe_chunk(const std::vector<int64_t>& coords) const;
+  // Bit i set: filter i of the pipeline was not applied to this chunk (HDF5
+  // skips optional filters that do not help); 0 for formats without masks.
+  virtual uint32_t skipped_filters(const std::vector<int64_t>& /*coords*/) const { return 0; }
+};
+
+class ChunkDecoder {
+ public:
+  virtual ~ChunkDecoder() = default;
+  // Decodes one chunk into exactly out_bytes bytes: the whole chunk's
+  // elements in C order, in the array's stored byte order. May reuse
+  // `encoded` as scratch.
+  virtual void decode(std::vector<uint8_t>& encoded, uint8_t* out, size_t out_bytes) const = 0;
+  // Decoders of pipelines with optional stages honour the chunk's mask.
+  virtual void decode(std::vector<uint8_t>& encoded, uint8_t* out, size_t out_bytes,
+                      uint32_t /*skipped_filters*/) const {
+    decode(encoded, out, out_bytes);
+  }
+};
+
+class ChunkedArray : public Array {
+ public:
+  // fill_value: the bytes of one element (stored byte order) for missing chunks.
+  ChunkedArray(ArrayInfo info, std::vector<int64_t> chunk_shape, std::shared_ptr<const ChunkStore> store,
+               std::shared_ptr<const ChunkDecoder> decoder, std::vector<uint8_t> fill_value);
+
+  const std::vector<int64_t>& chunk_shape() const { return chunk_shape_; }
+
+ protected:
+  void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override;
+
+ private:
+  // Copies row `row_in_chunk` of a decoded chunk at inner grid position
+  // `inner_coords` into its place in an output row.
+  void copy_row_part(const uint8_t* chunk, int64_t row_in_chunk, const std::vector<int64_t>& inner_coords,
+                     uint8_t* out_row) const;
+
+  std::vector<int64_t> chunk_shape_;
+  std::vector<int64_t> grid_;  // chunks along each dimension
+  int64_t inner_chunks_ = 1;   // chunks per chunk-row (product of grid_[1:])
+  size_t chunk_bytes_ = 0;
+  std::shared_ptr<const ChunkStore> store_;
+  std::shared_ptr<const ChunkDecoder> decoder_;
+  std::vector<uint8_t> fill_value_;
+};
+
+}  // namespace torch_shards::io

@@ -1,0 +1,378 @@
+#include "codecs.h"
+
+#include <blosc.h>
+#include <zlib.h>
+
+// For ZSTD_d_stableOutBuffer, passed through the stable ZSTD_DCtx_setParameter.
+#define ZSTD_STATIC_LINKING_ONLY
+#include <zstd.h>
+#include <zstd_errors.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "../core/errors.h"
+
+namespace torch_shards::io::codecs {
+
+using core::concat;
+
+namespace {
+
+// ---------------------------------------------------------------- zlib / gzip
+
+// z_stream counts in uInt, so buffers above 4 GiB are fed in pieces.
+constexpr size_t kMaxZlibChunk = std::numeric_limits<uInt>::max();
+
+class Inflater {
+ public:
+  explicit Inflater(int window_bits) {
+    const int status = inflateInit2(&stream_, window_bits);
+    if (status == Z_MEM_ERROR) throw std::bad_alloc();
+    if (status != Z_OK) throw std::runtime_error(concat("cannot start zlib: ", zError(status)));
+  }
+  ~Inflater() { inflateEnd(&stream_); }
+  Inflater(const Inflater&) = delete;
+  Inflater& operator=(const Inflater&) = delete;
+
+  z_stream& stream() { return stream_; }
+
+ private:
+  z_stream stream_{};  // value-initialised: zalloc, zfree and opaque are Z_NULL
+};
+
+void inflate_exact(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size, bool gzip) {
+  const char* format = gzip ? "gzip" : "zlib";
+  Inflater inflater(gzip ? 15 + 16 : 15);
+  z_stream& stream = inflater.stream();
+  uint8_t spare = 0;  // inflate refuses a null next_out even when avail_out is 0
+  size_t in_pos = 0;
+  size_t out_pos = 0;
+  for (;;) {
+    const size_t in_chunk = std::min(in_size - in_pos, kMaxZlibChunk);
+    const size_t out_chunk = std::min(out_size - out_pos, kMaxZlibChunk);
+    stream.next_in = const_cast<Bytef*>(in_chunk ? in + in_pos : &spare);
+    stream.avail_in = static_cast<uInt>(in_chunk);
+    stream.next_out = out_chunk ? out + out_pos : &spare;
+    stream.avail_out = static_cast<uInt>(out_chunk);
+    const int status = inflate(&stream, Z_NO_FLUSH);
+    const size_t consumed = in_chunk - stream.avail_in;
+    const size_t produced = out_chunk - stream.avail_out;
+    in_pos += consumed;
+    out_pos += produced;
+    if (status == Z_STREAM_END) {
+      // Bytes after a zlib stream are ignored, as HDF5 and Python's zlib do.
+      if (!gzip) break;
+      // A gzip file may hold several members and be padded with zeros
+      // (RFC 1952 section 2.2; Python's gzip, which numcodecs uses, reads both).
+      while (in_pos < in_size && in[in_pos] == 0) ++in_pos;
+      if (in_pos == in_size) break;
+      if (in_size - in_pos < 2 || in[in_pos] != 0x1f || in[in_pos + 1] != 0x8b) {
+        throw std::runtime_error(
+            concat("gzip stream has ", in_size - in_pos, " unexpected bytes after its end (at offset ", in_pos, ")"));
+      }
+      inflateReset(&stream);
+      continue;
+    }
+    switch (status) {
+      case Z_OK:
+      case Z_BUF_ERROR:  // no progress possible: handled below
+        break;
+      case Z_MEM_ERROR:
+        throw std::bad_alloc();
+      case Z_NEED_DICT:
+        throw std::runtime_error(concat("corrupt ", format, " stream: it needs a preset dictionary"));
+      default:
+        throw std::runtime_error(concat("corrupt ", format, " stream: ", stream.msg ? stream.msg : zError(status)));
+    }
+    if (consumed == 0 && produced == 0) {
+      if (in_pos == in_size) {
+        throw std::runtime_error(
+            concat(format, " stream is truncated: it ends after ", out_pos, " of ", out_size, " bytes"));
+      }
+      if (out_pos == out_size) {
+        throw std::runtime_error(concat(format, " stream decompresses to more than ", out_size, " bytes"));
+      }
+      throw std::runtime_error(concat("corrupt ", format, " stream: inflate makes no progress"));
+    }
+  }
+  if (out_pos != out_size) {
+    throw std::runtime_error(concat(format, " stream decompressed to ", out_pos, " bytes, expected ", out_size));
+  }
+}
+
+// ----------------------------------------------------------------------- zstd
+
+struct ZstdDCtxDeleter {
+  void operator()(ZSTD_DCtx* dctx) const { ZSTD_freeDCtx(dctx); }
+};
+
+using ZstdContext = std::unique_ptr<ZSTD_DCtx, ZstdDCtxDeleter>;
+
+ZstdContext make_zstd_context() {
+  ZstdContext context(ZSTD_createDCtx());
+  if (!context) throw std::bad_alloc();
+  // Decoding straight into the caller's buffer spares the internal window
+  // buffer (up to the frame's window size, kept per thread) and a copy; with
+  // no window to allocate, frames declaring windows above the streaming
+  // default (128 MiB, e.g. zstd --long) are safe to accept.
+  if (!ZSTD_isError(ZSTD_DCtx_setParameter(context.get(), ZSTD_d_stableOutBuffer, 1))) {
+    ZSTD_DCtx_setParameter(context.get(), ZSTD_d_windowLogMax, ZSTD_WINDOWLOG_MAX);
+  }
+  return context;
+}
+
+// ---------------------------------------------------------------------- blosc
+
+// "blosc frame (lz4, byte shuffle, typesize 4)", from the header alone.
+std::string describe_blosc(const uint8_t* header) {
+  size_t typesize = 0;
+  int flags = 0;
+  blosc_cbuffer_metainfo(header, &typesize, &flags);
+  if (flags & BLOSC_MEMCPYED) return concat("blosc frame (stored, typesize ", typesize, ")");
+  // Named as numcodecs names them; lz4hc writes the lz4 format.
+  const int format = (header[2] & 0xe0) >> 5;
+  std::string codec = format == BLOSC_BLOSCLZ_FORMAT  ? "blosclz"
+                      : format == BLOSC_LZ4_FORMAT    ? "lz4"
+                      : format == BLOSC_SNAPPY_FORMAT ? "snappy"
+                      : format == BLOSC_ZLIB_FORMAT   ? "zlib"
+                      : format == BLOSC_ZSTD_FORMAT   ? "zstd"
+                                                      : concat("unknown compressor ", format);
+  const char* shuffle = (flags & BLOSC_DOBITSHUFFLE) ? "bit shuffle"
+                        : (flags & BLOSC_DOSHUFFLE)  ? "byte shuffle"
+                                                     : "no shuffle";
+  return concat("blosc frame (", codec, ", ", shuffle, ", typesize ", typesize, ")");
+}
+
+uint32_t read_le32(const uint8_t* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+
+// --------------------------------------------------------------------- crc32c
+
+struct Crc32cTables {
+  uint32_t table[8][256];
+};
+
+// Slicing-by-8 tables: table[k][b] is the CRC of byte b followed by k zeros.
+constexpr Crc32cTables make_crc32c_tables() {
+  Crc32cTables tables{};
+  for (uint32_t b = 0; b < 256; ++b) {
+    uint32_t crc = b;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+    tables.table[0][b] = crc;
+  }
+  for (int k = 1; k < 8; ++k) {
+    for (int b = 0; b < 256; ++b) {
+      const uint32_t previous = tables.table[k - 1][b];
+      tables.table[k][b] = (previous >> 8) ^ tables.table[0][previous & 0xff];
+    }
+  }
+  return tables;
+}
+
+constexpr Crc32cTables kCrc32c = make_crc32c_tables();
+
+// ----------------------------------------------------------- shuffle, swap
+
+template <size_t kElementSize>
+void unshuffle_fixed(const uint8_t* in, size_t n, uint8_t* out) {
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t k = 0; k < kElementSize; ++k) out[i * kElementSize + k] = in[k * n + i];
+  }
+}
+
+void unshuffle_any(const uint8_t* in, size_t n, size_t element_size, uint8_t* out) {
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t k = 0; k < element_size; ++k) out[i * element_size + k] = in[k * n + i];
+  }
+}
+
+template <typename Word>
+Word reverse_bytes(Word value) {
+  static_assert(sizeof(Word) == 2 || sizeof(Word) == 4 || sizeof(Word) == 8);
+#if defined(__GNUC__) || defined(__clang__)
+  if constexpr (sizeof(Word) == 2) return __builtin_bswap16(value);
+  if constexpr (sizeof(Word) == 4) return __builtin_bswap32(value);
+  if constexpr (sizeof(Word) == 8) return __builtin_bswap64(value);
+#else
+  Word result = 0;
+  for (size_t i = 0; i < sizeof(Word); ++i, value >>= 8) result = static_cast<Word>((result << 8) | (value & 0xff));
+  return result;
+#endif
+}
+
+template <typename Word>
+void byteswap_words(uint8_t* data, size_t count) {
+  for (size_t i = 0; i < count; ++i, data += sizeof(Word)) {
+    Word value;
+    std::memcpy(&value, data, sizeof(Word));  // memcpy: data need not be aligned
+    value = reverse_bytes(value);
+    std::memcpy(data, &value, sizeof(Word));
+  }
+}
+
+}  // namespace
+
+void inflate_zlib(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size) {
+  inflate_exact(in, in_size, out, out_size, /*gzip=*/false);
+}
+
+void inflate_gzip(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size) {
+  inflate_exact(in, in_size, out, out_size, /*gzip=*/true);
+}
+
+void decompress_zstd(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size) {
+  if (in_size == 0) throw std::runtime_error("zstd data is empty");
+  // One context per thread: creating one costs more than decoding a small chunk.
+  thread_local ZstdContext context = make_zstd_context();
+  ZSTD_DCtx* dctx = context.get();
+  ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only);  // a previous call may have failed mid-frame
+  uint8_t spare = 0;                               // zstd wants a valid pointer even for 0 bytes
+  ZSTD_outBuffer output{out_size ? out : &spare, out_size, 0};
+  ZSTD_inBuffer input{in, in_size, 0};
+  for (;;) {
+    const size_t in_before = input.pos;
+    const size_t out_before = output.pos;
+    const size_t status = ZSTD_decompressStream(dctx, &output, &input);
+    if (ZSTD_isError(status)) {
+      if (ZSTD_getErrorCode(status) == ZSTD_error_dstSize_tooSmall) {
+        throw std::runtime_error(concat("zstd data decompresses to more than ", out_size, " bytes"));
+      }
+      throw std::runtime_error(concat("corrupt zstd data: ", ZSTD_getErrorName(status)));
+    }
+    // 0: a frame ended and everything decoded was written; more input is another frame.
+    if (status == 0 && input.pos == input.size) break;
+    if (input.pos == in_before && output.pos == out_before) {
+      if (input.pos == input.size) {
+        throw std::runtime_error(
+            concat("zstd data is truncated: it ends after ", output.pos, " of ", out_size, " bytes"));
+      }
+      if (output.pos == output.size) {
+        throw std::runtime_error(concat("zstd data decompresses to more than ", out_size, " bytes"));
+      }
+      throw std::runtime_error("corrupt zstd data: decoding makes no progress");
+    }
+  }
+  if (output.pos != out_size) {
+    throw std::runtime_error(concat("zstd data decompressed to ", output.pos, " bytes, expected ", out_size));
+  }
+}
+
+void decompress_blosc(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size) {
+  // blosc_decompress_ctx trusts the header's sizes (it is not told in_size),
+  // so everything it relies on is checked here first.
+  if (in_size < BLOSC_MIN_HEADER_LENGTH) {
+    throw std::runtime_error(
+        concat("blosc frame is ", in_size, " bytes, shorter than its ", BLOSC_MIN_HEADER_LENGTH, "-byte header"));
+  }
+  if (in[0] != BLOSC_VERSION_FORMAT) {
+    throw std::runtime_error(
+        concat("unsupported blosc format version ", int{in[0]}, " (expected ", BLOSC_VERSION_FORMAT, ")"));
+  }
+  const std::string what = describe_blosc(in);
+  const uint32_t nbytes = read_le32(in + 4);
+  const uint32_t cbytes = read_le32(in + 12);
+  constexpr uint32_t kMaxBytes = BLOSC_MAX_BUFFERSIZE;
+  if (nbytes > kMaxBytes || cbytes > kMaxBytes + BLOSC_MAX_OVERHEAD || cbytes < BLOSC_MIN_HEADER_LENGTH) {
+    throw std::runtime_error(
+        concat(what, " has an invalid header (", nbytes, " bytes compressed to ", cbytes, " bytes)"));
+  }
+  if (cbytes > in_size) {
+    throw std::runtime_error(
+        concat(what, " is truncated: its header says ", cbytes, " bytes but only ", in_size, " are present"));
+  }
+  size_t validated_nbytes = 0;
+  if (blosc_cbuffer_validate(in, cbytes, &validated_nbytes) != 0 || validated_nbytes != nbytes) {
+    throw std::runtime_error(concat(what, " has an invalid header"));
+  }
+  if (nbytes != out_size) {
+    throw std::runtime_error(concat(what, " decompresses to ", nbytes, " bytes, expected ", out_size));
+  }
+  if (out_size == 0) return;
+  // The _ctx variant keeps no global state (thread-safe); one internal thread
+  // because callers already decode chunks in parallel.
+  const int result = blosc_decompress_ctx(in, out, out_size, /*numinternalthreads=*/1);
+  if (result == -5) throw std::runtime_error(concat(what, ": this libblosc cannot decode that compressor"));
+  if (result < 0) throw std::runtime_error(concat("corrupt ", what, " (blosc error ", result, ")"));
+  if (static_cast<size_t>(result) != out_size) {
+    throw std::runtime_error(concat(what, " decompressed to ", result, " bytes, expected ", out_size));
+  }
+}
+
+void unshuffle(const uint8_t* in, size_t size, size_t element_size, uint8_t* out) {
+  if (size == 0) return;  // in and out may be null
+  const size_t n = element_size > 1 ? size / element_size : 0;
+  if (n == 0) {  // element_size <= 1, or fewer bytes than one element: nothing was shuffled
+    std::memcpy(out, in, size);
+    return;
+  }
+  switch (element_size) {
+    case 2:
+      unshuffle_fixed<2>(in, n, out);
+      break;
+    case 4:
+      unshuffle_fixed<4>(in, n, out);
+      break;
+    case 8:
+      unshuffle_fixed<8>(in, n, out);
+      break;
+    case 16:
+      unshuffle_fixed<16>(in, n, out);
+      break;
+    default:
+      unshuffle_any(in, n, element_size, out);
+  }
+  const size_t body = n * element_size;
+  if (body < size) std::memcpy(out + body, in + body, size - body);
+}
+
+uint32_t crc32c(const uint8_t* data, size_t size) {
+  const auto& t = kCrc32c.table;
+  uint32_t crc = 0xffffffffu;
+  for (; size >= 8; size -= 8, data += 8) {
+    const uint32_t low = crc ^ read_le32(data);
+    const uint32_t high = read_le32(data + 4);
+    crc = t[7][low & 0xff] ^ t[6][(low >> 8) & 0xff] ^ t[5][(low >> 16) & 0xff] ^ t[4][low >> 24] ^ t[3][high & 0xff] ^
+          t[2][(high >> 8) & 0xff] ^ t[1][(high >> 16) & 0xff] ^ t[0][high >> 24];
+  }
+  for (; size > 0; --size, ++data) crc = (crc >> 8) ^ t[0][(crc ^ *data) & 0xff];
+  return ~crc;
+}
+
+void byteswap(uint8_t* data, size_t count, size_t unit) {
+  switch (unit) {
+    case 0:
+    case 1:
+      return;
+    case 2:
+      byteswap_words<uint16_t>(data, count);
+      return;
+    case 4:
+      byteswap_words<uint32_t>(data, count);
+      return;
+    case 8:
+      byteswap_words<uint64_t>(data, count);
+      return;
+    case 16:
+      for (size_t i = 0; i < count; ++i, data += 16) {
+        uint64_t low, high;
+        std::memcpy(&low, data, 8);
+        std::memcpy(&high, data + 8, 8);
+        low = reverse_bytes(low);
+        high = reverse_bytes(high);
+        std::memcpy(data, &high, 8);
+        std::memcpy(data + 8, &low, 8);
+      }
+      return;
+    default:
+      for (size_t i = 0; i < count; ++i, data += unit) std::reverse(data, data + unit);
+  }
+}
+
+}  // namespace torch_shards::io::codecs

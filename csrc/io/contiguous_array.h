@@ -1,0 +1,24 @@
+// Arrays stored uncompressed in one contiguous byte range of a file (HDF5
+// contiguous layout): read with pread, in parallel, without any library lock.
+#pragma once
+
+#include <memory>
+
+#include "array.h"
+#include "file.h"
+
+namespace torch_shards::io {
+
+class ContiguousArray : public Array {
+ public:
+  ContiguousArray(ArrayInfo info, std::shared_ptr<const File> file, int64_t offset);
+
+ protected:
+  void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override;
+
+ private:
+  std::shared_ptr<const File> file_;
+  int64_t offset_;
+};
+
+}  // namespace torch_shards::io

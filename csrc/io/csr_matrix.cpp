@@ -1,0 +1,197 @@
+#include "csr_matrix.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "../core/errors.h"
+
+namespace torch_shards::io {
+
+using core::concat;
+using core::ReadError;
+
+namespace {
+
+bool is_integer(DType dtype) {
+  switch (dtype) {
+    case DType::kInt8:
+    case DType::kUInt8:
+    case DType::kInt16:
+    case DType::kUInt16:
+    case DType::kInt32:
+    case DType::kUInt32:
+    case DType::kInt64:
+    case DType::kUInt64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Element i of an integer buffer of the given dtype, as int64 (uint64 values
+// above INT64_MAX come out negative and fail the range checks).
+int64_t integer_at(const uint8_t* buffer, DType dtype, size_t i) {
+  switch (dtype) {
+    case DType::kInt8:
+      return reinterpret_cast<const int8_t*>(buffer)[i];
+    case DType::kUInt8:
+      return buffer[i];
+    case DType::kInt16:
+      return reinterpret_cast<const int16_t*>(buffer)[i];
+    case DType::kUInt16:
+      return reinterpret_cast<const uint16_t*>(buffer)[i];
+    case DType::kInt32:
+      return reinterpret_cast<const int32_t*>(buffer)[i];
+    case DType::kUInt32:
+      return reinterpret_cast<const uint32_t*>(buffer)[i];
+    case DType::kInt64:
+      return reinterpret_cast<const int64_t*>(buffer)[i];
+    case DType::kUInt64:
+      return static_cast<int64_t>(reinterpret_cast<const uint64_t*>(buffer)[i]);
+    default:
+      return 0;
+  }
+}
+
+std::vector<int64_t> read_integers(const Array& array, const std::vector<Segment>& segments, int64_t count,
+                                   core::ThreadPool& pool) {
+  std::vector<uint8_t> raw(static_cast<size_t>(count) * dtype_size(array.info().dtype));
+  array.read(segments, raw.data(), pool);
+  std::vector<int64_t> values(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) values[i] = integer_at(raw.data(), array.info().dtype, i);
+  return values;
+}
+
+}  // namespace
+
+CsrMatrix::CsrMatrix(std::shared_ptr<const Array> indptr, std::shared_ptr<const Array> indices,
+                     std::shared_ptr<const Array> data, int64_t num_rows, int64_t num_cols)
+    : indptr_(std::move(indptr)),
+      indices_(std::move(indices)),
+      data_(std::move(data)),
+      num_rows_(num_rows),
+      num_cols_(num_cols) {
+  for (const Array* array : {indptr_.get(), indices_.get(), data_.get()}) {
+    if (array->info().shape.size() != 1) {
+      throw ReadError(concat(array->where(), ": CSR arrays must be 1-D, this one has shape of ",
+                             array->info().shape.size(), " dimensions"));
+    }
+  }
+  if (!is_integer(indptr_->info().dtype) || !is_integer(indices_->info().dtype)) {
+    throw ReadError(concat(where(), ": indptr and indices must hold integers, got ", dtype_name(indptr_->info().dtype),
+                           " and ", dtype_name(indices_->info().dtype)));
+  }
+  if (num_rows_ < 0 || num_cols_ < 0)
+    throw ReadError(concat(where(), ": invalid shape (", num_rows_, ", ", num_cols_, ")"));
+  if (indptr_->num_rows() != num_rows_ + 1) {
+    throw ReadError(concat(indptr_->where(), ": has ", indptr_->num_rows(), " entries but the matrix has ", num_rows_,
+                           " rows (expected ", num_rows_ + 1, ")"));
+  }
+  if (indices_->num_rows() != data_->num_rows()) {
+    throw ReadError(
+        concat(where(), ": indices has ", indices_->num_rows(), " entries but data has ", data_->num_rows()));
+  }
+  core::ThreadPool inline_pool(0);
+  const auto ends = read_integers(*indptr_, {Segment{0, 1, 0}, Segment{num_rows_, 1, 1}}, 2, inline_pool);
+  if (ends[0] != 0 || ends[1] != data_->num_rows()) {
+    throw ReadError(concat(indptr_->where(), ": must run from 0 to the number of stored values (", data_->num_rows(),
+                           "), got ", ends[0], " .. ", ends[1]));
+  }
+}
+
+std::string CsrMatrix::where() const {
+  const std::string& path = data_->info().path;
+  const size_t slash = path.rfind('/');
+  return data_->info().file + ":" +
+         (slash == std::string::npos || slash == 0 ? std::string("/") : path.substr(0, slash));
+}
+
+CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool) const {
+  std::vector<int64_t> unique = rows;
+  std::sort(unique.begin(), unique.end());
+  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  if (!unique.empty()) {
+    core::check_argument(unique.front() >= 0 && unique.back() < num_rows_, where(), ": rows [", unique.front(), ", ",
+                         unique.back(), "] outside [0, ", num_rows_, ")");
+  }
+  // indptr of each run of consecutive rows [b, e): entries b .. e.
+  std::vector<Segment> pointer_segments;
+  std::vector<size_t> first_pointer(unique.size());  // where row unique[i]'s start lies in the buffer
+  int64_t count = 0;
+  for (size_t i = 0; i < unique.size(); ++i) {
+    if (i == 0 || unique[i] != unique[i - 1] + 1) {
+      pointer_segments.push_back(Segment{unique[i], 1, count});
+      ++count;
+    }
+    first_pointer[i] = static_cast<size_t>(count - 1);
+    ++pointer_segments.back().length;
+    ++count;
+  }
+  const std::vector<int64_t> pointers = read_integers(*indptr_, pointer_segments, count, pool);
+  const int64_t stored = data_->num_rows();
+  std::vector<int64_t> starts(unique.size()), sizes(unique.size());
+  for (size_t i = 0; i < unique.size(); ++i) {
+    const int64_t start = pointers[first_pointer[i]], end = pointers[first_pointer[i] + 1];
+    if (start < 0 || end < start || end > stored) {
+      throw ReadError(concat(indptr_->where(), ": inconsistent at row ", unique[i], " (indptr[", unique[i],
+                             "] = ", start, ", indptr[", unique[i] + 1, "] = ", end, ", ", stored,
+                             " stored values): not monotone or out of range"));
+    }
+    starts[i] = start;
+    sizes[i] = end - start;
+  }
+  CsrPlan plan;
+  plan.row_offsets.assign(rows.size() + 1, 0);
+  std::vector<size_t> slot(rows.size());
+  for (size_t d = 0; d < rows.size(); ++d) {
+    slot[d] = static_cast<size_t>(std::lower_bound(unique.begin(), unique.end(), rows[d]) - unique.begin());
+    plan.row_offsets[d + 1] = plan.row_offsets[d] + sizes[slot[d]];
+  }
+  std::vector<size_t> order(rows.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows[a] < rows[b]; });
+  for (size_t d : order) {
+    const int64_t length = sizes[slot[d]];
+    if (length == 0) continue;
+    const int64_t source = starts[slot[d]], dest = plan.row_offsets[d];
+    if (!plan.segments.empty()) {
+      Segment& last = plan.segments.back();
+      if (source == last.source + last.length && dest == last.dest + last.length) {
+        last.length += length;
+        continue;
+      }
+    }
+    plan.segments.push_back(Segment{source, length, dest});
+  }
+  return plan;
+}
+
+void CsrMatrix::read(const CsrPlan& plan, void* indices_out, size_t index_size, void* values_out,
+                     core::ThreadPool& pool) const {
+  const int64_t nnz = plan.nnz();
+  data_->read(plan.segments, values_out, pool);
+  const DType stored = indices_->info().dtype;
+  const bool direct = (stored == DType::kInt32 && index_size == 4) || (stored == DType::kInt64 && index_size == 8);
+  std::vector<uint8_t> staging;
+  uint8_t* raw = static_cast<uint8_t*>(indices_out);
+  if (!direct) {
+    staging.resize(static_cast<size_t>(nnz) * dtype_size(stored));
+    raw = staging.data();
+  }
+  indices_->read(plan.segments, raw, pool);
+  for (int64_t i = 0; i < nnz; ++i) {
+    const int64_t column = integer_at(raw, stored, static_cast<size_t>(i));
+    if (column < 0 || column >= num_cols_) {
+      throw ReadError(concat(indices_->where(), ": column index ", column, " out of range [0, ", num_cols_, ")"));
+    }
+    if (direct) continue;
+    if (index_size == 4) {
+      static_cast<int32_t*>(indices_out)[i] = static_cast<int32_t>(column);
+    } else {
+      static_cast<int64_t*>(indices_out)[i] = column;
+    }
+  }
+}
+
+}  // namespace torch_shards::io

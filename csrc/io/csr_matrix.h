@@ -1,0 +1,51 @@
+// A CSR sparse matrix on disk (three 1-D arrays: indptr, indices, data), read
+// by rows straight into the CSR arrays of the requested rows, in delivery
+// order. Reading is two-phase so callers can allocate the outputs (tensors)
+// once the number of non-zeros is known:
+//   CsrPlan plan = matrix.plan(rows, pool);   // reads indptr of those rows only
+//   ... allocate plan.nnz() indices and values ...
+//   matrix.read(plan, indices_out, values_out, pool);
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "array.h"
+
+namespace torch_shards::io {
+
+struct CsrPlan {
+  std::vector<int64_t> row_offsets;  // delivery-order CSR row pointer, size rows + 1
+  std::vector<Segment> segments;     // element ranges of indices/data, sorted by source
+  int64_t nnz() const { return row_offsets.empty() ? 0 : row_offsets.back(); }
+};
+
+class CsrMatrix {
+ public:
+  // Validates shapes and dtypes (names the arrays on failure).
+  CsrMatrix(std::shared_ptr<const Array> indptr, std::shared_ptr<const Array> indices,
+            std::shared_ptr<const Array> data, int64_t num_rows, int64_t num_cols);
+
+  int64_t num_rows() const { return num_rows_; }
+  int64_t num_cols() const { return num_cols_; }
+  DType value_dtype() const { return data_->info().dtype; }
+  DType index_dtype() const { return indices_->info().dtype; }
+  const Array& data() const { return *data_; }
+  std::string where() const;
+
+  // Reads indptr for `rows` (delivery order, duplicates allowed), checks it is
+  // monotone and within the arrays, and plans the element reads.
+  CsrPlan plan(const std::vector<int64_t>& rows, core::ThreadPool& pool) const;
+  // Reads column indices (as int32 or int64, `index_size` bytes each) and
+  // values (the data dtype) of the planned rows; checks every column index
+  // is in [0, num_cols).
+  void read(const CsrPlan& plan, void* indices_out, size_t index_size, void* values_out, core::ThreadPool& pool) const;
+
+ private:
+  std::shared_ptr<const Array> indptr_, indices_, data_;
+  int64_t num_rows_, num_cols_;
+};
+
+}  // namespace torch_shards::io

@@ -1,0 +1,95 @@
+#include "zarr_group.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+
+#include "../core/errors.h"
+#include "zarr_array.h"
+
+namespace torch_shards::io {
+
+using core::concat;
+using core::ReadError;
+
+namespace {
+
+class ZarrGroup : public Group {
+ public:
+  ZarrGroup(std::string store, std::string path) : store_(std::move(store)), path_(std::move(path)) {}
+
+  std::string file() const override { return store_; }
+  std::string path() const override { return path_; }
+
+  std::vector<std::string> children() const override {
+    std::vector<std::string> names;
+    std::error_code error;
+    for (std::filesystem::directory_iterator entry(directory(), error), end; !error && entry != end;
+         entry.increment(error)) {
+      const std::string name = entry->path().filename().string();
+      if (name.empty() || name[0] == '.') continue;  // .zarray, .zattrs ... and hidden directories
+      std::error_code status_error;
+      if (!entry->is_directory(status_error)) continue;
+      const std::string dir = entry->path().string();
+      if (is_zarr_array(dir) || is_zarr_group(dir)) names.push_back(name);
+    }
+    if (error) throw ReadError(concat(where(), ": cannot list the group: ", error.message()));
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  bool has_group(const std::string& name) const override { return is_zarr_group(child_directory(name)); }
+  bool has_array(const std::string& name) const override { return is_zarr_array(child_directory(name)); }
+
+  std::shared_ptr<const Group> group(const std::string& name) const override {
+    if (!has_group(name)) throw ReadError(concat(store_, ":", child_path(name), ": no such group"));
+    return std::make_shared<ZarrGroup>(store_, normalize_zarr_path(child_path(name)));
+  }
+
+  std::shared_ptr<const Array> array(const std::string& name) const override {
+    require_array(name);
+    return open_zarr_array(store_, child_path(name));
+  }
+
+  nlohmann::json attributes() const override { return read_zarr_attributes(store_, path_); }
+
+  nlohmann::json array_attributes(const std::string& name) const override {
+    require_array(name);
+    return read_zarr_attributes(store_, child_path(name));
+  }
+
+  std::vector<std::string> read_strings(const std::string& name) const override {
+    require_array(name);
+    return read_zarr_strings(store_, child_path(name));
+  }
+
+ private:
+  std::string directory() const { return path_ == "/" ? store_ : store_ + path_; }
+
+  std::string child_directory(const std::string& name) const {
+    // Names may reach deeper ("obs/cell_type"); "." and ".." parts are refused.
+    core::check_argument(!name.empty() && normalize_zarr_path(name) != "/", where(), ": invalid child name '", name,
+                         "'");
+    return directory() + normalize_zarr_path(name);
+  }
+
+  void require_array(const std::string& name) const {
+    if (!has_array(name)) throw ReadError(concat(store_, ":", child_path(name), ": no such array"));
+  }
+
+  std::string store_;
+  std::string path_;
+};
+
+}  // namespace
+
+std::shared_ptr<const Group> open_zarr_group(const std::string& store, const std::string& path) {
+  const std::string normalized = normalize_zarr_path(path);
+  const std::string dir = normalized == "/" ? store : store + normalized;
+  if (!is_zarr_group(dir)) {
+    throw ReadError(concat(store, ":", normalized, ": not a zarr group (no .zgroup, or zarr.json of a group)"));
+  }
+  return std::make_shared<ZarrGroup>(store, normalized);
+}
+
+}  // namespace torch_shards::io

@@ -1,0 +1,86 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include "array_tensors.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sparse_csr_tensor.h>
+
+#include <cstring>
+#include <limits>
+
+namespace torch_shards::sources {
+
+at::ScalarType to_scalar_type(io::DType dtype) {
+  switch (dtype) {
+    case io::DType::kBool:
+      return at::kBool;
+    case io::DType::kInt8:
+      return at::kChar;
+    case io::DType::kUInt8:
+      return at::kByte;
+    case io::DType::kInt16:
+      return at::kShort;
+    case io::DType::kUInt16:
+      return at::kUInt16;
+    case io::DType::kInt32:
+      return at::kInt;
+    case io::DType::kUInt32:
+      return at::kUInt32;
+    case io::DType::kInt64:
+      return at::kLong;
+    case io::DType::kUInt64:
+      return at::kUInt64;
+    case io::DType::kFloat16:
+      return at::kHalf;
+    case io::DType::kBFloat16:
+      return at::kBFloat16;
+    case io::DType::kFloat32:
+      return at::kFloat;
+    case io::DType::kFloat64:
+      return at::kDouble;
+    case io::DType::kComplex64:
+      return at::kComplexFloat;
+    case io::DType::kComplex128:
+      return at::kComplexDouble;
+  }
+  return at::kFloat;
+}
+
+at::Tensor read_dense(const io::Array& array, const std::vector<io::Segment>& segments, int64_t rows,
+                      core::ThreadPool& pool) {
+  std::vector<int64_t> shape{rows};
+  shape.insert(shape.end(), array.info().shape.begin() + 1, array.info().shape.end());
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(to_scalar_type(array.info().dtype)));
+  array.read(segments, out.data_ptr(), pool);
+  return out;
+}
+
+namespace {
+// int32 indices halve their memory; they fit when the read's values and the
+// column count stay below 2^31 (always, for any realistic fetch).
+at::ScalarType csr_index_type(const io::CsrMatrix& matrix, int64_t values) {
+  constexpr int64_t kLimit = std::numeric_limits<int32_t>::max();
+  return matrix.num_cols() <= kLimit && values <= kLimit ? at::kInt : at::kLong;
+}
+}  // namespace
+
+at::Tensor read_csr(const io::CsrMatrix& matrix, const std::vector<int64_t>& rows, bool dense, core::ThreadPool& pool) {
+  const io::CsrPlan plan = matrix.plan(rows, pool);
+  const at::ScalarType index_type = csr_index_type(matrix, plan.nnz());
+  const auto index_options = at::TensorOptions().dtype(index_type);
+  const int64_t count = static_cast<int64_t>(rows.size());
+  at::Tensor row_offsets = at::empty({count + 1}, index_options);
+  if (index_type == at::kInt) {
+    auto* out = row_offsets.data_ptr<int32_t>();
+    for (int64_t i = 0; i <= count; ++i) out[i] = static_cast<int32_t>(plan.row_offsets[i]);
+  } else {
+    std::memcpy(row_offsets.data_ptr<int64_t>(), plan.row_offsets.data(), (count + 1) * sizeof(int64_t));
+  }
+  at::Tensor columns = at::empty({plan.nnz()}, index_options);
+  at::Tensor values = at::empty({plan.nnz()}, at::TensorOptions().dtype(to_scalar_type(matrix.value_dtype())));
+  matrix.read(plan, columns.data_ptr(), columns.element_size(), values.data_ptr(), pool);
+  at::Tensor sparse = at::sparse_csr_tensor(row_offsets, columns, values, {count, matrix.num_cols()},
+                                            values.options().layout(at::kSparseCsr));
+  return dense ? sparse.to_dense() : sparse;
+}
+
+}  // namespace torch_shards::sources

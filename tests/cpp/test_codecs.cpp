@@ -1,0 +1,702 @@
+// Codecs: each decoder against data compressed here by the real libraries
+// (zlib, zstd, c-blosc with every compressor it was built with), the byte
+// transforms against reference loops, and deterministic fuzzing: corrupt,
+// truncated or garbage input must throw std::exception or decode to exactly
+// out_size bytes, never crash. Build once with -fsanitize=address,undefined.
+#include <blosc.h>
+#include <gtest/gtest.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "codecs.h"
+
+namespace torch_shards::io::codecs {
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+using Decoder = void (*)(const uint8_t*, size_t, uint8_t*, size_t);
+
+// SplitMix64: deterministic test data and corruptions.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  size_t below(size_t bound) { return static_cast<size_t>(next() % bound); }
+  uint8_t byte() { return static_cast<uint8_t>(next()); }
+
+ private:
+  uint64_t state_;
+};
+
+// Compressible but varied, like array chunks: runs, noise, small-range noise
+// and little-endian counters.
+Bytes sample_data(size_t size, uint64_t seed) {
+  Rng rng(seed);
+  Bytes data(size);
+  for (size_t i = 0; i < size;) {
+    const size_t end = std::min(size, i + 1 + rng.below(96));
+    const size_t kind = rng.below(4);
+    const uint8_t value = rng.byte();
+    for (; i < end; ++i) {
+      switch (kind) {
+        case 0:
+          data[i] = value;
+          break;
+        case 1:
+          data[i] = rng.byte();
+          break;
+        case 2:
+          data[i] = static_cast<uint8_t>(value + rng.below(4));
+          break;
+        default:
+          data[i] = static_cast<uint8_t>((i / 4) >> (8 * (i % 4)));
+      }
+    }
+  }
+  return data;
+}
+
+Bytes concat_bytes(const Bytes& a, const Bytes& b) {
+  Bytes out = a;
+  out.insert(out.end(), b.begin(), b.end());
+  return out;
+}
+
+// ------------------------------------------------------------ compressors
+
+const uint8_t kDummy = 0;  // a valid pointer for empty inputs
+const uint8_t* data_or_dummy(const Bytes& bytes) { return bytes.empty() ? &kDummy : bytes.data(); }
+
+Bytes zlib_compress(const Bytes& data, int level) {
+  uLongf size = compressBound(data.size());
+  Bytes out(size);
+  EXPECT_EQ(compress2(out.data(), &size, data_or_dummy(data), data.size(), level), Z_OK);
+  out.resize(size);
+  return out;
+}
+
+Bytes gzip_compress(const Bytes& data, int level) {
+  z_stream stream{};
+  EXPECT_EQ(deflateInit2(&stream, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  Bytes out(deflateBound(&stream, data.size()) + 32);
+  stream.next_in = const_cast<Bytef*>(data_or_dummy(data));
+  stream.avail_in = static_cast<uInt>(data.size());
+  stream.next_out = out.data();
+  stream.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&stream, Z_FINISH), Z_STREAM_END);
+  out.resize(stream.total_out);
+  deflateEnd(&stream);
+  return out;
+}
+
+Bytes zstd_compress(const Bytes& data, int level) {
+  Bytes out(ZSTD_compressBound(data.size()));
+  const size_t size = ZSTD_compress(out.data(), out.size(), data_or_dummy(data), data.size(), level);
+  EXPECT_FALSE(ZSTD_isError(size)) << ZSTD_getErrorName(size);
+  out.resize(size);
+  return out;
+}
+
+// Streaming compression that never learns the total size: the frame header
+// has no content size (as `zstd` writing from a pipe produces).
+Bytes zstd_compress_streaming(const Bytes& data, int level, bool checksum) {
+  ZSTD_CCtx* cctx = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, level);
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, checksum ? 1 : 0);
+  Bytes out(ZSTD_compressBound(data.size()) + 1024);
+  ZSTD_outBuffer output{out.data(), out.size(), 0};
+  // Everything goes in with ZSTD_e_continue, so zstd never learns the size.
+  const size_t piece = 1000;
+  ZSTD_inBuffer nothing{&kDummy, 0, 0};
+  ZSTD_compressStream2(cctx, &output, &nothing, ZSTD_e_continue);  // even for empty data
+  for (size_t pos = 0;; pos += piece) {
+    const bool last = pos >= data.size();
+    ZSTD_inBuffer input{data_or_dummy(data) + std::min(pos, data.size()), last ? 0 : std::min(piece, data.size() - pos),
+                        0};
+    for (;;) {
+      const size_t left = ZSTD_compressStream2(cctx, &output, &input, last ? ZSTD_e_end : ZSTD_e_continue);
+      EXPECT_FALSE(ZSTD_isError(left)) << ZSTD_getErrorName(left);
+      if (ZSTD_isError(left) || (last ? left == 0 : input.pos == input.size)) break;
+    }
+    if (last) break;
+  }
+  ZSTD_freeCCtx(cctx);
+  out.resize(output.pos);
+  return out;
+}
+
+std::vector<std::string> blosc_compressors() {
+  std::vector<std::string> names;
+  const std::string list = blosc_list_compressors();
+  for (size_t begin = 0; begin <= list.size();) {
+    const size_t end = std::min(list.find(',', begin), list.size());
+    if (end > begin) names.push_back(list.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return names;
+}
+
+Bytes blosc_compress_bytes(const Bytes& data, int clevel, int shuffle, size_t typesize, const std::string& compressor,
+                           size_t blocksize = 0) {
+  Bytes out(data.size() + BLOSC_MAX_OVERHEAD);
+  const int size = blosc_compress_ctx(clevel, shuffle, typesize, data.size(), data_or_dummy(data), out.data(),
+                                      out.size(), compressor.c_str(), blocksize, /*numinternalthreads=*/1);
+  EXPECT_GT(size, 0) << compressor;
+  out.resize(static_cast<size_t>(std::max(size, 0)));
+  return out;
+}
+
+// ------------------------------------------------------------------ helpers
+
+Bytes decode(Decoder decoder, const Bytes& in, size_t out_size) {
+  Bytes out(out_size);
+  decoder(in.data(), in.size(), out.data(), out.size());
+  return out;
+}
+
+// Whether decoding throws std::runtime_error whose message contains `needle`.
+testing::AssertionResult fails_with(Decoder decoder, const Bytes& in, size_t out_size, const std::string& needle) {
+  try {
+    decode(decoder, in, out_size);
+  } catch (const std::runtime_error& error) {
+    if (std::string(error.what()).find(needle) != std::string::npos) return testing::AssertionSuccess();
+    return testing::AssertionFailure() << "message \"" << error.what() << "\" lacks \"" << needle << "\"";
+  }
+  return testing::AssertionFailure() << "no exception (wanted \"" << needle << "\")";
+}
+
+const size_t kSizes[] = {0, 1, 7, 255, 4096, 65536 + 13, 300001};
+
+// --------------------------------------------------------------- zlib, gzip
+
+TEST(Codecs, InflateZlibRoundTripsCompress2AtEveryLevel) {
+  for (size_t size : kSizes) {
+    const Bytes data = sample_data(size, size);
+    for (int level : {0, 1, 6, 9}) {
+      EXPECT_EQ(decode(inflate_zlib, zlib_compress(data, level), size), data) << size << " " << level;
+    }
+  }
+}
+
+TEST(Codecs, InflateGzipRoundTripsDeflateInit2Output) {
+  for (size_t size : kSizes) {
+    const Bytes data = sample_data(size, size + 1);
+    for (int level : {0, 1, 6, 9}) {
+      EXPECT_EQ(decode(inflate_gzip, gzip_compress(data, level), size), data) << size << " " << level;
+    }
+  }
+}
+
+TEST(Codecs, InflateGzipReadsConcatenatedMembersAndZeroPadding) {
+  const Bytes a = sample_data(5000, 1), b = sample_data(3000, 2), empty;
+  const Bytes both = concat_bytes(a, b);
+  const Bytes members = concat_bytes(concat_bytes(gzip_compress(a, 6), gzip_compress(empty, 6)), gzip_compress(b, 1));
+  EXPECT_EQ(decode(inflate_gzip, members, both.size()), both);
+  EXPECT_EQ(decode(inflate_gzip, concat_bytes(members, Bytes(100, 0)), both.size()), both);
+  EXPECT_TRUE(fails_with(inflate_gzip, concat_bytes(members, Bytes{1, 2, 3}), both.size(), "3 unexpected bytes"));
+}
+
+TEST(Codecs, InflateZlibIgnoresBytesAfterTheStream) {
+  const Bytes data = sample_data(4096, 3);
+  EXPECT_EQ(decode(inflate_zlib, concat_bytes(zlib_compress(data, 6), Bytes{1, 2, 3}), data.size()), data);
+}
+
+TEST(Codecs, InflateThrowsWhenOutSizeIsWrong) {
+  const Bytes data = sample_data(4096, 4);
+  for (Decoder decoder : {inflate_zlib, inflate_gzip}) {
+    const Bytes packed = decoder == inflate_zlib ? zlib_compress(data, 6) : gzip_compress(data, 6);
+    const char* name = decoder == inflate_zlib ? "zlib" : "gzip";
+    EXPECT_TRUE(
+        fails_with(decoder, packed, 4097, std::string(name) + " stream decompressed to 4096 bytes, expected 4097"));
+    EXPECT_TRUE(fails_with(decoder, packed, 8192, "decompressed to 4096 bytes, expected 8192"));
+    EXPECT_TRUE(fails_with(decoder, packed, 4095, "decompresses to more than 4095 bytes"));
+    EXPECT_TRUE(fails_with(decoder, packed, 0, "decompresses to more than 0 bytes"));
+  }
+}
+
+TEST(Codecs, InflateThrowsOnTruncatedOrCorruptStreams) {
+  const Bytes data = sample_data(4096, 5);
+  const Bytes packed = zlib_compress(data, 6);
+  EXPECT_TRUE(fails_with(inflate_zlib, Bytes(packed.begin(), packed.end() - 1), data.size(), "truncated"));
+  EXPECT_TRUE(fails_with(inflate_zlib, Bytes(packed.begin(), packed.begin() + packed.size() / 2), data.size(),
+                         "zlib stream is truncated"));
+  EXPECT_TRUE(fails_with(inflate_zlib, Bytes{}, 10, "truncated"));
+  EXPECT_TRUE(fails_with(inflate_zlib, Bytes{0x12, 0x34, 0x56}, 10, "corrupt zlib stream: incorrect header check"));
+  Bytes bad_checksum = packed;
+  ASSERT_FALSE(bad_checksum.empty());
+  bad_checksum[bad_checksum.size() - 1] ^= 1;
+  EXPECT_TRUE(fails_with(inflate_zlib, bad_checksum, data.size(), "corrupt zlib stream: incorrect data check"));
+  Bytes gzip_bad_length = gzip_compress(data, 6);
+  gzip_bad_length[gzip_bad_length.size() - 4] ^= 1;  // ISIZE
+  EXPECT_TRUE(fails_with(inflate_gzip, gzip_bad_length, data.size(), "corrupt gzip stream: incorrect length check"));
+  EXPECT_TRUE(fails_with(inflate_gzip, packed, data.size(), "corrupt gzip stream"));  // zlib header is not gzip
+}
+
+// ---------------------------------------------------------------------- zstd
+
+TEST(Codecs, DecompressZstdRoundTripsOneShotFrames) {
+  for (size_t size : kSizes) {
+    const Bytes data = sample_data(size, size + 2);
+    for (int level : {-5, 1, 3, 19}) {
+      EXPECT_EQ(decode(decompress_zstd, zstd_compress(data, level), size), data) << size << " " << level;
+    }
+  }
+}
+
+TEST(Codecs, DecompressZstdReadsConcatenatedAndSkippableFrames) {
+  const Bytes a = sample_data(70000, 6), b = sample_data(1234, 7);
+  const Bytes both = concat_bytes(a, b);
+  EXPECT_EQ(decode(decompress_zstd, concat_bytes(zstd_compress(a, 3), zstd_compress(b, 9)), both.size()), both);
+  // A skippable frame (magic 0x184D2A5?, little-endian size) between the two.
+  const Bytes skippable = {0x53, 0x2a, 0x4d, 0x18, 3, 0, 0, 0, 9, 9, 9};
+  const Bytes framed = concat_bytes(concat_bytes(zstd_compress(a, 3), skippable), zstd_compress_streaming(b, 3, true));
+  EXPECT_EQ(decode(decompress_zstd, framed, both.size()), both);
+}
+
+TEST(Codecs, DecompressZstdReadsFramesWithoutContentSize) {
+  for (size_t size : kSizes) {
+    const Bytes data = sample_data(size, size + 3);
+    for (bool checksum : {false, true}) {
+      const Bytes packed = zstd_compress_streaming(data, 3, checksum);
+      ASSERT_EQ(ZSTD_getFrameContentSize(packed.data(), packed.size()), ZSTD_CONTENTSIZE_UNKNOWN);
+      EXPECT_EQ(decode(decompress_zstd, packed, size), data) << size;
+    }
+  }
+}
+
+TEST(Codecs, DecompressZstdAcceptsWindowsAboveTheStreamingDefault) {
+  // zstd --long writes windows above the 128 MiB the streaming decoder allows
+  // by default; patch a frame's window descriptor to 2 GiB (exponent 31 - 10).
+  const Bytes data = sample_data(100000, 8);
+  Bytes packed = zstd_compress_streaming(data, 3, true);
+  ASSERT_EQ(packed[4] & 0x20, 0);  // no single-segment flag: a window descriptor follows
+  packed[5] = 21 << 3;
+  EXPECT_EQ(decode(decompress_zstd, packed, data.size()), data);
+}
+
+TEST(Codecs, DecompressZstdThrowsWhenOutSizeIsWrongOrDataIsBad) {
+  const Bytes data = sample_data(4096, 9);
+  for (const Bytes& packed : {zstd_compress(data, 3), zstd_compress_streaming(data, 3, false)}) {
+    EXPECT_TRUE(fails_with(decompress_zstd, packed, 4097, "zstd data decompressed to 4096 bytes, expected 4097"));
+    EXPECT_TRUE(fails_with(decompress_zstd, packed, 4095, "zstd data decompresses to more than 4095 bytes"));
+    EXPECT_TRUE(fails_with(decompress_zstd, packed, 0, "decompresses to more than 0 bytes"));
+    EXPECT_TRUE(fails_with(decompress_zstd, Bytes(packed.begin(), packed.end() - 1), 4096, "truncated"));
+    EXPECT_TRUE(fails_with(decompress_zstd, concat_bytes(packed, Bytes{1, 2, 3}), 4096, "corrupt zstd data"));
+  }
+  EXPECT_TRUE(fails_with(decompress_zstd, Bytes{}, 0, "zstd data is empty"));
+  EXPECT_TRUE(fails_with(decompress_zstd, Bytes(20, 0x42), 20, "corrupt zstd data: Unknown frame descriptor"));
+  Bytes bad_checksum = zstd_compress_streaming(data, 3, true);
+  bad_checksum.back() ^= 1;
+  EXPECT_TRUE(fails_with(decompress_zstd, bad_checksum, 4096, "corrupt zstd data"));
+}
+
+TEST(Codecs, DecompressZstdWorksFromManyThreads) {
+  // Thread-local contexts: concurrent decodes must not interfere, including
+  // after a failed one left a context mid-frame.
+  const Bytes data = sample_data(200000, 10);
+  const Bytes packed = zstd_compress_streaming(data, 3, true);
+  std::vector<std::thread> threads;
+  std::vector<int> good(8, 0);
+  for (size_t t = 0; t < good.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        try {
+          decode(decompress_zstd, Bytes(packed.begin(), packed.begin() + packed.size() / 2), data.size());
+        } catch (const std::runtime_error&) {
+        }
+        good[t] += decode(decompress_zstd, packed, data.size()) == data;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int count : good) EXPECT_EQ(count, 20);
+}
+
+// --------------------------------------------------------------------- blosc
+
+const int kShuffles[] = {BLOSC_NOSHUFFLE, BLOSC_SHUFFLE, BLOSC_BITSHUFFLE};
+
+TEST(Codecs, BloscOffersTheCompressorsNumcodecsWrites) {
+  const std::vector<std::string> names = blosc_compressors();
+  for (const char* name : {"blosclz", "lz4", "lz4hc", "zlib", "zstd"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end())
+        << name << " missing from " << blosc_list_compressors();
+  }
+}
+
+TEST(Codecs, DecompressBloscRoundTripsEveryCompressorShuffleAndTypesize) {
+  for (const std::string& compressor : blosc_compressors()) {
+    for (int shuffle : kShuffles) {
+      for (size_t typesize : {1, 2, 4, 8}) {
+        for (size_t size : {size_t{0}, size_t{1}, size_t{100}, size_t{4096 * 8 + 3}, size_t{300001}}) {
+          const Bytes data = sample_data(size, size + typesize);
+          for (int clevel : {0, 5}) {
+            const Bytes packed = blosc_compress_bytes(data, clevel, shuffle, typesize, compressor);
+            EXPECT_EQ(decode(decompress_blosc, packed, size), data)
+                << compressor << " shuffle " << shuffle << " typesize " << typesize << " size " << size;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Codecs, DecompressBloscRoundTripsManySmallBlocksWithALeftover) {
+  const Bytes data = sample_data(50003, 11);
+  for (const std::string& compressor : blosc_compressors()) {
+    for (int shuffle : kShuffles) {
+      for (size_t typesize : {1, 4, 8, 3, 17}) {
+        const Bytes packed = blosc_compress_bytes(data, 9, shuffle, typesize, compressor, /*blocksize=*/1024);
+        EXPECT_EQ(decode(decompress_blosc, packed, data.size()), data) << compressor << " " << shuffle;
+      }
+    }
+  }
+}
+
+TEST(Codecs, DecompressBloscThrowsOnSizeMismatchAndNamesTheCompressor) {
+  const Bytes data = sample_data(4096, 12);
+  const Bytes packed = blosc_compress_bytes(data, 5, BLOSC_SHUFFLE, 4, "lz4");
+  EXPECT_TRUE(fails_with(decompress_blosc, packed, 4097,
+                         "blosc frame (lz4, byte shuffle, typesize 4) decompresses to 4096 bytes, expected 4097"));
+  EXPECT_TRUE(fails_with(decompress_blosc, packed, 0, "decompresses to 4096 bytes, expected 0"));
+  EXPECT_TRUE(fails_with(decompress_blosc, Bytes(packed.begin(), packed.end() - 1), 4096,
+                         "is truncated: its header says " + std::to_string(packed.size()) + " bytes but only " +
+                             std::to_string(packed.size() - 1) + " are present"));
+  EXPECT_TRUE(fails_with(decompress_blosc, Bytes(packed.begin(), packed.begin() + 15), 4096,
+                         "blosc frame is 15 bytes, shorter than its 16-byte header"));
+  Bytes version = packed;
+  version[0] = 3;
+  EXPECT_TRUE(fails_with(decompress_blosc, version, 4096, "unsupported blosc format version 3"));
+  const Bytes zstd = blosc_compress_bytes(data, 5, BLOSC_BITSHUFFLE, 8, "zstd");
+  EXPECT_TRUE(fails_with(decompress_blosc, zstd, 1, "blosc frame (zstd, bit shuffle, typesize 8)"));
+  Bytes corrupt = zstd;
+  for (size_t i = 16 + 4; i < corrupt.size(); ++i) corrupt[i] ^= 0x5a;
+  EXPECT_TRUE(fails_with(decompress_blosc, corrupt, 4096, "corrupt blosc frame (zstd, bit shuffle, typesize 8)"));
+}
+
+TEST(Codecs, DecompressBloscAcceptsBytesAfterTheFrame) {
+  const Bytes data = sample_data(4096, 13);
+  const Bytes packed = blosc_compress_bytes(data, 5, BLOSC_SHUFFLE, 4, "blosclz");
+  EXPECT_EQ(decode(decompress_blosc, concat_bytes(packed, Bytes(7, 0xee)), data.size()), data);
+}
+
+// -------------------------------------------------------- byte transforms
+
+// HDF5's shuffle: byte k of element i goes to k * n + i; a partial element at
+// the end stays put.
+Bytes reference_shuffle(const Bytes& data, size_t element_size) {
+  Bytes out = data;
+  const size_t n = data.size() / element_size;
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t k = 0; k < element_size; ++k) out[k * n + i] = data[i * element_size + k];
+  }
+  return out;
+}
+
+TEST(Codecs, UnshuffleInvertsHdf5ShuffleForEveryElementSizeAndOddLength) {
+  for (size_t element_size = 1; element_size <= 20; ++element_size) {
+    for (size_t size : {size_t{0}, size_t{1}, element_size - 1, element_size, element_size + 1, 3 * element_size + 2,
+                        size_t{1000}, size_t{4099}, 64 * element_size}) {
+      const Bytes data = sample_data(size, size * 31 + element_size);
+      const Bytes shuffled = reference_shuffle(data, element_size);
+      Bytes out(size, 0xcd);
+      unshuffle(shuffled.data(), size, element_size, out.data());
+      EXPECT_EQ(out, data) << "element size " << element_size << " size " << size;
+    }
+  }
+}
+
+TEST(Codecs, UnshuffleWithElementSizeZeroOrOneCopies) {
+  const Bytes data = sample_data(333, 15);
+  for (size_t element_size : {0, 1}) {
+    Bytes out(data.size());
+    unshuffle(data.data(), data.size(), element_size, out.data());
+    EXPECT_EQ(out, data);
+  }
+  unshuffle(nullptr, 0, 4, nullptr);  // nothing to do, nothing touched
+}
+
+uint32_t reference_crc32c(const uint8_t* data, size_t size) {
+  uint32_t crc = 0xffffffffu;
+  for (size_t i = 0; i < size; ++i) {
+    crc ^= data[i];
+    for (int bit = 0; bit < 8; ++bit) crc = (crc & 1) ? (crc >> 1) ^ 0x82F63B78u : crc >> 1;
+  }
+  return ~crc;
+}
+
+TEST(Codecs, Crc32cMatchesTheCheckValueAndRfc3720Vectors) {
+  const std::string check = "123456789";
+  EXPECT_EQ(crc32c(reinterpret_cast<const uint8_t*>(check.data()), check.size()), 0xE3069283u);
+  EXPECT_EQ(crc32c(nullptr, 0), 0u);
+  Bytes zeros(32, 0), ones(32, 0xff), up(32), down(32);
+  for (size_t i = 0; i < 32; ++i) {
+    up[i] = static_cast<uint8_t>(i);
+    down[i] = static_cast<uint8_t>(31 - i);
+  }
+  EXPECT_EQ(crc32c(zeros.data(), 32), 0x8A9136AAu);
+  EXPECT_EQ(crc32c(ones.data(), 32), 0x62A8AB43u);
+  EXPECT_EQ(crc32c(up.data(), 32), 0x46DD794Eu);
+  EXPECT_EQ(crc32c(down.data(), 32), 0x113FDB5Cu);
+}
+
+TEST(Codecs, Crc32cMatchesABitwiseReferenceAtEveryLengthAndAlignment) {
+  const Bytes data = sample_data(4096, 16);
+  for (size_t offset = 0; offset < 9; ++offset) {
+    for (size_t size = 0; size + offset <= 300; ++size) {
+      ASSERT_EQ(crc32c(data.data() + offset, size), reference_crc32c(data.data() + offset, size))
+          << offset << " " << size;
+    }
+  }
+  EXPECT_EQ(crc32c(data.data() + 1, 4095), reference_crc32c(data.data() + 1, 4095));
+}
+
+TEST(Codecs, ByteswapReversesEachElement) {
+  for (size_t unit : {1, 2, 3, 4, 8, 16}) {
+    const size_t count = 37;
+    const Bytes data = sample_data(unit * count + 1, unit);
+    Bytes swapped = data;
+    byteswap(swapped.data() + 1, count, unit);  // unaligned on purpose
+    for (size_t i = 0; i < count; ++i) {
+      for (size_t k = 0; k < unit; ++k) {
+        ASSERT_EQ(swapped[1 + i * unit + k], data[1 + i * unit + unit - 1 - k]) << unit << " " << i << " " << k;
+      }
+    }
+    EXPECT_EQ(swapped[0], data[0]);
+    byteswap(swapped.data() + 1, count, unit);
+    EXPECT_EQ(swapped, data) << unit;
+  }
+  const uint32_t word = 0x11223344;
+  uint8_t bytes[4];
+  std::memcpy(bytes, &word, 4);
+  byteswap(bytes, 1, 4);
+  uint32_t swapped;
+  std::memcpy(&swapped, bytes, 4);
+  EXPECT_EQ(swapped, 0x44332211u);
+  byteswap(nullptr, 0, 8);
+}
+
+// ---------------------------------------------------------------- fuzzing
+
+// Decodes a heap copy of exactly in_size bytes into a buffer of exactly
+// out_size bytes (so ASan flags any access outside either). A normal return
+// must have written every output byte: decoding again over different fill
+// must give the same bytes. Returns whether it decoded.
+bool decode_or_throw(Decoder decoder, const uint8_t* in, size_t in_size, size_t out_size, bool null_if_empty = false) {
+  std::unique_ptr<uint8_t[]> input(in_size || !null_if_empty ? new uint8_t[in_size] : nullptr);
+  if (in_size) std::memcpy(input.get(), in, in_size);
+  std::unique_ptr<uint8_t[]> first(new uint8_t[out_size]);
+  std::memset(first.get(), 0x00, out_size);
+  try {
+    decoder(input.get(), in_size, first.get(), out_size);
+  } catch (const std::exception&) {
+    return false;
+  }
+  std::unique_ptr<uint8_t[]> second(new uint8_t[out_size]);
+  std::memset(second.get(), 0xff, out_size);
+  decoder(input.get(), in_size, second.get(), out_size);
+  EXPECT_EQ(std::memcmp(first.get(), second.get(), out_size), 0) << "output bytes left unwritten";
+  return true;
+}
+
+struct FuzzStats {
+  size_t runs = 0;
+  size_t decoded = 0;
+};
+
+// Feeds every corruption of `valid` to the decoder: truncations (every
+// prefix of small inputs), random byte flips (half of them in the first 32
+// bytes, where headers are), every bit of the header, huge, negative and zero
+// 32/64-bit values over header and trailer fields and at random offsets,
+// junk appended, garbage behind the real header, and pure garbage. Mostly
+// with the right out_size, sometimes a wrong one.
+void fuzz(Decoder decoder, const Bytes& valid, size_t out_size, uint64_t seed, FuzzStats& stats) {
+  Rng rng(seed);
+  auto run = [&](const Bytes& input) {
+    ++stats.runs;
+    stats.decoded += decode_or_throw(decoder, input.data(), input.size(), out_size);
+    if (rng.below(8) == 0) {
+      const size_t sizes[] = {0, out_size + 1, out_size ? out_size - 1 : 3, 2 * out_size + 16};
+      decode_or_throw(decoder, input.data(), input.size(), sizes[rng.below(4)]);
+    }
+  };
+  const size_t n = valid.size();
+  if (n <= 3000) {
+    for (size_t length = 0; length < n; ++length) run(Bytes(valid.begin(), valid.begin() + length));
+  } else {
+    for (int i = 0; i < 1000; ++i) {
+      const size_t length = rng.below(n);
+      run(Bytes(valid.begin(), valid.begin() + length));
+    }
+  }
+  for (int i = 0; i < 1500; ++i) {
+    Bytes input = valid;
+    const size_t flips = 1 + rng.below(4);
+    for (size_t f = 0; f < flips && n > 0; ++f) {
+      const size_t at = rng.below(2) ? rng.below(std::min<size_t>(n, 32)) : rng.below(n);
+      input[at] ^= static_cast<uint8_t>(1 + rng.below(255));
+    }
+    run(input);
+  }
+  for (size_t bit = 0; bit < 8 * std::min<size_t>(n, 32); ++bit) {
+    Bytes input = valid;
+    input[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+    run(input);
+  }
+  const uint64_t kValues[] = {0, ~uint64_t{0}, 0x7fffffff, 0x80000000, 0xffffffff, 0x7fffffffffffffff, 0x10000};
+  auto write_value = [&](size_t at, uint64_t value, size_t width) {
+    Bytes input = valid;
+    for (size_t b = 0; b < width && at + b < n; ++b) input[at + b] = static_cast<uint8_t>(value >> (8 * b));
+    run(input);
+  };
+  for (size_t at = 0; at < n; ++at) {
+    if (at >= 24 && at + 8 < n) at = n - 8;  // header fields, then the trailer
+    for (uint64_t value : kValues) write_value(at, value, 4);
+    if (at % 4 == 0) write_value(at, kValues[rng.below(7)], 8);
+  }
+  for (int i = 0; i < 200 && n > 0; ++i) write_value(rng.below(n), kValues[rng.below(7)], 4);
+  for (int i = 0; i < 20; ++i) {
+    Bytes input = valid;
+    for (size_t extra = 1 + rng.below(40); extra > 0; --extra) input.push_back(rng.byte());
+    run(input);
+  }
+  for (int i = 0; i < 200; ++i) {
+    Bytes input(std::min<size_t>(n, 16));
+    std::copy(valid.begin(), valid.begin() + static_cast<std::ptrdiff_t>(input.size()), input.begin());
+    for (size_t extra = rng.below(600); extra > 0; --extra) input.push_back(rng.byte());
+    run(input);
+    Bytes garbage(rng.below(600));
+    for (uint8_t& byte : garbage) byte = rng.byte();
+    run(garbage);
+  }
+  // Empty input, as a null and as a valid pointer.
+  for (size_t size : {size_t{0}, size_t{1}, out_size}) {
+    EXPECT_FALSE(decode_or_throw(decoder, nullptr, 0, size, /*null_if_empty=*/true) && size != 0);
+    decode_or_throw(decoder, &kDummy, 0, size);
+  }
+}
+
+TEST(Codecs, FuzzInflateZlibThrowsOrDecodesExactly) {
+  FuzzStats stats;
+  uint64_t seed = 100;
+  for (size_t size : {0, 1, 600, 3000, 40000}) {
+    const Bytes data = sample_data(size, seed);
+    fuzz(inflate_zlib, zlib_compress(data, 6), size, ++seed, stats);
+    fuzz(inflate_zlib, zlib_compress(data, 0), size, ++seed, stats);
+  }
+  EXPECT_GT(stats.runs, 20000u);
+  EXPECT_GT(stats.decoded, 0u);
+}
+
+TEST(Codecs, FuzzInflateGzipThrowsOrDecodesExactly) {
+  FuzzStats stats;
+  uint64_t seed = 200;
+  for (size_t size : {0, 1, 600, 3000, 40000}) {
+    const Bytes data = sample_data(size, seed);
+    fuzz(inflate_gzip, gzip_compress(data, 6), size, ++seed, stats);
+  }
+  const Bytes a = sample_data(700, 1), b = sample_data(500, 2);
+  fuzz(inflate_gzip, concat_bytes(gzip_compress(a, 6), gzip_compress(b, 6)), a.size() + b.size(), ++seed, stats);
+  EXPECT_GT(stats.runs, 15000u);
+  EXPECT_GT(stats.decoded, 0u);
+}
+
+TEST(Codecs, FuzzDecompressZstdThrowsOrDecodesExactly) {
+  FuzzStats stats;
+  uint64_t seed = 300;
+  for (size_t size : {0, 1, 600, 3000, 40000}) {
+    const Bytes data = sample_data(size, seed);
+    fuzz(decompress_zstd, zstd_compress(data, 3), size, ++seed, stats);
+    fuzz(decompress_zstd, zstd_compress_streaming(data, 1, true), size, ++seed, stats);
+  }
+  const Bytes a = sample_data(900, 3), b = sample_data(400, 4);
+  fuzz(decompress_zstd, concat_bytes(zstd_compress(a, 19), zstd_compress_streaming(b, 3, false)), a.size() + b.size(),
+       ++seed, stats);
+  EXPECT_GT(stats.runs, 20000u);
+  EXPECT_GT(stats.decoded, 0u);
+}
+
+TEST(Codecs, FuzzDecompressBloscThrowsOrDecodesExactly) {
+  FuzzStats stats;
+  uint64_t seed = 400;
+  const Bytes data = sample_data(3001, seed);
+  for (const std::string& compressor : blosc_compressors()) {
+    for (int shuffle : kShuffles) {
+      // Small blocks: a table of block starts, split streams and a leftover block to corrupt.
+      const size_t typesize = shuffle == BLOSC_NOSHUFFLE ? 2 : 4;
+      fuzz(decompress_blosc, blosc_compress_bytes(data, 5, shuffle, typesize, compressor, 512), data.size(), ++seed,
+           stats);
+    }
+  }
+  fuzz(decompress_blosc, blosc_compress_bytes(data, 0, BLOSC_SHUFFLE, 8, "lz4"), data.size(), ++seed, stats);
+  fuzz(decompress_blosc, blosc_compress_bytes(Bytes{}, 5, BLOSC_SHUFFLE, 8, "lz4"), 0, ++seed, stats);
+  EXPECT_GT(stats.runs, 50000u);
+  EXPECT_GT(stats.decoded, 0u);
+}
+
+TEST(Codecs, FuzzDecodersOnHandMadeHeadersWithHugeSizes) {
+  // zstd: a frame header claiming 2^63 bytes of content (8-byte FCS field).
+  const Bytes zstd_huge = {0x28, 0xb5, 0x2f, 0xfd, 0xe0, 0, 0, 0, 0, 0, 0, 0, 0x80, 1, 0, 0};
+  EXPECT_FALSE(decode_or_throw(decompress_zstd, zstd_huge.data(), zstd_huge.size(), 4096));
+  // blosc: a frame that says 2^31 - 17 bytes in, or a block size of 2 GiB.
+  Bytes blosc = blosc_compress_bytes(sample_data(4096, 17), 5, BLOSC_SHUFFLE, 4, "lz4");
+  for (size_t field : {4, 8, 12}) {
+    for (uint32_t value : {0x7fffffefu, 0x7fffffffu, 0x80000000u, 0xffffffffu, 0u}) {
+      Bytes input = blosc;
+      std::memcpy(input.data() + field, &value, 4);  // little-endian host
+      EXPECT_FALSE(decode_or_throw(decompress_blosc, input.data(), input.size(), 4096)) << field << " " << value;
+    }
+  }
+  // gzip: ISIZE and a header with FEXTRA claiming 65535 bytes of extra field.
+  const Bytes gzip_extra = {0x1f, 0x8b, 8, 4, 0, 0, 0, 0, 0, 3, 0xff, 0xff, 1, 2, 3};
+  EXPECT_FALSE(decode_or_throw(inflate_gzip, gzip_extra.data(), gzip_extra.size(), 10));
+}
+
+// Manual (about 8.5 GiB of memory and up to a minute): --gtest_also_run_disabled_tests.
+// A stored deflate stream above 4 GiB, in and out, to exercise feeding zlib's
+// 32-bit counters in pieces.
+TEST(Codecs, DISABLED_InflateZlibHandlesBuffersAboveFourGiB) {
+  const size_t size = (size_t{1} << 32) + 100000;
+  const Bytes block = sample_data(65535, 18);
+  const size_t blocks = (size + 65534) / 65535;
+  std::unique_ptr<uint8_t[]> in(new uint8_t[2 + blocks * 5 + size + 4]);
+  size_t at = 0;
+  in[at++] = 0x78;
+  in[at++] = 0x01;
+  uLong adler = adler32(0, nullptr, 0);
+  for (size_t b = 0, left = size; b < blocks; ++b) {
+    const size_t length = std::min<size_t>(left, 65535);
+    left -= length;
+    in[at++] = left == 0 ? 1 : 0;
+    in[at++] = static_cast<uint8_t>(length);
+    in[at++] = static_cast<uint8_t>(length >> 8);
+    in[at++] = static_cast<uint8_t>(~length);
+    in[at++] = static_cast<uint8_t>(~length >> 8);
+    std::memcpy(in.get() + at, block.data(), length);
+    at += length;
+    adler = adler32(adler, block.data(), static_cast<uInt>(length));
+  }
+  for (int shift = 24; shift >= 0; shift -= 8) in[at++] = static_cast<uint8_t>(adler >> shift);
+  std::unique_ptr<uint8_t[]> out(new uint8_t[size]);
+  inflate_zlib(in.get(), at, out.get(), size);
+  for (size_t offset = 0; offset < size; offset += 65535) {
+    ASSERT_EQ(std::memcmp(out.get() + offset, block.data(), std::min<size_t>(65535, size - offset)), 0) << offset;
+  }
+  EXPECT_THROW(inflate_zlib(in.get(), at, out.get(), size - 1), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace torch_shards::io::codecs

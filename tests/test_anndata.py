@@ -1,0 +1,269 @@
+"""AnnDataSource against files written by anndata (.h5ad and zarr stores):
+dense and CSR X, layers, obs columns, names and categories; CSR validation."""
+
+import anndata as ad
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+import torch
+from torch.utils.data import DataLoader
+
+import torch_shards as ts
+
+N_OBS, N_VARS = 120, 37
+
+
+def make_adata(x_format="csr", dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal((N_OBS, N_VARS)).astype(dtype)
+    dense[rng.random((N_OBS, N_VARS)) > 0.2] = 0  # ~80% zeros
+    dense[5] = 0  # an empty row
+    x = sp.csr_matrix(dense) if x_format == "csr" else dense
+    obs = pd.DataFrame(
+        {
+            "cell_type": pd.Categorical(rng.choice(["T", "B", "NK", "Mono"], size=N_OBS)),
+            "batch": pd.Categorical(rng.choice([3, 1, 2], size=N_OBS)),
+            "n_counts": rng.integers(0, 1000, size=N_OBS).astype(np.int32),
+            "score": rng.standard_normal(N_OBS),
+            "is_doublet": rng.random(N_OBS) > 0.9,
+            # Unique strings stay a string column (anndata makes repeated ones categorical on write).
+            "barcode": np.array([f"AC{i:04d}" for i in range(N_OBS)], dtype=object),
+        },
+        index=[f"cell{i}" for i in range(N_OBS)],
+    )
+    var = pd.DataFrame(index=[f"gene{j}" for j in range(N_VARS)])
+    adata = ad.AnnData(X=x, obs=obs, var=var)
+    adata.layers["counts"] = sp.csr_matrix(np.round(np.abs(dense) * 10).astype(np.int64))
+    adata.layers["dense_layer"] = dense * 2
+    return adata, dense
+
+
+def write(adata, tmp_path, kind):
+    if kind == "h5ad":
+        path = tmp_path / "data.h5ad"
+        adata.write_h5ad(path)
+    elif kind == "h5ad-gzip":
+        path = tmp_path / "data.h5ad"
+        adata.write_h5ad(path, compression="gzip")
+    elif kind == "zarr2":
+        path = tmp_path / "data.zarr"
+        with ad.settings.override(zarr_write_format=2):
+            adata.write_zarr(path)
+    else:  # zarr3, sharded as annbatch writes it
+        path = tmp_path / "data.zarr"
+        with ad.settings.override(zarr_write_format=3, auto_shard_zarr_v3=True):
+            adata.write_zarr(path)
+    return path
+
+
+KINDS = ["h5ad", "h5ad-gzip", "zarr2", "zarr3"]
+ROWS = [7, 0, 5, 119, 7, 60, 61, 62, 3]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("x_format", ["csr", "dense"])
+def test_x_rows_match_anndata(tmp_path, kind, x_format):
+    adata, dense = make_adata(x_format)
+    path = write(adata, tmp_path, kind)
+    source = ts.AnnDataSource(path)
+    assert (source.n_obs, source.n_vars) == (N_OBS, N_VARS)
+    x = source.read(ROWS, num_threads=2)["X"]
+    if x_format == "csr":
+        assert x.layout == torch.sparse_csr
+        assert x.col_indices().dtype == torch.int32 and x.crow_indices().dtype == torch.int32
+        expected = adata.X[ROWS]
+        assert torch.equal(x.crow_indices().long(), torch.from_numpy(expected.indptr.astype(np.int64)))
+        assert torch.equal(x.col_indices().long(), torch.from_numpy(expected.indices.astype(np.int64)))
+        x = x.to_dense()
+    assert x.dtype == torch.float32
+    assert torch.equal(x, torch.from_numpy(dense[ROWS]))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dense_true_densifies_csr(tmp_path, kind):
+    adata, dense = make_adata("csr")
+    source = ts.AnnDataSource(write(adata, tmp_path, kind), dense=True)
+    x = source.read(ROWS)["X"]
+    assert x.layout == torch.strided and torch.equal(x, torch.from_numpy(dense[ROWS]))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_layers_and_obs_columns(tmp_path, kind):
+    adata, dense = make_adata("csr")
+    path = write(adata, tmp_path, kind)
+    source = ts.AnnDataSource(path, obs=["cell_type", "batch", "n_counts", "score", "is_doublet"], layer="counts")
+    batch = source.read(ROWS)
+    counts = adata.layers["counts"][ROWS].toarray()
+    assert batch["X"].dtype == torch.int64 and torch.equal(batch["X"].to_dense(), torch.from_numpy(counts))
+    cell_type = adata.obs["cell_type"].iloc[ROWS]
+    assert batch["cell_type"].dtype == torch.int64
+    assert batch["cell_type"].tolist() == cell_type.cat.codes.tolist()
+    assert source.categories("cell_type") == list(adata.obs["cell_type"].cat.categories)
+    assert source.categories("batch") == [1, 2, 3]
+    assert batch["batch"].tolist() == adata.obs["batch"].iloc[ROWS].cat.codes.tolist()
+    assert batch["n_counts"].dtype == torch.int32
+    assert batch["n_counts"].tolist() == adata.obs["n_counts"].iloc[ROWS].tolist()
+    assert torch.equal(batch["score"], torch.from_numpy(adata.obs["score"].to_numpy()[ROWS]))
+    assert batch["is_doublet"].dtype == torch.bool
+    assert batch["is_doublet"].tolist() == adata.obs["is_doublet"].iloc[ROWS].tolist()
+    dense_layer = ts.AnnDataSource(path, layer="dense_layer").read(ROWS)["X"]
+    assert torch.equal(dense_layer, torch.from_numpy(dense[ROWS] * 2))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_names_and_columns(tmp_path, kind):
+    adata, _ = make_adata("csr")
+    source = ts.AnnDataSource(write(adata, tmp_path, kind))
+    assert source.obs_names == list(adata.obs_names)
+    assert source.var_names == list(adata.var_names)
+    assert set(source.obs_columns) == set(adata.obs.columns)
+
+
+def test_shuffled_epoch_through_workers_matches_anndata(tmp_path):
+    adata, dense = make_adata("csr")
+    path = write(adata, tmp_path, "h5ad")
+    dataset = ts.ShardedDataset(
+        ts.AnnDataSource(path, obs=["cell_type"]), ts.BlockShuffling(8), batch_size=16, fetch_factor=2, seed=1
+    )
+    codes = adata.obs["cell_type"].cat.codes.to_numpy()
+    for context in ("fork", "spawn"):
+        seen = []
+        for batch in DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=context):
+            index = batch["index"].numpy()
+            assert torch.equal(batch["X"].to_dense(), torch.from_numpy(dense[index]))
+            assert batch["cell_type"].tolist() == codes[index].tolist()
+            seen.extend(index.tolist())
+        assert sorted(seen) == list(range(N_OBS))
+
+
+def test_weighted_rows_repeat_within_a_fetch(tmp_path):
+    adata, dense = make_adata("csr")
+    path = write(adata, tmp_path, "zarr3")
+    source = ts.AnnDataSource(path)
+    rows = [3, 3, 3, 50, 3, 50]
+    assert torch.equal(source.read(rows)["X"].to_dense(), torch.from_numpy(dense[rows]))
+
+
+# ---- bad input ------------------------------------------------------------------------------------------
+
+
+def test_string_obs_column_asks_to_be_made_categorical(tmp_path):
+    adata, _ = make_adata("csr")
+    path = write(adata, tmp_path, "h5ad")
+    with pytest.raises(ValueError, match="data.h5ad:/obs/barcode: is a string column; make it categorical"):
+        ts.AnnDataSource(path, obs=["barcode"])
+
+
+def test_unknown_obs_column_and_layer_are_named(tmp_path):
+    adata, _ = make_adata("csr")
+    path = write(adata, tmp_path, "h5ad")
+    with pytest.raises(ValueError, match=r"data.h5ad:/obs/age: no such obs column \(columns: .*cell_type"):
+        ts.AnnDataSource(path, obs=["age"])
+    with pytest.raises(ValueError, match=r"no layer 'spliced' \(layers: counts, dense_layer\)"):
+        ts.AnnDataSource(path, layer="spliced")
+    with pytest.raises(ValueError, match="obs column 'n_counts' is not categorical"):
+        ts.AnnDataSource(path).categories("n_counts")
+
+
+def test_csc_matrix_asks_for_csr(tmp_path):
+    adata, dense = make_adata("dense")
+    adata.X = sp.csc_matrix(dense)
+    path = write(adata, tmp_path, "h5ad")
+    with pytest.raises(ValueError, match=r"data.h5ad:/X: is a CSC .* adata.X = adata.X.tocsr\(\)"):
+        ts.AnnDataSource(path)
+
+
+def test_nullable_column_with_missing_values_is_rejected(tmp_path):
+    adata, _ = make_adata("csr")
+    adata.obs["age"] = pd.array([None] + list(range(1, N_OBS)), dtype="Int64")
+    adata.obs["full"] = pd.array(range(N_OBS), dtype="Int64")
+    path = write(adata, tmp_path, "h5ad")
+    assert ts.AnnDataSource(path, obs=["full"]).read([4, 9])["full"].tolist() == [4, 9]
+    with pytest.raises(ValueError, match=r"data.h5ad:/obs/age: has missing values \(row 0\)"):
+        ts.AnnDataSource(path, obs=["age"])
+
+
+def test_not_anndata_is_named(tmp_path):
+    path = tmp_path / "plain.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.zeros((3, 3))
+    with pytest.raises(RuntimeError, match="plain.h5:/: not an AnnData store"):
+        ts.AnnDataSource(path)
+    with pytest.raises(RuntimeError, match="missing.h5ad: no such file"):
+        ts.AnnDataSource(tmp_path / "missing.h5ad")
+
+
+def corrupt(path, dataset, mutate):
+    with h5py.File(path, "r+") as f:
+        values = f[dataset][...]
+        mutate(values)
+        del f[dataset]
+        f[dataset] = values
+
+
+def test_inconsistent_csr_is_detected(tmp_path):
+    adata, _ = make_adata("csr")
+    cases = {
+        "indptr not monotone": ("X/indptr", lambda v: v.__setitem__(10, v[12] + 1), r"indptr: inconsistent at row"),
+        "index out of range": (
+            "X/indices",
+            lambda v: v.__setitem__(3, N_VARS + 5),
+            r"X/indices: column index 42 out of range \[0, 37\)",
+        ),
+        "negative index": ("X/indices", lambda v: v.__setitem__(0, -1), r"column index -1 out of range"),
+    }
+    for name, (dataset, mutate, message) in cases.items():
+        path = tmp_path / f"{name.replace(' ', '_')}.h5ad"
+        adata.write_h5ad(path)
+        corrupt(path, dataset, mutate)
+        source = ts.AnnDataSource(path)
+        with pytest.raises(RuntimeError, match=message):
+            source.read(range(N_OBS))
+
+
+def test_csr_lengths_that_disagree_are_detected_at_open(tmp_path):
+    adata, _ = make_adata("csr")
+    path = tmp_path / "short.h5ad"
+    adata.write_h5ad(path)
+    with h5py.File(path, "r+") as f:
+        data = f["X/data"][...]
+        del f["X/data"]
+        f["X/data"] = data[:-3]
+    with pytest.raises(RuntimeError, match=r"short.h5ad:/X: indices has \d+ entries but data has \d+"):
+        ts.AnnDataSource(path)
+    path = tmp_path / "rows.h5ad"
+    adata.write_h5ad(path)
+    with h5py.File(path, "r+") as f:
+        indptr = f["X/indptr"][...]
+        del f["X/indptr"]
+        f["X/indptr"] = indptr[:-1]
+    with pytest.raises(RuntimeError, match=r"rows.h5ad:/X/indptr: has 120 entries but the matrix has 120 rows"):
+        ts.AnnDataSource(path)
+
+
+def test_fuzzed_csr_arrays_never_crash(tmp_path):
+    adata, dense = make_adata("csr")
+    rng = np.random.default_rng(7)
+    template = tmp_path / "template.h5ad"
+    adata.write_h5ad(template)
+    for trial in range(60):
+        path = tmp_path / f"fuzz{trial}.h5ad"
+        path.write_bytes(template.read_bytes())
+        dataset = ["X/indptr", "X/indices"][trial % 2]
+
+        def scramble(values, trial=trial):
+            positions = rng.integers(0, len(values), size=1 + trial % 5)
+            values[positions] = rng.integers(-50, 5000, size=len(positions))
+
+        corrupt(path, dataset, scramble)
+        try:
+            source = ts.AnnDataSource(path)
+            x = source.read(range(N_OBS))["X"]
+        except (RuntimeError, ValueError) as error:
+            assert str(path) in str(error)
+        else:
+            # Corruption the checks let through stays within the matrix's shape.
+            assert x.shape == (N_OBS, N_VARS)
+            assert int(x.col_indices().max()) < N_VARS

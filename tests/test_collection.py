@@ -1,0 +1,106 @@
+"""Collection (many files as one row space) and torch_shards.open."""
+
+import anndata as ad
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+import torch
+import zarr
+from torch.utils.data import DataLoader
+
+import torch_shards as ts
+
+
+def write_plate(path, rows, seed, fmt="h5ad", density=0.3):
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal((rows, 9)).astype(np.float32)
+    dense[rng.random(dense.shape) > density] = 0
+    obs = pd.DataFrame(
+        {"label": pd.Categorical(rng.choice(["a", "b"], size=rows), categories=["a", "b"])},
+        index=[f"p{seed}c{i}" for i in range(rows)],
+    )
+    adata = ad.AnnData(sp.csr_matrix(dense), obs=obs, var=pd.DataFrame(index=[f"g{j}" for j in range(9)]))
+    if fmt == "h5ad":
+        adata.write_h5ad(path)
+    else:
+        adata.write_zarr(path)
+    return dense, adata.obs["label"].cat.codes.to_numpy()
+
+
+@pytest.fixture
+def plates(tmp_path):
+    sizes = [13, 40, 1, 27]
+    paths, dense, codes = [], [], []
+    for i, size in enumerate(sizes):
+        path = tmp_path / f"plate{i}.{'h5ad' if i % 2 == 0 else 'zarr'}"
+        d, c = write_plate(path, size, i, "h5ad" if i % 2 == 0 else "zarr")
+        paths.append(path)
+        dense.append(d)
+        codes.append(c)
+    return paths, np.concatenate(dense), np.concatenate(codes)
+
+
+def test_global_rows_span_the_files(plates):
+    paths, dense, codes = plates
+    collection = ts.Collection([ts.AnnDataSource(p, obs=["label"]) for p in paths])
+    assert len(collection) == 81 and collection.offsets == [0, 13, 53, 54]
+    rows = [80, 0, 13, 53, 12, 54, 54, 30]
+    batch = collection.read(rows)
+    assert torch.equal(batch["X"].to_dense(), torch.from_numpy(dense[rows]))
+    assert batch["label"].tolist() == codes[rows].tolist()
+    dense_batch = ts.Collection([ts.AnnDataSource(p, dense=True) for p in paths]).read(rows)
+    assert torch.equal(dense_batch["X"], torch.from_numpy(dense[rows]))
+
+
+def test_every_row_once_across_files_ranks_and_workers(plates):
+    paths, dense, _ = plates
+    seen = []
+    for rank in range(2):
+        collection = ts.open(paths)
+        dataset = ts.ShardedDataset(
+            collection,
+            ts.BlockShuffling(4),
+            batch_size=6,
+            fetch_factor=2,
+            seed=3,
+            rank=rank,
+            world_size=2,
+            even_batches=None,
+        )
+        for batch in DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="fork"):
+            index = batch["index"].numpy()
+            assert torch.equal(batch["X"].to_dense(), torch.from_numpy(dense[index]))
+            seen.extend(index.tolist())
+    assert sorted(seen) == list(range(81))
+
+
+def test_files_that_disagree_are_named(tmp_path):
+    write_plate(tmp_path / "a.h5ad", 5, 0)
+    adata = ad.AnnData(np.zeros((4, 3), np.float32))
+    adata.write_h5ad(tmp_path / "b.h5ad")
+    with pytest.raises(ValueError, match=r"Collection: source 1 \(.*b.h5ad.*\) has fields \{X: Float\[3\]\}"):
+        ts.Collection([ts.AnnDataSource(tmp_path / "a.h5ad"), ts.AnnDataSource(tmp_path / "b.h5ad")])
+    with pytest.raises(ValueError, match="Collection: needs at least one source"):
+        ts.Collection([])
+
+
+def test_open_picks_the_source_from_the_path(tmp_path):
+    write_plate(tmp_path / "a.h5ad", 5, 0)
+    write_plate(tmp_path / "a.zarr", 5, 0, fmt="zarr")
+    with h5py.File(tmp_path / "plain.h5", "w") as f:
+        f["x"] = np.zeros((6, 2))
+    zarr.create_array(tmp_path / "arr.zarr", shape=(7, 2), dtype="f4")
+    assert isinstance(ts.open(tmp_path / "a.h5ad"), ts.AnnDataSource)
+    assert isinstance(ts.open(tmp_path / "a.zarr", obs=["label"]), ts.AnnDataSource)
+    assert isinstance(ts.open(tmp_path / "plain.h5", dataset="x"), ts.HDF5Source)
+    assert len(ts.open(tmp_path / "arr.zarr")) == 7
+    assert isinstance(ts.open([tmp_path / "a.h5ad", tmp_path / "a.zarr"]), ts.Collection)
+    with pytest.raises(ValueError, match="is an HDF5 file but not AnnData: pass dataset="):
+        ts.open(tmp_path / "plain.h5")
+    with pytest.raises(FileNotFoundError, match="nothing.h5ad: no such file or directory"):
+        ts.open(tmp_path / "nothing.h5ad")
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(ValueError, match="notes.txt is neither an HDF5 file nor a zarr store"):
+        ts.open(tmp_path / "notes.txt")

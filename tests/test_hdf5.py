@@ -1,0 +1,263 @@
+"""HDF5Source against files written by h5py: every dtype, layout and filter,
+value by value; and every bad input named precisely."""
+
+import os
+import shutil
+
+import h5py
+import hdf5plugin
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import torch_shards as ts
+
+DTYPES = [
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "bool",
+    "complex64",
+    "complex128",
+    ">i4",
+    ">f8",
+    ">u2",
+    ">c8",
+]
+
+LAYOUTS = {
+    "contiguous": {},
+    "chunked": {"chunks": (7, 5)},
+    "gzip": {"chunks": (16, 13), "compression": "gzip", "compression_opts": 4},
+    "shuffle+gzip": {"chunks": (10, 13), "compression": "gzip", "shuffle": True},
+    "blosc-lz4": {"chunks": (9, 13), **hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE)},
+    "blosc-zstd-bitshuffle": {
+        "chunks": (9, 4),
+        **hdf5plugin.Blosc(cname="zstd", clevel=3, shuffle=hdf5plugin.Blosc.BITSHUFFLE),
+    },
+    "zstd": {"chunks": (8, 13), **hdf5plugin.Zstd(clevel=3)},
+    # Filters the native path does not decode: HDF5's own read path.
+    "fletcher32": {"chunks": (8, 13), "fletcher32": True},
+    "scaleoffset": {"chunks": (8, 13), "scaleoffset": 0},
+}
+
+
+def values_of(dtype, shape, seed=0):
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) > 0.5
+    if dtype.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, size=shape, dtype=dtype.newbyteorder("="), endpoint=True).astype(dtype)
+
+
+def expected_tensor(array):
+    native = array.astype(array.dtype.newbyteorder("="))
+    return torch.from_numpy(np.ascontiguousarray(native))
+
+
+@pytest.fixture(scope="module")
+def rows():
+    rng = np.random.default_rng(1)
+    return np.concatenate([rng.integers(0, 53, size=40), [0, 52, 52, 17, 18, 19, 20]])
+
+
+def valid_combinations():
+    for dtype in DTYPES:
+        for layout in LAYOUTS:
+            native_integer = np.dtype(dtype).kind in "iu" and np.dtype(dtype).byteorder != ">"
+            if layout != "scaleoffset" or native_integer:  # scale-offset applies to native integers
+                yield dtype, layout
+
+
+@pytest.mark.parametrize("dtype,layout", list(valid_combinations()))
+def test_rows_match_h5py(tmp_path, rows, dtype, layout):
+    kwargs = LAYOUTS[layout]
+    data = values_of(dtype, (53, 13))
+    path = tmp_path / "data.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("group/values", data=data, **kwargs)
+    source = ts.HDF5Source(path, "/group/values")
+    assert len(source) == 53
+    got = source.read(rows, num_threads=3)["X"]
+    want = expected_tensor(data[rows])
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("chunks", [(4, 3, 2), (40, 1, 5), (1, 6, 5)])
+def test_three_dimensional_chunks_split_along_every_axis(tmp_path, chunks):
+    data = np.arange(40 * 6 * 5, dtype=np.float32).reshape(40, 6, 5)
+    path = tmp_path / "cube.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("cube", data=data, chunks=chunks, compression="gzip")
+    rows = [39, 0, 5, 5, 20, 21, 22, 3]
+    got = ts.HDF5Source(path, "cube").read(rows, num_threads=2)["X"]
+    assert torch.equal(got, torch.from_numpy(data[rows]))
+
+
+def test_unwritten_chunks_read_as_the_fill_value(tmp_path):
+    path = tmp_path / "sparse.h5"
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("x", shape=(100, 4), dtype="f4", chunks=(10, 4), fillvalue=-7.5, compression="gzip")
+        d[20:30] = 1.0
+    got = ts.HDF5Source(path, "x").read([0, 25, 99])["X"]
+    assert got.tolist() == [[-7.5] * 4, [1.0] * 4, [-7.5] * 4]
+
+
+def test_one_dimensional_and_multi_field_sources(tmp_path):
+    path = tmp_path / "multi.h5"
+    with h5py.File(path, "w") as f:
+        f["images"] = np.arange(30 * 4, dtype=np.uint8).reshape(30, 4)
+        f.create_dataset("labels", data=np.arange(30, dtype=np.int64) * 3, chunks=(7,), compression="gzip")
+    source = ts.HDF5Source(path, {"X": "images", "y": "/labels"})
+    batch = source.read([29, 3])
+    assert batch["X"].tolist() == [list(range(116, 120)), list(range(12, 16))]
+    assert batch["y"].tolist() == [87, 9]
+    assert source.fields == ["X", "y"]
+
+
+def test_incompressible_chunks_stored_raw_are_read(tmp_path):
+    # H5Pset_deflate is optional: chunks it cannot shrink are stored raw (filter mask set).
+    data = np.random.default_rng(0).integers(0, 2**63, size=(64, 32), dtype=np.uint64)
+    path = tmp_path / "raw.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(8, 32), compression="gzip", compression_opts=9)
+    got = ts.HDF5Source(path, "x").read(range(64))["X"]
+    assert torch.equal(got, torch.from_numpy(data))
+
+
+def test_streams_through_dataloader_workers_under_fork_and_spawn(tmp_path):
+    data = np.random.default_rng(3).standard_normal((301, 8)).astype(np.float32)
+    path = tmp_path / "stream.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(32, 8), compression="gzip", shuffle=True)
+        f["y"] = data.sum(axis=1)
+    for context in ("fork", "spawn"):
+        source = ts.HDF5Source(path, {"X": "x", "y": "y"})
+        dataset = ts.ShardedDataset(source, ts.BlockShuffling(16), batch_size=20, seed=2)
+        loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=context)
+        seen = []
+        for batch in loader:
+            index = batch["index"]
+            assert torch.equal(batch["X"], torch.from_numpy(data[index.numpy()]))
+            assert torch.equal(batch["y"], torch.from_numpy(data[index.numpy()].sum(axis=1)))
+            seen.extend(index.tolist())
+        assert sorted(seen) == list(range(301))
+
+
+# ---- bad input -------------------------------------------------------------------------------------------
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(RuntimeError, match=f"{tmp_path}/nope.h5: no such file"):
+        ts.HDF5Source(tmp_path / "nope.h5", "x")
+
+
+def test_a_file_that_is_not_hdf5_is_named(tmp_path):
+    path = tmp_path / "text.h5"
+    path.write_text("hello")
+    with pytest.raises(RuntimeError, match="text.h5: not an HDF5 file"):
+        ts.HDF5Source(path, "x")
+
+
+def test_missing_dataset_and_group_paths_are_named(tmp_path):
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        f["a/b"] = np.zeros((3, 2))
+    with pytest.raises(RuntimeError, match="d.h5:/a/c: no such dataset"):
+        ts.HDF5Source(path, "/a/c")
+    with pytest.raises(RuntimeError, match="d.h5:/a: is not a dataset"):
+        ts.HDF5Source(path, "/a")
+    with pytest.raises(RuntimeError, match="d.h5:/zz/b: no such dataset"):
+        ts.HDF5Source(path, "/zz/b")
+
+
+def test_unsupported_element_types_are_named(tmp_path):
+    path = tmp_path / "types.h5"
+    with h5py.File(path, "w") as f:
+        f["strings"] = np.array([b"a", b"b"])
+        f["compound"] = np.zeros(3, dtype=[("a", "i4"), ("b", "f4"), ("c", "i1")])
+        f["scalar"] = 3.0
+    with pytest.raises(ValueError, match=r"types.h5:/strings: unsupported element type \(HDF5 string"):
+        ts.HDF5Source(path, "strings")
+    with pytest.raises(ValueError, match=r"types.h5:/compound: unsupported element type \(HDF5 compound"):
+        ts.HDF5Source(path, "compound")
+    with pytest.raises(ValueError, match="types.h5:/scalar: is a scalar"):
+        ts.HDF5Source(path, "scalar")
+
+
+def test_empty_dataset_is_rejected(tmp_path):
+    path = tmp_path / "empty.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", shape=(0, 3), dtype="f4")
+    with pytest.raises(ValueError, match="has no rows"):
+        ts.HDF5Source(path, "x")
+
+
+def test_filter_hdf5_lacks_is_named_when_the_source_is_made(tmp_path):
+    path = tmp_path / "lzf.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.zeros((10, 3), "f4"), chunks=(5, 3), compression="lzf")
+    with pytest.raises(RuntimeError, match=r"lzf.h5:/x: uses HDF5 filter 'lzf' \(32000\), which this HDF5 library"):
+        ts.HDF5Source(path, "x")
+
+
+def test_truncated_file_is_reported_not_crashed(tmp_path):
+    path = tmp_path / "full.h5"
+    data = np.arange(1000 * 20, dtype=np.float32).reshape(1000, 20)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("contiguous", data=data)
+        f.create_dataset("chunked", data=data, chunks=(100, 20), compression="gzip")
+    for name in ("contiguous", "chunked"):
+        truncated = tmp_path / f"truncated-{name}.h5"
+        shutil.copy(path, truncated)
+        source = ts.HDF5Source(truncated, name)
+        os.truncate(truncated, os.path.getsize(path) - 30_000)
+        with pytest.raises(RuntimeError, match=f"truncated-{name}.h5"):
+            source.read(range(1000))
+        with pytest.raises(RuntimeError, match=f"truncated-{name}.h5"):
+            ts.HDF5Source(truncated, name).read(range(1000))
+
+
+def test_corrupt_chunks_raise_instead_of_returning_wrong_data(tmp_path):
+    data = np.random.default_rng(5).standard_normal((64, 16)).astype(np.float32)
+    compressions = {
+        "gzip": {"compression": "gzip"},
+        "blosc": hdf5plugin.Blosc(cname="lz4"),
+        "zstd": hdf5plugin.Zstd(),
+    }
+    rng = np.random.default_rng(0)
+    for name, kwargs in compressions.items():
+        path = tmp_path / f"{name}.h5"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("x", data=data, chunks=(16, 16), **kwargs)
+            info = f["x"].id.get_chunk_info(1)
+        raw = bytearray(path.read_bytes())
+        for trial in range(20):
+            corrupt = bytearray(raw)
+            for position in rng.integers(info.byte_offset, info.byte_offset + info.size, size=1 + trial % 4):
+                corrupt[position] ^= 0xFF
+            broken = tmp_path / f"{name}-{trial}.h5"
+            broken.write_bytes(bytes(corrupt))
+            try:
+                got = ts.HDF5Source(broken, "x").read(range(64))["X"]
+            except RuntimeError as error:
+                assert f"{name}-{trial}.h5:/x" in str(error) and "chunk (1, 0)" in str(error)
+            else:
+                # A flip the codec cannot detect (e.g. inside a literal run) still only touches chunk 1.
+                assert torch.equal(got[:16], torch.from_numpy(data[:16]))
+                assert torch.equal(got[32:], torch.from_numpy(data[32:]))

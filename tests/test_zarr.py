@@ -1,0 +1,240 @@
+"""ZarrSource against arrays written by zarr-python (v2 and v3, sharded or not,
+every compressor), value by value; bad stores named precisely."""
+
+import os
+
+import numcodecs
+import numpy as np
+import pytest
+import torch
+import zarr
+from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, TransposeCodec, ZstdCodec
+
+import torch_shards as ts
+
+ROWS = [44, 0, 3, 3, 17, 18, 19, 43, 20]
+
+V2_COMPRESSORS = {
+    "none": None,
+    "blosc-lz4-shuffle": numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE),
+    "blosc-zstd-bitshuffle": numcodecs.Blosc(cname="zstd", clevel=3, shuffle=numcodecs.Blosc.BITSHUFFLE),
+    "blosc-blosclz": numcodecs.Blosc(cname="blosclz", shuffle=numcodecs.Blosc.NOSHUFFLE),
+    "blosc-lz4hc": numcodecs.Blosc(cname="lz4hc"),
+    "blosc-zlib": numcodecs.Blosc(cname="zlib"),
+    "zstd": numcodecs.Zstd(level=3),
+    "zlib": numcodecs.Zlib(level=5),
+    "gzip": numcodecs.GZip(level=5),
+}
+
+V3_CODECS = {
+    "none": [],
+    "blosc": [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")],
+    "blosc-zstd-bitshuffle": [BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")],
+    "zstd": [ZstdCodec(level=3)],
+    "zstd-checksum": [ZstdCodec(level=3, checksum=True)],
+    "gzip": [GzipCodec(level=5)],
+}
+
+DTYPES = [
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "bool",
+    "complex64",
+    "complex128",
+]
+
+
+def values_of(dtype, shape, seed=0):
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) > 0.5
+    if dtype.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+
+
+def check(path, data, array="/"):
+    got = ts.ZarrSource(path, array).read(ROWS, num_threads=3)["X"]
+    want = torch.from_numpy(np.ascontiguousarray(data[ROWS].astype(data.dtype.newbyteorder("="))))
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("compressor", list(V2_COMPRESSORS))
+@pytest.mark.parametrize("dtype", ["float32", "int64", "uint16", "bool", "complex64"])
+def test_zarr_v2_compressors(tmp_path, compressor, dtype):
+    data = values_of(dtype, (45, 11))
+    path = tmp_path / "a.zarr"
+    z = zarr.create_array(
+        path, shape=data.shape, chunks=(8, 4), dtype=data.dtype, zarr_format=2, compressors=V2_COMPRESSORS[compressor]
+    )
+    z[:] = data
+    check(path, data)
+
+
+@pytest.mark.parametrize("codecs", list(V3_CODECS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zarr_v3_codecs(tmp_path, codecs, dtype):
+    data = values_of(dtype, (45, 11))
+    path = tmp_path / "a.zarr"
+    z = zarr.create_array(
+        path, shape=data.shape, chunks=(8, 4), dtype=data.dtype, zarr_format=3, compressors=V3_CODECS[codecs]
+    )
+    z[:] = data
+    check(path, data)
+
+
+@pytest.mark.parametrize("index_location", ["end", "start"])
+@pytest.mark.parametrize("codecs", ["none", "blosc", "zstd"])
+def test_zarr_v3_sharding(tmp_path, codecs, index_location):
+    data = values_of("float32", (45, 11))
+    path = tmp_path / "a.zarr"
+    z = zarr.create_array(
+        path,
+        shape=data.shape,
+        shards=(16, 8),
+        chunks=(4, 4),
+        dtype=data.dtype,
+        zarr_format=3,
+        compressors=V3_CODECS[codecs],
+    )
+    z[:] = data
+    if index_location == "start":  # rewrite the metadata's index location and every shard's layout
+        z = zarr.create_array(
+            tmp_path / "b.zarr",
+            shape=data.shape,
+            dtype=data.dtype,
+            zarr_format=3,
+            serializer=zarr.codecs.ShardingCodec(
+                chunk_shape=(4, 4), codecs=[BytesCodec()] + V3_CODECS[codecs], index_location="start"
+            ),
+            chunks=(16, 8),
+            compressors=None,
+        )
+        z[:] = data
+        path = tmp_path / "b.zarr"
+    check(path, data)
+
+
+def test_zarr_v2_fortran_order_and_big_endian(tmp_path):
+    data = values_of("float64", (45, 11))
+    path = tmp_path / "f.zarr"
+    z = zarr.create_array(
+        path, shape=data.shape, chunks=(8, 4), dtype=">f8", zarr_format=2, order="F", compressors=numcodecs.Zlib()
+    )
+    z[:] = data
+    check(path, data.astype(">f8"))
+
+
+def test_zarr_v3_big_endian_and_transpose(tmp_path):
+    data = values_of("int32", (45, 11))
+    path = tmp_path / "t.zarr"
+    z = zarr.create_array(
+        path,
+        shape=data.shape,
+        chunks=(8, 4),
+        dtype=data.dtype,
+        zarr_format=3,
+        filters=[TransposeCodec(order=(1, 0))],
+        serializer=BytesCodec(endian="big"),
+        compressors=[ZstdCodec()],
+    )
+    z[:] = data
+    check(path, data)
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_missing_chunks_read_as_fill_value(tmp_path, zarr_format):
+    path = tmp_path / "fill.zarr"
+    z = zarr.create_array(path, shape=(50, 3), chunks=(10, 3), dtype="f4", zarr_format=zarr_format, fill_value=np.nan)
+    z[20:30] = 1.5
+    got = ts.ZarrSource(path).read([0, 25, 49])["X"]
+    assert torch.isnan(got[0]).all() and torch.isnan(got[2]).all() and (got[1] == 1.5).all()
+
+
+def test_three_dimensional_arrays_with_chunks_on_every_axis(tmp_path):
+    data = np.arange(40 * 6 * 5, dtype=np.int32).reshape(40, 6, 5)
+    path = tmp_path / "cube.zarr"
+    z = zarr.create_array(path, shape=data.shape, chunks=(7, 4, 2), dtype=data.dtype, zarr_format=3)
+    z[:] = data
+    got = ts.ZarrSource(path).read([39, 0, 5, 5, 20])["X"]
+    assert torch.equal(got, torch.from_numpy(data[[39, 0, 5, 5, 20]]))
+
+
+def test_arrays_inside_a_group_store(tmp_path):
+    root = zarr.open_group(tmp_path / "g.zarr", mode="w", zarr_format=3)
+    x = root.create_array("x", shape=(30, 2), chunks=(7, 2), dtype="f8")
+    y = root.create_array("labels/y", shape=(30,), chunks=(9,), dtype="i8")
+    x[:] = np.arange(60.0).reshape(30, 2)
+    y[:] = np.arange(30) * 2
+    source = ts.ZarrSource(tmp_path / "g.zarr", {"X": "/x", "y": "/labels/y"})
+    batch = source.read([29, 0])
+    assert batch["X"].tolist() == [[58.0, 59.0], [0.0, 1.0]] and batch["y"].tolist() == [58, 0]
+
+
+# ---- bad input ------------------------------------------------------------------------------------------
+
+
+def test_missing_store_and_non_zarr_directory(tmp_path):
+    with pytest.raises(ValueError, match="nope.zarr: no such file or directory"):
+        ts.ZarrSource(tmp_path / "nope.zarr")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(RuntimeError, match="plain"):
+        ts.ZarrSource(tmp_path / "plain")
+
+
+def test_unsupported_codec_is_named(tmp_path):
+    path = tmp_path / "lz4.zarr"
+    z = zarr.create_array(path, shape=(10, 2), chunks=(5, 2), dtype="f4", zarr_format=2, compressors=numcodecs.LZ4())
+    z[:] = 1
+    with pytest.raises(RuntimeError, match="lz4"):
+        ts.ZarrSource(path).read([0])
+
+
+def test_truncated_and_corrupt_chunks_are_named(tmp_path):
+    path = tmp_path / "c.zarr"
+    z = zarr.create_array(path, shape=(40, 8), chunks=(10, 8), dtype="f4", zarr_format=3, compressors=[ZstdCodec()])
+    z[:] = np.random.default_rng(0).standard_normal((40, 8)).astype("f4")
+    chunk = path / "c" / "1" / "0"
+    raw = chunk.read_bytes()
+    chunk.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(RuntimeError, match=r"c.zarr.*chunk \(1, 0\)"):
+        ts.ZarrSource(path).read(range(40))
+    chunk.write_bytes(bytes(b ^ 0x5A for b in raw))
+    with pytest.raises(RuntimeError, match=r"c.zarr.*chunk \(1, 0\)"):
+        ts.ZarrSource(path).read(range(40))
+
+
+def test_corrupt_shard_index_is_named(tmp_path):
+    path = tmp_path / "s.zarr"
+    z = zarr.create_array(path, shape=(32, 4), shards=(16, 4), chunks=(4, 4), dtype="f4", zarr_format=3)
+    z[:] = 1.0
+    shard = path / "c" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[-20:-4] = (2**40).to_bytes(8, "little") * 2  # an entry pointing far past the end
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(RuntimeError, match="s.zarr"):
+        ts.ZarrSource(path).read(range(16))
+
+
+def test_bad_metadata_is_named(tmp_path):
+    path = tmp_path / "m.zarr"
+    zarr.create_array(path, shape=(4, 2), chunks=(2, 2), dtype="f4", zarr_format=3)
+    (path / "zarr.json").write_text("{ not json")
+    with pytest.raises(RuntimeError, match="m.zarr"):
+        ts.ZarrSource(path)
+    os.remove(path / "zarr.json")
+    with pytest.raises(RuntimeError, match="m.zarr"):
+        ts.ZarrSource(path)
