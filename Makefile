@@ -14,7 +14,9 @@ PYTHON_PACKAGES := numpy pytest pytest-timeout scipy pandas h5py hdf5plugin annd
 export PATH := /usr/lib/ccache:$(PATH)
 export MAX_JOBS ?= $(shell nproc)
 
-.PHONY: setup demo test system lint test-python test-cpp clean
+BENCH_PACKAGES := scdataset matplotlib
+
+.PHONY: setup demo test system lint test-python test-cpp bench clean
 
 system:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -52,6 +54,12 @@ test-cpp: system
 	ctest --test-dir tests/cpp/build --output-on-failure
 
 test: lint test-python test-cpp
+
+# Side-by-side benchmarks (tables in benchmarks/results/, see the README).
+bench: setup
+	$(PY) -m pip install -q $(BENCH_PACKAGES)
+	$(PY) benchmarks/plan_throughput.py --json benchmarks/results/plan_throughput.json | tee benchmarks/results/plan_throughput.txt
+	$(PY) benchmarks/storage_throughput.py | tee benchmarks/results/storage_throughput.txt
 
 clean:
 	rm -rf build tests/cpp/build $(VENV) torch_shards/_C*.so torch_shards/_build_info.py *.egg-info

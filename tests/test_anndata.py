@@ -267,3 +267,14 @@ def test_fuzzed_csr_arrays_never_crash(tmp_path):
             # Corruption the checks let through stays within the matrix's shape.
             assert x.shape == (N_OBS, N_VARS)
             assert int(x.col_indices().max()) < N_VARS
+
+
+def test_dense_true_sums_duplicate_entries_like_scipy(tmp_path):
+    # Non-canonical CSR (a column listed twice in a row): toarray() sums them.
+    matrix = sp.csr_matrix(
+        (np.array([1.0, 2.0, 3.0], dtype=np.float32), np.array([1, 1, 0]), np.array([0, 2, 3])), shape=(2, 3)
+    )
+    path = tmp_path / "duplicates.h5ad"
+    ad.AnnData(matrix).write_h5ad(path)
+    got = ts.AnnDataSource(path, dense=True).read([1, 0])["X"]
+    assert torch.equal(got, torch.from_numpy(matrix.toarray()[[1, 0]]))

@@ -28,6 +28,7 @@ def _slice_rows(data, start, stop):
             data.col_indices()[first:last],
             data.values()[first:last],
             (stop - start, data.shape[1]),
+            check_invariants=False,  # checked natively when read
         )
     return data[start:stop]
 

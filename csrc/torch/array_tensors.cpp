@@ -1,8 +1,10 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "array_tensors.h"
 
+#include <ATen/Dispatch_v2.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sparse_csr_tensor.h>
+#include <ATen/ops/zeros.h>
 
 #include <cstring>
 #include <limits>
@@ -61,10 +63,38 @@ at::ScalarType csr_index_type(const io::CsrMatrix& matrix, int64_t values) {
   constexpr int64_t kLimit = std::numeric_limits<int32_t>::max();
   return matrix.num_cols() <= kLimit && values <= kLimit ? at::kInt : at::kLong;
 }
+
+// Adds CSR values into a zeroed dense [rows, columns] tensor (duplicate
+// column entries sum, as scipy's toarray() does), rows split over the pool.
+at::Tensor read_csr_dense(const io::CsrMatrix& matrix, const io::CsrPlan& plan, core::ThreadPool& pool) {
+  const int64_t rows = static_cast<int64_t>(plan.row_offsets.size()) - 1;
+  const int64_t num_columns = matrix.num_cols();
+  const auto options = at::TensorOptions().dtype(to_scalar_type(matrix.value_dtype()));
+  at::Tensor out = at::zeros({rows, num_columns}, options);
+  at::Tensor values = at::empty({plan.nnz()}, options);
+  std::vector<int64_t> columns(static_cast<size_t>(plan.nnz()));
+  matrix.read(plan, columns.data(), sizeof(int64_t), values.data_ptr(), pool);
+  constexpr int64_t kRowsPerTask = 256;
+  AT_DISPATCH_V2(out.scalar_type(), "read_csr_dense", AT_WRAP([&] {
+    const scalar_t* source = values.const_data_ptr<scalar_t>();
+    scalar_t* dest = out.data_ptr<scalar_t>();
+    pool.parallel_for((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task) {
+      for (int64_t row = task * kRowsPerTask; row < std::min(rows, (task + 1) * kRowsPerTask); ++row) {
+        scalar_t* line = dest + row * num_columns;
+        for (int64_t k = plan.row_offsets[row]; k < plan.row_offsets[row + 1]; ++k) {
+          line[columns[k]] = static_cast<scalar_t>(line[columns[k]] + source[k]);
+        }
+      }
+    });
+  }), AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, at::kBool, AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
+  return out;
+}
+
 }  // namespace
 
 at::Tensor read_csr(const io::CsrMatrix& matrix, const std::vector<int64_t>& rows, bool dense, core::ThreadPool& pool) {
   const io::CsrPlan plan = matrix.plan(rows, pool);
+  if (dense) return read_csr_dense(matrix, plan, pool);
   const at::ScalarType index_type = csr_index_type(matrix, plan.nnz());
   const auto index_options = at::TensorOptions().dtype(index_type);
   const int64_t count = static_cast<int64_t>(rows.size());
@@ -78,9 +108,8 @@ at::Tensor read_csr(const io::CsrMatrix& matrix, const std::vector<int64_t>& row
   at::Tensor columns = at::empty({plan.nnz()}, index_options);
   at::Tensor values = at::empty({plan.nnz()}, at::TensorOptions().dtype(to_scalar_type(matrix.value_dtype())));
   matrix.read(plan, columns.data_ptr(), columns.element_size(), values.data_ptr(), pool);
-  at::Tensor sparse = at::sparse_csr_tensor(row_offsets, columns, values, {count, matrix.num_cols()},
-                                            values.options().layout(at::kSparseCsr));
-  return dense ? sparse.to_dense() : sparse;
+  return at::sparse_csr_tensor(row_offsets, columns, values, {count, matrix.num_cols()},
+                               values.options().layout(at::kSparseCsr));
 }
 
 }  // namespace torch_shards::sources
