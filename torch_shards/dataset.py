@@ -161,16 +161,19 @@ class ShardedDataset(IterableDataset):
         return self._batches(self.native.reader(epoch, worker, num_workers, threads))
 
     def _batches(self, reader):
+        transform = self.batch_transform
+        if self.fetch_transform is None:  # batches cut natively
+            while batches := reader.next_batches():
+                for batch in batches:
+                    yield batch if transform is None else transform(batch)
+            return
         batch_size = self.batch_size
-        while True:
-            unit = reader.next()
-            if unit is None:
-                return
+        while (unit := reader.next()) is not None:
             rows = unit["index"].shape[0]
-            data = unit if self.fetch_transform is None else self.fetch_transform(unit)
+            data = self.fetch_transform(unit)
             for start in range(0, rows, batch_size):
                 batch = _slice_rows(data, start, start + batch_size)
-                yield batch if self.batch_transform is None else self.batch_transform(batch)
+                yield batch if transform is None else transform(batch)
 
     def __getstate__(self):
         state = self.__dict__.copy()

@@ -34,6 +34,7 @@ class UnitCursor {
   UnitCursor(std::shared_ptr<const Planner> planner, uint64_t seed, int64_t epoch, int64_t rank, int64_t worker,
              int64_t num_workers);
 
+  const Planner& planner() const { return *planner_; }
   int64_t num_units() const { return num_units_; }
   int64_t position() const { return next_; }
   // Skips units already delivered (e.g. when resuming).

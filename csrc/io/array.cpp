@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <numeric>
 
 #include "../core/errors.h"
@@ -49,7 +50,9 @@ std::vector<uint8_t> Array::read_range(int64_t begin, int64_t end, core::ThreadP
 std::vector<Segment> segments_for_rows(const std::vector<int64_t>& rows, const std::vector<int64_t>& dests) {
   std::vector<size_t> order(rows.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows[a] < rows[b]; });
+  if (!std::is_sorted(rows.begin(), rows.end())) {
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows[a] < rows[b]; });
+  }
   std::vector<Segment> segments;
   for (size_t i : order) {
     if (!segments.empty()) {
@@ -90,6 +93,29 @@ std::vector<Span> plan_spans(const std::vector<Segment>& segments, size_t row_by
     spans.push_back(Span{segment.source, end, i, i + 1});
   }
   return spans;
+}
+
+void read_span(const File& file, int64_t region_offset, const Span& span, const std::vector<Segment>& segments,
+               size_t row_bytes, uint8_t* out, const std::string& what) {
+  const int64_t offset = region_offset + span.begin * static_cast<int64_t>(row_bytes);
+  const size_t bytes = static_cast<size_t>(span.end - span.begin) * row_bytes;
+  const Segment& first = segments[span.first];
+  if (span.last == span.first + 1 && first.source == span.begin && first.length == span.end - span.begin) {
+    file.read_at(offset, bytes, out + first.dest * row_bytes, what);
+    return;
+  }
+  thread_local std::unique_ptr<uint8_t[]> buffer;  // grown, never zero-filled
+  thread_local size_t capacity = 0;
+  if (capacity < bytes) {
+    buffer.reset(new uint8_t[bytes]);
+    capacity = bytes;
+  }
+  file.read_at(offset, bytes, buffer.get(), what);
+  for (size_t i = span.first; i < span.last; ++i) {
+    const Segment& segment = segments[i];
+    std::memcpy(out + segment.dest * row_bytes, buffer.get() + (segment.source - span.begin) * row_bytes,
+                static_cast<size_t>(segment.length) * row_bytes);
+  }
 }
 
 MemoryArray::MemoryArray(ArrayInfo info, std::vector<uint8_t> bytes)

@@ -16,6 +16,7 @@
 
 #include "../core/thread_pool.h"
 #include "dtype.h"
+#include "file.h"
 
 namespace torch_shards::io {
 
@@ -67,13 +68,22 @@ std::vector<Segment> segments_for_rows(const std::vector<int64_t>& rows, const s
 std::vector<Segment> segments_in_delivery_order(const std::vector<int64_t>& rows);
 
 // Consecutive segments grouped into one read when the rows between them cost
-// less to read through than a separate request.
+// less to read through than a separate request: from the page cache a request
+// costs about as much as copying 16 KiB.
+constexpr size_t kMaxGapBytes = 16 << 10;
+constexpr size_t kMaxSpanBytes = 32 << 20;
 struct Span {
   int64_t begin = 0, end = 0;  // source rows
   size_t first = 0, last = 0;  // segments [first, last)
 };
 std::vector<Span> plan_spans(const std::vector<Segment>& segments, size_t row_bytes, size_t max_gap_bytes,
                              size_t max_span_bytes);
+
+// Reads the rows of a span from a region of `file` holding rows contiguously
+// from byte `region_offset` (its row 0), and puts the span's segments in
+// place: straight into `out` when the span is exactly one segment.
+void read_span(const File& file, int64_t region_offset, const Span& span, const std::vector<Segment>& segments,
+               size_t row_bytes, uint8_t* out, const std::string& what);
 
 // Bytes held in memory (small datasets, e.g. HDF5 compact layout).
 class MemoryArray : public Array {

@@ -25,6 +25,10 @@ std::string ChunkStore::describe_chunk(const std::vector<int64_t>& coords) const
   return "chunk " + format_coords(coords);
 }
 
+std::optional<ChunkLocation> ChunkStore::locate(const std::vector<int64_t>& coords) const {
+  throw std::logic_error("this chunk store cannot locate " + describe_chunk(coords));
+}
+
 ChunkedArray::ChunkedArray(ArrayInfo info, std::vector<int64_t> chunk_shape, std::shared_ptr<const ChunkStore> store,
                            std::shared_ptr<const ChunkDecoder> decoder, std::vector<uint8_t> fill_value)
     : Array(std::move(info)),
@@ -47,6 +51,49 @@ ChunkedArray::ChunkedArray(ArrayInfo info, std::vector<int64_t> chunk_shape, std
   }
   chunk_bytes_ = elements * dtype_size(info_.dtype);
   if (fill_value_.size() != dtype_size(info_.dtype)) fill_value_.assign(dtype_size(info_.dtype), 0);
+  whole_rows_ = inner_chunks_ == 1 && std::equal(chunk_shape_.begin() + 1, chunk_shape_.end(), shape.begin() + 1);
+}
+
+void ChunkedArray::read_raw_chunk_rows(int64_t chunk_row, const std::vector<const Segment*>& touching,
+                                       uint8_t* out) const {
+  const size_t row_size = row_bytes();
+  const int64_t first_row = chunk_row * chunk_shape_[0];
+  const int64_t end_row = std::min(first_row + chunk_shape_[0], num_rows());
+  // The requested rows of this chunk, as segments relative to its first row.
+  std::vector<Segment> pieces;
+  for (const Segment* segment : touching) {
+    const int64_t lo = std::max(segment->source, first_row), hi = std::min(segment->source + segment->length, end_row);
+    pieces.push_back(Segment{lo - first_row, hi - lo, segment->dest + lo - segment->source});
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const Segment& a, const Segment& b) { return a.source < b.source; });
+  std::vector<int64_t> coords(info_.shape.size(), 0);
+  coords[0] = chunk_row;
+  std::optional<ChunkLocation> location;
+  try {
+    location = store_->locate(coords);
+  } catch (const ReadError&) {
+    throw;
+  } catch (const std::exception& error) {
+    throw ReadError(concat(where(), ": ", store_->describe_chunk(coords), ": ", error.what()));
+  }
+  if (!location) {  // never written: the fill value
+    const size_t item = fill_value_.size();
+    for (const Segment& piece : pieces) {
+      uint8_t* dest = out + piece.dest * row_size;
+      for (size_t i = 0; i < static_cast<size_t>(piece.length) * row_size; i += item) {
+        std::memcpy(dest + i, fill_value_.data(), item);
+      }
+    }
+    return;
+  }
+  if (static_cast<size_t>(location->size) != chunk_bytes_) {
+    throw ReadError(concat(where(), ": ", store_->describe_chunk(coords), ": stored chunk holds ", location->size,
+                           " bytes, expected ", chunk_bytes_));
+  }
+  const std::string what = concat(info_.path, " ", store_->describe_chunk(coords));
+  for (const Span& span : plan_spans(pieces, row_size, kMaxGapBytes, kMaxSpanBytes)) {
+    read_span(*location->file, location->offset, span, pieces, row_size, out, what);
+  }
 }
 
 void ChunkedArray::copy_row_part(const uint8_t* chunk, int64_t row_in_chunk, const std::vector<int64_t>& inner_coords,
@@ -108,9 +155,14 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
   }
   starts.push_back(touches.size());
   const int64_t chunk_rows = static_cast<int64_t>(starts.size()) - 1;
-  // Whole rows live in one chunk when no inner dimension is split.
-  const bool whole_rows =
-      inner_chunks_ == 1 && std::equal(chunk_shape_.begin() + 1, chunk_shape_.end(), info_.shape.begin() + 1);
+  if (whole_rows_ && decoder_->stores_raw() && store_->can_locate()) {
+    pool.parallel_for(chunk_rows, [&](int64_t group) {
+      std::vector<const Segment*> touching;
+      for (size_t t = starts[group]; t < starts[group + 1]; ++t) touching.push_back(&segments[touches[t].second]);
+      read_raw_chunk_rows(touches[starts[group]].first, touching, out);
+    });
+    return;
+  }
 
   pool.parallel_for(chunk_rows * inner_chunks_, [&](int64_t task) {
     const int64_t group = task / inner_chunks_;
@@ -146,7 +198,7 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
       const int64_t lo = std::max(segment.source, first_row);
       const int64_t hi = std::min(segment.source + segment.length, end_row);
       uint8_t* dest = out + (segment.dest + lo - segment.source) * row_size;
-      if (whole_rows) {
+      if (whole_rows_) {
         std::memcpy(dest, decoded.data() + (lo - first_row) * row_size, (hi - lo) * row_size);
         continue;
       }

@@ -14,9 +14,20 @@
 
 namespace torch_shards::io {
 
+// Where a chunk's stored bytes lie in a file.
+struct ChunkLocation {
+  std::shared_ptr<const File> file;
+  int64_t offset = 0;
+  int64_t size = 0;
+};
+
 class ChunkStore {
  public:
   virtual ~ChunkStore() = default;
+  // Whether locate() works: chunks stored raw can then be read in parts.
+  virtual bool can_locate() const { return false; }
+  // The file and byte range of a chunk, or nullopt if it was never written.
+  virtual std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const;
   // The encoded bytes of the chunk at grid coordinates `coords`, or nullopt
   // if it was never written (the array's fill value stands in for it).
   virtual std::optional<std::vector<uint8_t>> read_chunk(const std::vector<int64_t>& coords) const = 0;
@@ -30,6 +41,9 @@ class ChunkStore {
 class ChunkDecoder {
  public:
   virtual ~ChunkDecoder() = default;
+  // True when decoding is the identity (no filters or codecs, no transpose):
+  // a chunk's rows are then read straight from the file, only those needed.
+  virtual bool stores_raw() const { return false; }
   // Decodes one chunk into exactly out_bytes bytes: the whole chunk's
   // elements in C order, in the array's stored byte order. May reuse
   // `encoded` as scratch.
@@ -53,6 +67,8 @@ class ChunkedArray : public Array {
   void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override;
 
  private:
+  // Reads only the requested rows of chunks stored raw (see ChunkDecoder::stores_raw).
+  void read_raw_chunk_rows(int64_t chunk_row, const std::vector<const Segment*>& touching, uint8_t* out) const;
   // Copies row `row_in_chunk` of a decoded chunk at inner grid position
   // `inner_coords` into its place in an output row.
   void copy_row_part(const uint8_t* chunk, int64_t row_in_chunk, const std::vector<int64_t>& inner_coords,
@@ -65,6 +81,7 @@ class ChunkedArray : public Array {
   std::shared_ptr<const ChunkStore> store_;
   std::shared_ptr<const ChunkDecoder> decoder_;
   std::vector<uint8_t> fill_value_;
+  bool whole_rows_ = false;  // a chunk holds whole rows (no inner dimension is split)
 };
 
 }  // namespace torch_shards::io

@@ -1,8 +1,11 @@
 #include "csr_matrix.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <functional>
 #include <numeric>
+#include <type_traits>
 
 #include "../core/errors.h"
 
@@ -108,9 +111,13 @@ std::string CsrMatrix::where() const {
 }
 
 CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool) const {
+  // Rows already strictly increasing (Streaming) need no sorting or searching.
+  const bool increasing = std::adjacent_find(rows.begin(), rows.end(), std::greater_equal<int64_t>()) == rows.end();
   std::vector<int64_t> unique = rows;
-  std::sort(unique.begin(), unique.end());
-  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  if (!increasing) {
+    std::sort(unique.begin(), unique.end());
+    unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  }
   if (!unique.empty()) {
     core::check_argument(unique.front() >= 0 && unique.back() < num_rows_, where(), ": rows [", unique.front(), ", ",
                          unique.back(), "] outside [0, ", num_rows_, ")");
@@ -145,12 +152,15 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
   plan.row_offsets.assign(rows.size() + 1, 0);
   std::vector<size_t> slot(rows.size());
   for (size_t d = 0; d < rows.size(); ++d) {
-    slot[d] = static_cast<size_t>(std::lower_bound(unique.begin(), unique.end(), rows[d]) - unique.begin());
+    slot[d] =
+        increasing ? d : static_cast<size_t>(std::lower_bound(unique.begin(), unique.end(), rows[d]) - unique.begin());
     plan.row_offsets[d + 1] = plan.row_offsets[d] + sizes[slot[d]];
   }
   std::vector<size_t> order(rows.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows[a] < rows[b]; });
+  if (!increasing) {
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows[a] < rows[b]; });
+  }
   for (size_t d : order) {
     const int64_t length = sizes[slot[d]];
     if (length == 0) continue;
@@ -167,6 +177,53 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
   return plan;
 }
 
+namespace {
+
+// Converts column indices to the output width and checks them against the
+// column count, in one typed pass the compiler vectorises.
+template <typename Stored, typename Out>
+void convert_columns(const Stored* stored, Out* out, int64_t count, int64_t num_cols, const Array& indices) {
+  int64_t low = 0, high = 0;
+  if (count > 0) {
+    low = high = static_cast<int64_t>(stored[0]);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t column = static_cast<int64_t>(stored[i]);
+    low = std::min(low, column);
+    high = std::max(high, column);
+    if constexpr (!std::is_same_v<Stored, Out>) out[i] = static_cast<Out>(column);
+  }
+  if (count > 0 && (low < 0 || high >= num_cols)) {  // uint64 above INT64_MAX arrives negative
+    const int64_t bad = low < 0 ? low : high;
+    throw ReadError(concat(indices.where(), ": column index ", bad, " out of range [0, ", num_cols, ")"));
+  }
+}
+
+template <typename Out>
+void convert_columns(const uint8_t* stored, DType dtype, Out* out, int64_t count, int64_t num_cols,
+                     const Array& indices) {
+  switch (dtype) {
+    case DType::kInt8:
+      return convert_columns(reinterpret_cast<const int8_t*>(stored), out, count, num_cols, indices);
+    case DType::kUInt8:
+      return convert_columns(stored, out, count, num_cols, indices);
+    case DType::kInt16:
+      return convert_columns(reinterpret_cast<const int16_t*>(stored), out, count, num_cols, indices);
+    case DType::kUInt16:
+      return convert_columns(reinterpret_cast<const uint16_t*>(stored), out, count, num_cols, indices);
+    case DType::kInt32:
+      return convert_columns(reinterpret_cast<const int32_t*>(stored), out, count, num_cols, indices);
+    case DType::kUInt32:
+      return convert_columns(reinterpret_cast<const uint32_t*>(stored), out, count, num_cols, indices);
+    case DType::kInt64:
+      return convert_columns(reinterpret_cast<const int64_t*>(stored), out, count, num_cols, indices);
+    default:
+      return convert_columns(reinterpret_cast<const uint64_t*>(stored), out, count, num_cols, indices);
+  }
+}
+
+}  // namespace
+
 void CsrMatrix::read(const CsrPlan& plan, void* indices_out, size_t index_size, void* values_out,
                      core::ThreadPool& pool) const {
   const int64_t nnz = plan.nnz();
@@ -180,17 +237,10 @@ void CsrMatrix::read(const CsrPlan& plan, void* indices_out, size_t index_size, 
     raw = staging.data();
   }
   indices_->read(plan.segments, raw, pool);
-  for (int64_t i = 0; i < nnz; ++i) {
-    const int64_t column = integer_at(raw, stored, static_cast<size_t>(i));
-    if (column < 0 || column >= num_cols_) {
-      throw ReadError(concat(indices_->where(), ": column index ", column, " out of range [0, ", num_cols_, ")"));
-    }
-    if (direct) continue;
-    if (index_size == 4) {
-      static_cast<int32_t*>(indices_out)[i] = static_cast<int32_t>(column);
-    } else {
-      static_cast<int64_t*>(indices_out)[i] = column;
-    }
+  if (index_size == 4) {
+    convert_columns(raw, stored, static_cast<int32_t*>(indices_out), nnz, num_cols_, *indices_);
+  } else {
+    convert_columns(raw, stored, static_cast<int64_t*>(indices_out), nnz, num_cols_, *indices_);
   }
 }
 

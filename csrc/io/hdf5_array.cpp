@@ -131,6 +131,8 @@ class Hdf5FilterDecoder : public ChunkDecoder {
   Hdf5FilterDecoder(std::vector<Filter> filters, size_t element_size)
       : filters_(std::move(filters)), element_size_(element_size) {}
 
+  bool stores_raw() const override { return filters_.empty(); }
+
   void decode(std::vector<uint8_t>& encoded, uint8_t* out, size_t out_bytes) const override {
     decode(encoded, out, out_bytes, 0);
   }
@@ -187,6 +189,14 @@ class Hdf5ChunkStore : public ChunkStore {
     if (entry.address == HADDR_UNDEF) return std::nullopt;
     return file_->read_at(static_cast<int64_t>(entry.address), entry.size,
                           concat("dataset ", path_, " ", ChunkStore::describe_chunk(coords)));
+  }
+
+  bool can_locate() const override { return true; }
+
+  std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const override {
+    const Entry& entry = entries_[linear(coords)];
+    if (entry.address == HADDR_UNDEF) return std::nullopt;
+    return ChunkLocation{file_, static_cast<int64_t>(entry.address), static_cast<int64_t>(entry.size)};
   }
 
   uint32_t skipped_filters(const std::vector<int64_t>& coords) const override {

@@ -906,6 +906,8 @@ class ZarrChunkDecoder : public ChunkDecoder {
     }
   }
 
+  bool stores_raw() const override { return chain_.transposes.empty() && chain_.bytes_codecs.empty(); }
+
   void decode(std::vector<uint8_t>& encoded, uint8_t* out, size_t out_bytes) const override {
     const bool plain = chain_.transposes.empty();
     if (undo_bytes_codecs(chain_.bytes_codecs, encoded, out_bytes, plain ? out : nullptr)) return;
@@ -944,6 +946,13 @@ class ChunkFiles : public ChunkStore {
     if (!file_exists(file)) return std::nullopt;
     return read_whole_file(file);
   }
+  bool can_locate() const override { return true; }
+  std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const override {
+    const std::string path = dir_ + "/" + keys_.key(coords);
+    if (!file_exists(path)) return std::nullopt;
+    auto file = std::make_shared<const File>(path);
+    return ChunkLocation{file, 0, file->size()};
+  }
   std::string describe_chunk(const std::vector<int64_t>& coords) const override {
     return concat("chunk ", format_coords(coords), " (", keys_.key(coords), ")");
   }
@@ -969,6 +978,14 @@ class ShardedChunkStore : public ChunkStore {
   }
 
   std::optional<std::vector<uint8_t>> read_chunk(const std::vector<int64_t>& coords) const override {
+    const std::optional<ChunkLocation> location = locate(coords);
+    if (!location) return std::nullopt;
+    return location->file->read_at(location->offset, static_cast<size_t>(location->size),
+                                   concat("inner chunk ", format_coords(coords)));
+  }
+
+  bool can_locate() const override { return true; }
+  std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const override {
     std::vector<int64_t> shard(coords.size());
     int64_t entry = 0;
     for (size_t d = 0; d < coords.size(); ++d) {
@@ -980,9 +997,8 @@ class ShardedChunkStore : public ChunkStore {
     if (!index->shard_exists) return std::nullopt;
     const auto [offset, nbytes] = index->entries[entry];
     if (offset == kMissingEntry) return std::nullopt;
-    const File file(dir_ + "/" + key);
-    return file.read_at(static_cast<int64_t>(offset), static_cast<size_t>(nbytes),
-                        concat("inner chunk ", format_coords(coords)));
+    return ChunkLocation{std::make_shared<const File>(dir_ + "/" + key), static_cast<int64_t>(offset),
+                         static_cast<int64_t>(nbytes)};
   }
 
   std::string describe_chunk(const std::vector<int64_t>& coords) const override {

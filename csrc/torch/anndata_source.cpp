@@ -35,14 +35,14 @@ std::vector<FieldSpec> AnnDataSource::fields() const {
   return specs;
 }
 
-Batch AnnDataSource::read(const std::vector<int64_t>& rows, core::ThreadPool& pool) const {
+Batch AnnDataSource::read(const std::vector<int64_t>& rows, ReadContext& context) const {
   const int64_t count = static_cast<int64_t>(rows.size());
   const std::vector<io::Segment> segments = io::segments_in_delivery_order(rows);
   Batch batch;
-  batch.insert("X", matrix_.csr ? read_csr(*matrix_.csr, rows, dense_, pool)
-                                : read_dense(*matrix_.dense, segments, count, pool));
+  batch.insert("X", matrix_.csr ? read_csr(*matrix_.csr, rows, dense_, context)
+                                : read_dense(*matrix_.dense, segments, count, context));
   for (const io::ObsColumn& column : obs_) {
-    at::Tensor values = read_dense(*column.values, segments, count, pool);
+    at::Tensor values = read_dense(*column.values, segments, count, context);
     batch.insert(column.name, column.categorical ? values.to(at::kLong) : values);
   }
   return batch;

@@ -33,11 +33,11 @@ std::vector<FieldSpec> ArraySource::fields() const {
   return specs;
 }
 
-Batch ArraySource::read(const std::vector<int64_t>& rows, core::ThreadPool& pool) const {
+Batch ArraySource::read(const std::vector<int64_t>& rows, ReadContext& context) const {
   const std::vector<io::Segment> segments = io::segments_in_delivery_order(rows);
   Batch batch;
   for (const auto& [name, array] : arrays_) {
-    batch.insert(name, read_dense(*array, segments, static_cast<int64_t>(rows.size()), pool));
+    batch.insert(name, read_dense(*array, segments, static_cast<int64_t>(rows.size()), context));
   }
   return batch;
 }

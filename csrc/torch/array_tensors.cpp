@@ -48,11 +48,11 @@ at::ScalarType to_scalar_type(io::DType dtype) {
 }
 
 at::Tensor read_dense(const io::Array& array, const std::vector<io::Segment>& segments, int64_t rows,
-                      core::ThreadPool& pool) {
+                      ReadContext& context) {
   std::vector<int64_t> shape{rows};
   shape.insert(shape.end(), array.info().shape.begin() + 1, array.info().shape.end());
-  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(to_scalar_type(array.info().dtype)));
-  array.read(segments, out.data_ptr(), pool);
+  at::Tensor out = context.tensors.empty(shape, to_scalar_type(array.info().dtype));
+  array.read(segments, out.data_ptr(), context.pool);
   return out;
 }
 
@@ -66,47 +66,51 @@ at::ScalarType csr_index_type(const io::CsrMatrix& matrix, int64_t values) {
 
 // Adds CSR values into a zeroed dense [rows, columns] tensor (duplicate
 // column entries sum, as scipy's toarray() does), rows split over the pool.
-at::Tensor read_csr_dense(const io::CsrMatrix& matrix, const io::CsrPlan& plan, core::ThreadPool& pool) {
+at::Tensor read_csr_dense(const io::CsrMatrix& matrix, const io::CsrPlan& plan, ReadContext& context) {
+  core::ThreadPool& pool = context.pool;
   const int64_t rows = static_cast<int64_t>(plan.row_offsets.size()) - 1;
   const int64_t num_columns = matrix.num_cols();
   const auto options = at::TensorOptions().dtype(to_scalar_type(matrix.value_dtype()));
-  at::Tensor out = at::zeros({rows, num_columns}, options);
+  at::Tensor out = context.tensors.empty({rows, num_columns}, options.dtype().toScalarType());
+  out.zero_();
   at::Tensor values = at::empty({plan.nnz()}, options);
   std::vector<int64_t> columns(static_cast<size_t>(plan.nnz()));
   matrix.read(plan, columns.data(), sizeof(int64_t), values.data_ptr(), pool);
   constexpr int64_t kRowsPerTask = 256;
   AT_DISPATCH_V2(out.scalar_type(), "read_csr_dense", AT_WRAP([&] {
-    const scalar_t* source = values.const_data_ptr<scalar_t>();
-    scalar_t* dest = out.data_ptr<scalar_t>();
-    pool.parallel_for((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task) {
-      for (int64_t row = task * kRowsPerTask; row < std::min(rows, (task + 1) * kRowsPerTask); ++row) {
-        scalar_t* line = dest + row * num_columns;
-        for (int64_t k = plan.row_offsets[row]; k < plan.row_offsets[row + 1]; ++k) {
-          line[columns[k]] = static_cast<scalar_t>(line[columns[k]] + source[k]);
-        }
-      }
-    });
-  }), AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, at::kBool, AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
+                   const scalar_t* source = values.const_data_ptr<scalar_t>();
+                   scalar_t* dest = out.data_ptr<scalar_t>();
+                   pool.parallel_for((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task) {
+                     for (int64_t row = task * kRowsPerTask; row < std::min(rows, (task + 1) * kRowsPerTask); ++row) {
+                       scalar_t* line = dest + row * num_columns;
+                       for (int64_t k = plan.row_offsets[row]; k < plan.row_offsets[row + 1]; ++k) {
+                         line[columns[k]] = static_cast<scalar_t>(line[columns[k]] + source[k]);
+                       }
+                     }
+                   });
+                 }),
+                 AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, at::kBool,
+                 AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
   return out;
 }
 
 }  // namespace
 
-at::Tensor read_csr(const io::CsrMatrix& matrix, const std::vector<int64_t>& rows, bool dense, core::ThreadPool& pool) {
+at::Tensor read_csr(const io::CsrMatrix& matrix, const std::vector<int64_t>& rows, bool dense, ReadContext& context) {
+  core::ThreadPool& pool = context.pool;
   const io::CsrPlan plan = matrix.plan(rows, pool);
-  if (dense) return read_csr_dense(matrix, plan, pool);
+  if (dense) return read_csr_dense(matrix, plan, context);
   const at::ScalarType index_type = csr_index_type(matrix, plan.nnz());
-  const auto index_options = at::TensorOptions().dtype(index_type);
   const int64_t count = static_cast<int64_t>(rows.size());
-  at::Tensor row_offsets = at::empty({count + 1}, index_options);
+  at::Tensor row_offsets = context.tensors.empty({count + 1}, index_type);
   if (index_type == at::kInt) {
     auto* out = row_offsets.data_ptr<int32_t>();
     for (int64_t i = 0; i <= count; ++i) out[i] = static_cast<int32_t>(plan.row_offsets[i]);
   } else {
     std::memcpy(row_offsets.data_ptr<int64_t>(), plan.row_offsets.data(), (count + 1) * sizeof(int64_t));
   }
-  at::Tensor columns = at::empty({plan.nnz()}, index_options);
-  at::Tensor values = at::empty({plan.nnz()}, at::TensorOptions().dtype(to_scalar_type(matrix.value_dtype())));
+  at::Tensor columns = context.tensors.empty({plan.nnz()}, index_type);
+  at::Tensor values = context.tensors.empty({plan.nnz()}, to_scalar_type(matrix.value_dtype()));
   matrix.read(plan, columns.data_ptr(), columns.element_size(), values.data_ptr(), pool);
   return at::sparse_csr_tensor(row_offsets, columns, values, {count, matrix.num_cols()},
                                values.options().layout(at::kSparseCsr));

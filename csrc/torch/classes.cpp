@@ -1,6 +1,7 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "classes.h"
 
+#include <ATen/ops/_sparse_csr_tensor_unsafe.h>
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
@@ -84,7 +85,9 @@ sources::Batch Source::read(const at::Tensor& rows, int64_t num_threads) const {
                          source_->num_rows(), ")");
   }
   core::ThreadPool pool(static_cast<int>(std::max<int64_t>(num_threads, 1) - 1));
-  return source_->read(list, pool);
+  sources::TensorPool tensors;
+  sources::ReadContext context{pool, tensors};
+  return source_->read(list, context);
 }
 
 ShardedDataset::ShardedDataset(c10::intrusive_ptr<Source> source, c10::intrusive_ptr<Strategy> strategy,
@@ -141,14 +144,50 @@ EpochReader::EpochReader(std::shared_ptr<const sources::Source> source, std::sha
     : source_(std::move(source)),
       cursor_(std::move(planner), seed, epoch, rank, worker, num_workers),
       pool_(static_cast<int>(num_threads - 1)),  // the calling thread reads too
-      epoch_(epoch) {}
+      epoch_(epoch),
+      batch_size_(cursor_.planner().layout().batch_size()) {}
 
 std::optional<sources::Batch> EpochReader::next() {
   if (!cursor_.next(unit_, rows_)) return std::nullopt;
   last_padding_ = unit_.padding;
-  sources::Batch batch = source_->read(rows_, pool_);
-  batch.insert("index", to_tensor(rows_));
+  sources::ReadContext context{pool_, tensors_};
+  sources::Batch batch = source_->read(rows_, context);
+  at::Tensor index = tensors_.empty({static_cast<int64_t>(rows_.size())}, at::kLong);
+  std::memcpy(index.data_ptr<int64_t>(), rows_.data(), rows_.size() * sizeof(int64_t));
+  batch.insert("index", index);
   return batch;
+}
+
+namespace {
+
+// Rows [begin, begin + count) of a unit's tensor: a view for dense tensors; for
+// sparse CSR, views of the columns and values with rebased row offsets.
+at::Tensor batch_rows(const at::Tensor& tensor, int64_t begin, int64_t count) {
+  if (tensor.layout() != at::kSparseCsr) return tensor.narrow(0, begin, count);
+  const at::Tensor offsets = tensor.crow_indices();
+  const bool wide = offsets.scalar_type() == at::kLong;
+  const int64_t first = wide ? offsets.data_ptr<int64_t>()[begin] : offsets.data_ptr<int32_t>()[begin];
+  const int64_t last = wide ? offsets.data_ptr<int64_t>()[begin + count] : offsets.data_ptr<int32_t>()[begin + count];
+  return at::_sparse_csr_tensor_unsafe(offsets.narrow(0, begin, count + 1).sub(first),
+                                       tensor.col_indices().narrow(0, first, last - first),
+                                       tensor.values().narrow(0, first, last - first), {count, tensor.size(1)},
+                                       tensor.values().options().layout(at::kSparseCsr));
+}
+
+}  // namespace
+
+c10::List<sources::Batch> EpochReader::next_batches() {
+  c10::List<sources::Batch> batches;
+  const std::optional<sources::Batch> unit = next();
+  if (!unit) return batches;
+  const int64_t rows = static_cast<int64_t>(rows_.size());
+  for (int64_t begin = 0; begin < rows; begin += batch_size_) {
+    const int64_t count = std::min(batch_size_, rows - begin);
+    sources::Batch batch;
+    for (const auto& item : *unit) batch.insert(item.key(), batch_rows(item.value(), begin, count));
+    batches.push_back(std::move(batch));
+  }
+  return batches;
 }
 
 std::string AnnData::categories_json(const std::string& column) const {

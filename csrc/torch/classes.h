@@ -104,6 +104,8 @@ class EpochReader : public torch::CustomClassHolder {
   EpochReader(std::shared_ptr<const sources::Source> source, std::shared_ptr<const core::Planner> planner,
               uint64_t seed, int64_t epoch, int64_t rank, int64_t worker, int64_t num_workers, int64_t num_threads);
   std::optional<sources::Batch> next();
+  // The next unit cut into its batches (views, no copy): empty at the end.
+  c10::List<sources::Batch> next_batches();
   int64_t epoch() const { return epoch_; }
   int64_t num_units() const { return cursor_.num_units(); }
   int64_t units_done() const { return cursor_.position(); }
@@ -115,7 +117,9 @@ class EpochReader : public torch::CustomClassHolder {
   std::shared_ptr<const sources::Source> source_;
   core::UnitCursor cursor_;
   core::ThreadPool pool_;  // started on the first read, inside iteration
+  sources::TensorPool tensors_;
   int64_t epoch_;
+  int64_t batch_size_;
   bool last_padding_ = false;
   core::WorkUnit unit_;
   std::vector<int64_t> rows_;

@@ -93,7 +93,7 @@ CollectionSource::CollectionSource(std::vector<std::shared_ptr<const Source>> pa
   }
 }
 
-Batch CollectionSource::read(const std::vector<int64_t>& rows, core::ThreadPool& pool) const {
+Batch CollectionSource::read(const std::vector<int64_t>& rows, ReadContext& context) const {
   std::vector<PartRows> split(parts_.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     const size_t part =
@@ -103,7 +103,7 @@ Batch CollectionSource::read(const std::vector<int64_t>& rows, core::ThreadPool&
   }
   std::vector<std::pair<PartRows*, Batch>> batches;
   for (size_t p = 0; p < parts_.size(); ++p) {
-    if (!split[p].local.empty()) batches.emplace_back(&split[p], parts_[p]->read(split[p].local, pool));
+    if (!split[p].local.empty()) batches.emplace_back(&split[p], parts_[p]->read(split[p].local, context));
   }
   if (batches.size() == 1) return batches.front().second;  // all rows from one part, already in order
   const int64_t count = static_cast<int64_t>(rows.size());

@@ -16,7 +16,7 @@ class CollectionSource : public Source {
 
   int64_t num_rows() const override { return offsets_.back(); }
   std::vector<FieldSpec> fields() const override { return fields_; }
-  Batch read(const std::vector<int64_t>& rows, core::ThreadPool& pool) const override;
+  Batch read(const std::vector<int64_t>& rows, ReadContext& context) const override;
   std::string describe() const override;
 
  private:

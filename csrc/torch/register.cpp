@@ -205,6 +205,10 @@ TORCH_LIBRARY(torch_shards, m) {
   m.class_<EpochReader>("EpochReader")
       .def("next",
            [](const c10::intrusive_ptr<EpochReader>& self) { return translate_errors([&] { return self->next(); }); })
+      .def("next_batches",
+           [](const c10::intrusive_ptr<EpochReader>& self) {
+             return translate_errors([&] { return self->next_batches(); });
+           })
       .def("epoch", &EpochReader::epoch)
       .def("num_units", &EpochReader::num_units)
       .def("units_done", &EpochReader::units_done)

@@ -13,10 +13,17 @@
 #include <vector>
 
 #include "../core/thread_pool.h"
+#include "tensor_pool.h"
 
 namespace torch_shards::sources {
 
 using Batch = c10::Dict<std::string, at::Tensor>;
+
+// What a read runs on: the threads, and where output tensors come from.
+struct ReadContext {
+  core::ThreadPool& pool;
+  TensorPool& tensors;
+};
 
 struct FieldSpec {
   std::string name;
@@ -35,8 +42,9 @@ class Source {
   virtual int64_t num_rows() const = 0;
   virtual std::vector<FieldSpec> fields() const = 0;
   // One tensor per field, row i of each holding source row rows[i]. Reads
-  // run on `pool` (its threads plus the calling thread).
-  virtual Batch read(const std::vector<int64_t>& rows, core::ThreadPool& pool) const = 0;
+  // run on the context's pool (its threads plus the calling thread) into
+  // tensors from its TensorPool.
+  virtual Batch read(const std::vector<int64_t>& rows, ReadContext& context) const = 0;
   // Canonical description (type, files and their sizes, fields, shapes).
   virtual std::string describe() const = 0;
 

@@ -43,13 +43,21 @@ std::vector<FieldSpec> TensorSource::fields() const {
   return specs;
 }
 
-Batch TensorSource::read(const std::vector<int64_t>& rows, core::ThreadPool&) const {
+Batch TensorSource::read(const std::vector<int64_t>& rows, ReadContext& context) const {
   const auto index = at::from_blob(const_cast<int64_t*>(rows.data()), {static_cast<int64_t>(rows.size())},
                                    at::TensorOptions().dtype(at::kLong));
   Batch out;
   for (const auto& item : fields_) {
     const at::Tensor& tensor = item.value();
-    out.insert(item.key(), at::index_select(tensor, 0, index.to(tensor.device())));
+    if (!tensor.device().is_cpu()) {  // gathered on its own device
+      out.insert(item.key(), at::index_select(tensor, 0, index.to(tensor.device())));
+      continue;
+    }
+    std::vector<int64_t> shape(tensor.sizes().begin(), tensor.sizes().end());
+    shape[0] = static_cast<int64_t>(rows.size());
+    at::Tensor gathered = context.tensors.empty(shape, tensor.scalar_type());
+    at::index_select_out(gathered, tensor, 0, index);
+    out.insert(item.key(), gathered);
   }
   return out;
 }

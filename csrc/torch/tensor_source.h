@@ -13,7 +13,7 @@ class TensorSource : public Source {
   explicit TensorSource(Batch fields);
   int64_t num_rows() const override { return num_rows_; }
   std::vector<FieldSpec> fields() const override;
-  Batch read(const std::vector<int64_t>& rows, core::ThreadPool& pool) const override;
+  Batch read(const std::vector<int64_t>& rows, ReadContext& context) const override;
   std::string describe() const override;
 
  private:

@@ -932,7 +932,7 @@ TEST(ZarrErrors, CorruptChunks) {
       s + "/short", to_bytes(values), shape, chunks, 4, [](const Shape& c) { return v2_key(c, '.'); },
       [](const Bytes& in) { return Bytes(in.begin(), in.end() - 3); },
       [](const Shape& c) { return c[0] == 0; });  // only chunk (1,) is on disk
-  expect_read_error(read("/short"), s, "/short", "chunk (1,) (1): decodes to 13 bytes, expected 16");
+  expect_read_error(read("/short"), s, "/short", "chunk (1,) (1): stored chunk holds 13 bytes, expected 16");
 
   write_json(s + "/zstd/.zarray", v2_metadata(shape, chunks, "<i4", {{"id", "zstd"}}));
   write_chunks(

@@ -1,0 +1,39 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include "tensor_pool.h"
+
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+
+namespace torch_shards::sources {
+
+at::Tensor TensorPool::empty(at::IntArrayRef shape, at::ScalarType dtype) {
+  int64_t numel = 1;
+  for (int64_t size : shape) numel *= size;
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  // Storages moved elsewhere (to shared memory, to send them) are never reused: let them go.
+  kept_.erase(
+      std::remove_if(kept_.begin(), kept_.end(), [](const Kept& kept) { return kept.storage.data() != kept.data; }),
+      kept_.end());
+  // Reuse a storage only we hold, big enough but not wastefully bigger.
+  for (Kept& kept : kept_) {
+    const size_t capacity = kept.storage.nbytes();
+    if (kept.storage.use_count() == 1 && capacity >= bytes && capacity <= 2 * bytes + 4096) {
+      at::Tensor tensor = at::empty({0}, at::TensorOptions().dtype(dtype));
+      tensor.set_(kept.storage, 0, shape);
+      return tensor;
+    }
+  }
+  at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(dtype).pinned_memory(pinned_));
+  if (kept_.size() == max_kept_) kept_.erase(kept_.begin());  // the oldest goes
+  kept_.push_back(Kept{tensor.storage(), tensor.storage().data()});
+  return tensor;
+}
+
+size_t TensorPool::bytes_kept() const {
+  size_t total = 0;
+  for (const Kept& kept : kept_) total += kept.storage.nbytes();
+  return total;
+}
+
+}  // namespace torch_shards::sources
