@@ -1,6 +1,7 @@
 """Runs a function on W real torch.distributed ranks (gloo, CPU) and gathers
 what each rank returns. Used by the multi-process tests."""
 
+import datetime
 import os
 import pickle
 import socket
@@ -22,7 +23,8 @@ def _rank_main(rank, world_size, port, function, args, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     result = None
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        # A collective that waits this long means ranks stepped unequally: fail instead of hanging.
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60))
         result = ("ok", function(rank, world_size, *args))
     except BaseException as error:  # reported to the parent, with the rank
         result = ("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}")

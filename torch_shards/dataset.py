@@ -8,7 +8,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from . import _convert
 from ._library import classes
-from .distributed import resolve_rank_and_world_size, resolve_seed
+from .distributed import covers, resolve_group, resolve_rank_and_world_size, resolve_seed
 from .epochs import EpochCounter
 from .sources import Source, TensorSource
 from .strategies import Strategy
@@ -58,10 +58,14 @@ class ShardedDataset(IterableDataset):
         drop_last: drop the epoch's single short batch, if any.
         even_batches: "pad" (short ranks repeat one batch), "drop" (long ranks
             drop one) or None (uneven; for single-process or evaluation).
-        seed: base seed; None draws one (rank 0's, shared over the default
-            process group when one is initialised).
-        rank, world_size: explicit, else the default process group, else the
+        seed: base seed; None draws one (rank 0's, broadcast over the process
+            group when one is initialised).
+        rank, world_size: explicit, else the process group, else the
             RANK/WORLD_SIZE environment variables, else 0 and 1.
+        process_group: the torch.distributed group the ranks belong to (default:
+            the default group, when initialised). At construction the ranks
+            agree on the seed and check, over this group, that they all read
+            the same data with the same arguments; loading never communicates.
         num_threads: threads reading one worker's data (None: this process's
             CPUs shared among the DataLoader workers).
         fetch_transform: called on each unit read at once (a fetch, or a lone
@@ -85,6 +89,7 @@ class ShardedDataset(IterableDataset):
         seed=None,
         rank=None,
         world_size=None,
+        process_group=None,
         num_threads=None,
         fetch_transform=None,
         batch_transform=None,
@@ -109,14 +114,19 @@ class ShardedDataset(IterableDataset):
         self.fetch_factor = _convert.check_int("ShardedDataset: fetch_factor", fetch_factor, 1)
         self.drop_last = drop_last
         self.even_batches = even_batches
-        self.rank, self.world_size = resolve_rank_and_world_size(rank, world_size)
+        group = resolve_group(process_group)
+        self.rank, self.world_size = resolve_rank_and_world_size(rank, world_size, group=group)
         self.num_threads = _convert.optional_int("ShardedDataset: num_threads", num_threads, 1)
         self.fetch_transform = fetch_transform
         self.batch_transform = batch_transform
-        self.seed = resolve_seed(seed)
+        # The ranks share the group only if it is exactly their set of ranks.
+        group = group if covers(group, self.rank, self.world_size) else None
+        self.seed = resolve_seed(seed, group)
         self._epochs = EpochCounter()
         self._native_object = None
         self._native_object = self._build()  # validates the whole configuration now
+        if group is not None and self.world_size > 1:
+            self._native_object.check_consistency(group.group_name)
 
     def _build(self):
         return classes.ShardedDataset(

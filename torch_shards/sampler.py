@@ -7,7 +7,7 @@ import math
 from torch.utils.data import Sampler
 
 from . import _convert
-from .distributed import resolve_rank_and_world_size
+from .distributed import check_same_on_all_ranks, covers, resolve_group, resolve_rank_and_world_size
 from .strategies import BlockShuffling, Strategy, Streaming
 
 # Indices are produced natively in chunks of this many, then yielded as ints.
@@ -28,7 +28,9 @@ class DistributedSampler(Sampler):
     The epoch advances at every ``__iter__``; ``set_epoch(e)`` pins the next one
     (so code that calls it every epoch, as torch requires, keeps working).
     ``num_replicas``/``rank`` default to the process group, then the
-    RANK/WORLD_SIZE environment variables, then 1 and 0.
+    RANK/WORLD_SIZE environment variables, then 1 and 0. With a process group
+    (``process_group=``, default: the default group) the ranks check at
+    construction that they sample the same dataset length, strategy and seed.
     """
 
     def __init__(
@@ -41,8 +43,10 @@ class DistributedSampler(Sampler):
         drop_last=False,
         *,
         strategy=None,
+        process_group=None,
     ):
-        rank, num_replicas = resolve_rank_and_world_size(rank, num_replicas, who="DistributedSampler")
+        group = resolve_group(process_group)
+        rank, num_replicas = resolve_rank_and_world_size(rank, num_replicas, who="DistributedSampler", group=group)
         if strategy is not None and not isinstance(strategy, Strategy):
             raise TypeError(
                 f"DistributedSampler: strategy must be a torch_shards strategy, got {type(strategy).__name__}"
@@ -67,6 +71,14 @@ class DistributedSampler(Sampler):
         self.total_size = self.num_samples * self.num_replicas
         self.epoch = 0
         self._next_epoch = 0
+        if covers(group, rank, num_replicas) and num_replicas > 1:
+            check_same_on_all_ranks(self._fingerprint(), group, "DistributedSampler")
+
+    def _fingerprint(self):
+        return (
+            f"rows: {self.num_rows}\nstrategy: {self.strategy!r}\nplan entries: {self.plan_size}\n"
+            f"num_replicas: {self.num_replicas}\nseed: {self.seed}\ndrop_last: {self.drop_last}"
+        )
 
     def __iter__(self):
         self.epoch = self._next_epoch

@@ -19,9 +19,7 @@ void ContiguousArray::read_raw(const std::vector<Segment>& segments, uint8_t* ou
   const size_t row_size = row_bytes();
   const std::vector<Span> spans = plan_spans(segments, row_size, kMaxGapBytes, kMaxSpanBytes);
   pool.parallel_for(static_cast<int64_t>(spans.size()), [&](int64_t s) {
-    const Span& span = spans[s];
-    read_span(*file_, offset_, span, segments, row_size, out,
-              "rows [" + std::to_string(span.begin) + ", " + std::to_string(span.end) + ") of " + info_.path);
+    read_span(*file_, offset_, spans[s], segments, row_size, out, info_.path);  // File adds the offsets on error
   });
 }
 

@@ -2,9 +2,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "../core/errors.h"
@@ -14,7 +19,78 @@ namespace torch_shards::io {
 using core::concat;
 using core::ReadError;
 
-File::File(std::string path) : path_(std::move(path)) {
+namespace {
+
+std::atomic<int> cached_pid{0};
+
+void refresh_pid_after_fork() { cached_pid.store(static_cast<int>(::getpid())); }
+
+// SIGBUS during a copy from a mapping (the file shrank, the storage failed)
+// jumps back to the copy's caller instead of killing the process. Other
+// SIGBUS go to whichever handler was installed before.
+thread_local sigjmp_buf* guarded_copy_target = nullptr;
+struct sigaction previous_sigbus {};
+
+void on_sigbus(int signal, siginfo_t* info, void* context) {
+  if (guarded_copy_target != nullptr) siglongjmp(*guarded_copy_target, 1);
+  if (previous_sigbus.sa_flags & SA_SIGINFO) {
+    previous_sigbus.sa_sigaction(signal, info, context);
+  } else if (previous_sigbus.sa_handler != SIG_DFL && previous_sigbus.sa_handler != SIG_IGN) {
+    previous_sigbus.sa_handler(signal);
+  } else {
+    ::signal(SIGBUS, SIG_DFL);
+    ::raise(SIGBUS);
+  }
+}
+
+void install_sigbus_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction action {};
+    action.sa_sigaction = on_sigbus;
+    action.sa_flags = SA_SIGINFO | SA_NODEFER;  // NODEFER: jumping out leaves SIGBUS unblocked
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGBUS, &action, &previous_sigbus);
+  });
+}
+
+bool guarded_copy(void* out, const void* in, size_t bytes) {
+  sigjmp_buf target;
+  if (sigsetjmp(target, 0) != 0) {
+    guarded_copy_target = nullptr;
+    return false;
+  }
+  guarded_copy_target = &target;
+  // The handler reads the target: keep the stores around the copy (the
+  // compiler would otherwise drop the first one as dead).
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(out, in, bytes);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  guarded_copy_target = nullptr;
+  return true;
+}
+
+bool mapping_enabled() {
+  static const bool enabled = [] {
+    const char* setting = std::getenv("TORCH_SHARDS_MMAP");
+    return setting == nullptr || std::strcmp(setting, "0") != 0;
+  }();
+  return enabled;
+}
+
+}  // namespace
+
+int current_process_id() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    refresh_pid_after_fork();
+    pthread_atfork(nullptr, nullptr, refresh_pid_after_fork);
+  });
+  return cached_pid.load(std::memory_order_relaxed);
+}
+
+File::File(std::string path, Access access)
+    : path_(std::move(path)), map_(access == Access::kMapped && mapping_enabled()) {
   const int fd = descriptor();
   struct stat info {};
   if (::fstat(fd, &info) != 0) throw ReadError(concat(path_, ": cannot stat: ", std::strerror(errno)));
@@ -22,12 +98,31 @@ File::File(std::string path) : path_(std::move(path)) {
 }
 
 File::~File() {
-  // A descriptor inherited from the parent is closed too: it is this process's copy.
+  // A descriptor or mapping inherited from the parent is this process's copy: release it too.
+  if (const uint8_t* mapped = mapped_.load()) ::munmap(const_cast<uint8_t*>(mapped), static_cast<size_t>(size_));
   if (fd_ >= 0) ::close(fd_);
 }
 
+const uint8_t* File::mapping() const {
+  if (!map_ || size_ == 0) return nullptr;
+  if (const uint8_t* mapped = mapped_.load(std::memory_order_acquire)) return mapped;
+  const int fd = descriptor();  // before the lock: descriptor() takes it to reopen in a new process
+  std::lock_guard<std::mutex> lock(open_mutex_);
+  if (mapping_failed_) return nullptr;
+  if (mapped_.load() == nullptr) {
+    void* address = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd, 0);
+    if (address == MAP_FAILED) {
+      mapping_failed_ = true;  // e.g. a file system without mmap: pread it is
+      return nullptr;
+    }
+    install_sigbus_handler();
+    mapped_.store(static_cast<const uint8_t*>(address), std::memory_order_release);
+  }
+  return mapped_.load();
+}
+
 int File::descriptor() const {
-  const int pid = static_cast<int>(::getpid());
+  const int pid = current_process_id();
   if (owner_pid_.load(std::memory_order_acquire) == pid) return fd_.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(open_mutex_);
   if (owner_pid_.load(std::memory_order_relaxed) != pid) {
@@ -44,6 +139,13 @@ void File::read_at(int64_t offset, size_t bytes, void* out, const std::string& w
   if (offset < 0 || offset + static_cast<int64_t>(bytes) > size_) {
     throw ReadError(concat(path_, ": ", what, " needs bytes [", offset, ", ", offset + static_cast<int64_t>(bytes),
                            ") but the file has ", size_, " bytes (truncated or corrupt)"));
+  }
+  if (const uint8_t* mapped = mapping()) {
+    if (!guarded_copy(out, mapped + offset, bytes)) {
+      throw ReadError(concat(path_, ": reading ", what, " (bytes [", offset, ", ", offset + static_cast<int64_t>(bytes),
+                             ")) failed: the file shrank or its storage failed while mapped"));
+    }
+    return;
   }
   auto* cursor = static_cast<uint8_t*>(out);
   size_t done = 0;

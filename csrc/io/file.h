@@ -1,6 +1,10 @@
-// Read-only files read with pread: no shared offset, so one descriptor serves
-// many threads. A process that did not open the descriptor itself (a forked
-// DataLoader worker) opens its own on first use.
+// Read-only files. Reads use pread (no shared offset: one descriptor serves
+// many threads; a forked process opens its own descriptor on first use), or,
+// for long-lived files opened with Access::kMapped, a copy from a read-only
+// mapping of the file: no system call and no page-cache lookup per read once
+// the pages are mapped, which matters for many small random reads. A mapped
+// read that faults (the file shrank, the storage failed) is turned into a
+// ReadError instead of a SIGBUS. TORCH_SHARDS_MMAP=0 turns mapping off.
 #pragma once
 
 #include <atomic>
@@ -14,8 +18,9 @@ namespace torch_shards::io {
 
 class File {
  public:
+  enum class Access { kRead, kMapped };
   // Opens path for reading; throws ReadError naming the file if it cannot.
-  explicit File(std::string path);
+  explicit File(std::string path, Access access = Access::kRead);
   ~File();
   File(const File&) = delete;
   File& operator=(const File&) = delete;
@@ -28,14 +33,21 @@ class File {
   std::vector<uint8_t> read_at(int64_t offset, size_t bytes, const std::string& what) const;
 
  private:
-  int descriptor() const;  // this process's descriptor
+  int descriptor() const;          // this process's descriptor
+  const uint8_t* mapping() const;  // the mapping (made on first use), or null to use pread
 
   std::string path_;
   int64_t size_ = 0;
+  bool map_ = false;
   mutable std::mutex open_mutex_;
   mutable std::atomic<int> fd_{-1};
   mutable std::atomic<int> owner_pid_{0};
+  mutable std::atomic<const uint8_t*> mapped_{nullptr};
+  mutable bool mapping_failed_ = false;
 };
+
+// This process's id, cached (getpid is a system call) and refreshed after fork.
+int current_process_id();
 
 // Reads a whole (small) file; throws ReadError naming it.
 std::vector<uint8_t> read_whole_file(const std::string& path);

@@ -352,7 +352,8 @@ std::shared_ptr<const Array> open_hdf5_array(hid_t file_id, const std::string& f
       H5Eclear2(H5E_DEFAULT);
       return library_read("no storage allocated");
     }
-    return std::make_shared<ContiguousArray>(info, std::make_shared<File>(file), static_cast<int64_t>(offset));
+    return std::make_shared<ContiguousArray>(info, std::make_shared<File>(file, File::Access::kMapped),
+                                             static_cast<int64_t>(offset));
   }
   if (layout == H5D_CHUNKED) {
     const std::vector<Filter> filters = dataset_filters(dcpl.get());
@@ -377,7 +378,8 @@ std::shared_ptr<const Array> open_hdf5_array(hid_t file_id, const std::string& f
       if (H5Pget_fill_value(dcpl.get(), type.get(), fill.data()) < 0) H5Eclear2(H5E_DEFAULT);
     }
     auto entries = tabulate_chunks(dataset.get(), chunk_shape, grid);
-    auto store = std::make_shared<Hdf5ChunkStore>(std::make_shared<File>(file), path, grid, std::move(entries));
+    auto store = std::make_shared<Hdf5ChunkStore>(std::make_shared<File>(file, File::Access::kMapped), path, grid,
+                                                  std::move(entries));
     auto decoder = std::make_shared<Hdf5FilterDecoder>(filters, dtype_size(info.dtype));
     return std::make_shared<ChunkedArray>(info, chunk_shape, store, decoder, fill);
   }

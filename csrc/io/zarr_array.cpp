@@ -965,6 +965,7 @@ class ChunkFiles : public ChunkStore {
 // Where each inner chunk of one shard lies in the shard file.
 struct ShardIndex {
   bool shard_exists = false;
+  std::shared_ptr<const File> file;                    // kept open (and mapped) while the store lives
   std::vector<std::pair<uint64_t, uint64_t>> entries;  // (offset, nbytes); kMissingEntry twice: never written
 };
 
@@ -997,8 +998,7 @@ class ShardedChunkStore : public ChunkStore {
     if (!index->shard_exists) return std::nullopt;
     const auto [offset, nbytes] = index->entries[entry];
     if (offset == kMissingEntry) return std::nullopt;
-    return ChunkLocation{std::make_shared<const File>(dir_ + "/" + key), static_cast<int64_t>(offset),
-                         static_cast<int64_t>(nbytes)};
+    return ChunkLocation{index->file, static_cast<int64_t>(offset), static_cast<int64_t>(nbytes)};
   }
 
   std::string describe_chunk(const std::vector<int64_t>& coords) const override {
@@ -1031,7 +1031,8 @@ class ShardedChunkStore : public ChunkStore {
     const std::string path = dir_ + "/" + key;
     if (!file_exists(path)) return index;
     index->shard_exists = true;
-    const File file(path);
+    index->file = std::make_shared<const File>(path, File::Access::kMapped);
+    const File& file = *index->file;
     const size_t entry_bytes = static_cast<size_t>(inner_chunks_) * 16;
     const size_t index_bytes = entry_bytes + (layout_.index_crc32c ? 4 : 0);
     if (static_cast<uint64_t>(file.size()) < index_bytes) {

@@ -10,6 +10,7 @@
 
 #include "../core/errors.h"
 #include "anndata_source.h"
+#include "process_group.h"
 
 namespace torch_shards {
 namespace {
@@ -95,18 +96,30 @@ ShardedDataset::ShardedDataset(c10::intrusive_ptr<Source> source, c10::intrusive
                                const std::string& even_batches, int64_t seed, int64_t rank, int64_t world_size)
     : source_(source->get()),
       strategy_description_(strategy->describe()),
-      even_batches_(even_batches),
       seed_(static_cast<uint64_t>(seed)),
       rank_(rank) {
-  core::LoaderOptions options;
-  options.batch_size = batch_size;
-  options.fetch_factor = fetch_factor;
-  options.drop_last = drop_last;
-  options.even_batches = core::parse_even_batches(even_batches);
-  core::check_loader_options(options, world_size);
+  options_.batch_size = batch_size;
+  options_.fetch_factor = fetch_factor;
+  options_.drop_last = drop_last;
+  options_.even_batches = core::parse_even_batches(even_batches);
+  core::check_loader_options(options_, world_size);
   core::check_argument(rank >= 0 && rank < world_size, "rank must be in [0, world_size=", world_size, "), got ", rank);
   auto plan = strategy->get()->bind(source_->num_rows());
-  planner_ = std::make_shared<const core::Planner>(std::move(plan), options, world_size);
+  planner_ = std::make_shared<const core::Planner>(std::move(plan), options_, world_size);
+}
+
+std::string ShardedDataset::fingerprint() const {
+  const auto& layout = planner_->layout();
+  return core::concat("rows: ", source_->num_rows(), "\nsource: ", source_->describe(),
+                      "\nstrategy: ", strategy_description_, "\nplan entries: ", layout.plan_size(),
+                      "\nbatch_size: ", options_.batch_size, "\nfetch_factor: ", options_.fetch_factor,
+                      "\ndrop_last: ", options_.drop_last ? "True" : "False",
+                      "\neven_batches: ", core::to_string(options_.even_batches), "\nworld_size: ", layout.world_size(),
+                      "\nseed: ", seed_);
+}
+
+void ShardedDataset::check_consistency(const std::string& group_name) const {
+  check_same_on_all_ranks(fingerprint(), group_name, "ShardedDataset");
 }
 
 int64_t ShardedDataset::worker_batches(int64_t worker, int64_t num_workers) const {
@@ -126,9 +139,9 @@ at::Tensor ShardedDataset::fetch_rows(int64_t epoch, int64_t fetch) const {
 std::string ShardedDataset::describe() const {
   const auto& layout = planner_->layout();
   return core::concat("ShardedDataset(source=", source_->describe(), ", strategy=", strategy_description_,
-                      ", batch_size=", layout.batch_size(),
-                      ", fetch_factor=", layout.fetch_size() / layout.batch_size(), ", even_batches=", even_batches_,
-                      ", rank=", rank_, ", world_size=", layout.world_size(), ")");
+                      ", batch_size=", layout.batch_size(), ", fetch_factor=", options_.fetch_factor,
+                      ", even_batches=", core::to_string(options_.even_batches), ", rank=", rank_,
+                      ", world_size=", layout.world_size(), ")");
 }
 
 c10::intrusive_ptr<EpochReader> ShardedDataset::reader(int64_t epoch, int64_t worker, int64_t num_workers,

@@ -81,6 +81,13 @@ class ShardedDataset : public torch::CustomClassHolder {
   // Rows of fetch f of an epoch, in delivery order.
   at::Tensor fetch_rows(int64_t epoch, int64_t fetch) const;
   std::string describe() const;
+  // What this rank is about to read, one "key: value" line per property that
+  // must agree across ranks (rows, source and files, strategy, loader
+  // arguments, world size, seed).
+  std::string fingerprint() const;
+  // All-gathers the fingerprints over the named process group and throws on
+  // every rank, naming the first difference, if any rank disagrees.
+  void check_consistency(const std::string& group_name) const;
   // One worker's pass over one epoch, reading with num_threads threads.
   c10::intrusive_ptr<EpochReader> reader(int64_t epoch, int64_t worker, int64_t num_workers, int64_t num_threads) const;
 
@@ -91,7 +98,7 @@ class ShardedDataset : public torch::CustomClassHolder {
   std::shared_ptr<const sources::Source> source_;
   std::string strategy_description_;
   std::shared_ptr<const core::Planner> planner_;
-  std::string even_batches_;
+  core::LoaderOptions options_;
   uint64_t seed_;
   int64_t rank_;
 };

@@ -234,6 +234,11 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("num_global_batches", &ShardedDataset::num_global_batches)
       .def("num_batches", &ShardedDataset::num_batches)
       .def("describe", &ShardedDataset::describe)
+      .def("fingerprint", &ShardedDataset::fingerprint)
+      .def("check_consistency",
+           [](const c10::intrusive_ptr<ShardedDataset>& self, const std::string& group_name) {
+             translate_errors([&] { self->check_consistency(group_name); });
+           })
       .def("worker_batches",
            [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t worker, int64_t num_workers) {
              return translate_errors([&] { return self->worker_batches(worker, num_workers); });
@@ -293,8 +298,13 @@ TORCH_LIBRARY(torch_shards, m) {
                                                 worker_id);
         });
       });
-  m.def("broadcast_seed(int seed, str group_name) -> int",
-        [](int64_t seed, std::string group_name) { return broadcast_seed(seed, group_name); });
+  m.def("broadcast_seed(int seed, str group_name) -> int", [](int64_t seed, std::string group_name) {
+    return translate_errors([&] { return broadcast_seed(seed, group_name); });
+  });
+  m.def("check_same_on_all_ranks(str fingerprint, str group_name, str who) -> ()",
+        [](std::string fingerprint, std::string group_name, std::string who) {
+          translate_errors([&] { check_same_on_all_ranks(fingerprint, group_name, who); });
+        });
 }
 
 }  // namespace torch_shards
