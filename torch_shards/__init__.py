@@ -2,6 +2,7 @@
 
 from ._library import LIBRARY_PATH
 from .dataset import ShardedDataset
+from .monitor import MonitoredLoader
 from .sampler import DistributedSampler
 from .sources import AnnDataSource, Collection, HDF5Source, Source, TensorSource, ZarrSource, open
 from .strategies import (
@@ -25,6 +26,7 @@ __all__ = [
     "BlockWeightedSampling",
     "ClassBalancedSampling",
     "DistributedSampler",
+    "MonitoredLoader",
     "ShardedDataset",
     "Source",
     "Strategy",

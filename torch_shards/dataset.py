@@ -2,6 +2,7 @@
 partitioned exactly once across ranks and DataLoader workers."""
 
 import os
+import warnings
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -10,10 +11,12 @@ from . import _convert
 from ._library import classes
 from .distributed import covers, resolve_group, resolve_rank_and_world_size, resolve_seed
 from .epochs import EpochCounter
+from .monitor import DeliveryCounters
 from .sources import Source, TensorSource
 from .strategies import Strategy
 
 _EVEN_BATCHES = {"pad": "pad", "drop": "drop", None: "none"}
+_POLL_MS = 100
 
 
 def _slice_rows(data, start, stop):
@@ -66,8 +69,16 @@ class ShardedDataset(IterableDataset):
             the default group, when initialised). At construction the ranks
             agree on the seed and check, over this group, that they all read
             the same data with the same arguments; loading never communicates.
-        num_threads: threads reading one worker's data (None: this process's
-            CPUs shared among the DataLoader workers).
+        num_threads: native threads reading for one process (None: this
+            process's CPUs shared among the DataLoader workers).
+        prefetch: units (fetches) read ahead by the native threads while the
+            training loop runs; 0 reads each one when it is asked for.
+        prefetch_bytes: queued bytes beyond which no new unit is started (one
+            unit is always allowed): memory stays bounded by this budget plus
+            one unit per thread, whatever the dataset's size.
+        pin_memory: assemble batches in (recycled) pinned host memory, for fast
+            asynchronous copies to the GPU. In the process iterating the dataset
+            (num_workers=0); a no-op, with a warning, when torch has no CUDA.
         fetch_transform: called on each unit read at once (a fetch, or a lone
             batch at the epoch's tail) as a dict of tensors; must keep the rows
             (their number and order) and return a dict or something sliceable.
@@ -91,6 +102,9 @@ class ShardedDataset(IterableDataset):
         world_size=None,
         process_group=None,
         num_threads=None,
+        prefetch=2,
+        prefetch_bytes=1 << 30,
+        pin_memory=False,
         fetch_transform=None,
         batch_transform=None,
     ):
@@ -117,12 +131,26 @@ class ShardedDataset(IterableDataset):
         group = resolve_group(process_group)
         self.rank, self.world_size = resolve_rank_and_world_size(rank, world_size, group=group)
         self.num_threads = _convert.optional_int("ShardedDataset: num_threads", num_threads, 1)
+        self.prefetch = _convert.check_int("ShardedDataset: prefetch", prefetch, 0)
+        self.prefetch_bytes = _convert.check_int("ShardedDataset: prefetch_bytes", prefetch_bytes, 0)
+        if not isinstance(pin_memory, bool):
+            raise TypeError(f"ShardedDataset: pin_memory must be a bool, got {pin_memory!r}")
+        if pin_memory and not torch.cuda.is_available():
+            warnings.warn(
+                "ShardedDataset: pin_memory=True has no effect: this torch has no CUDA device, batches stay in "
+                "pageable memory",
+                stacklevel=2,
+            )
+            pin_memory = False
+        self.pin_memory = pin_memory
         self.fetch_transform = fetch_transform
         self.batch_transform = batch_transform
         # The ranks share the group only if it is exactly their set of ranks.
         group = group if covers(group, self.rank, self.world_size) else None
         self.seed = resolve_seed(seed, group)
         self._epochs = EpochCounter()
+        self._counters = DeliveryCounters()
+        self._readers = []
         self._native_object = None
         self._native_object = self._build()  # validates the whole configuration now
         if group is not None and self.world_size > 1:
@@ -168,26 +196,49 @@ class ShardedDataset(IterableDataset):
         info = get_worker_info()
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
         threads = self.num_threads or max(1, _available_cpus() // num_workers)
-        return self._batches(self.native.reader(epoch, worker, num_workers, threads))
+        pinned = self.pin_memory and info is None  # workers' batches travel through shared memory instead
+        reader = self.native.reader(epoch, worker, num_workers, threads, self.prefetch, self.prefetch_bytes, pinned)
+        self._readers.append(reader)
+        return self._batches(reader, DeliveryCounters.MAIN if info is None else worker)
 
-    def _batches(self, reader):
+    def _batches(self, reader, slot):
         transform = self.batch_transform
-        if self.fetch_transform is None:  # batches cut natively
-            while batches := reader.next_batches():
-                for batch in batches:
+        counters = self._counters
+        try:
+            if self.fetch_transform is None:  # batches cut natively
+                while True:
+                    # Short waits: a KeyboardInterrupt is handled between them.
+                    batches = reader.poll_batches(_POLL_MS)
+                    if batches is None:
+                        continue
+                    if not batches:
+                        return
+                    for batch in batches:
+                        counters.add(slot, batch["index"].shape[0])
+                        yield batch if transform is None else transform(batch)
+            batch_size = self.batch_size
+            while (unit := reader.next()) is not None:
+                rows = unit["index"].shape[0]
+                data = self.fetch_transform(unit)
+                for start in range(0, rows, batch_size):
+                    batch = _slice_rows(data, start, start + batch_size)
+                    counters.add(slot, min(batch_size, rows - start))
                     yield batch if transform is None else transform(batch)
-            return
-        batch_size = self.batch_size
-        while (unit := reader.next()) is not None:
-            rows = unit["index"].shape[0]
-            data = self.fetch_transform(unit)
-            for start in range(0, rows, batch_size):
-                batch = _slice_rows(data, start, start + batch_size)
-                yield batch if transform is None else transform(batch)
+        finally:
+            # Ended, broken out of, deleted or interrupted: stop the reader threads now.
+            reader.close()
+            self._readers = [active for active in self._readers if active is not reader]
+
+    def reader_stats(self):
+        """Counters of this process's active iterations, one dict each: units,
+        rows and bytes delivered, queue_depth, in_flight, wait_us (time the
+        loop waited for data), read_us, threads and thread<k>_units."""
+        return [dict(reader.stats()) for reader in self._readers]
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_native_object"] = None
+        state["_readers"] = []
         return state
 
     def __repr__(self):

@@ -27,6 +27,18 @@ void Planner::fetch_rows(uint64_t seed, int64_t epoch, int64_t fetch, std::vecto
   }
 }
 
+void Planner::unit_rows(uint64_t seed, int64_t epoch, const WorkUnit& unit, FetchCache& cache,
+                        std::vector<int64_t>& rows) const {
+  if (unit.fetch != cache.fetch) {
+    fetch_rows(seed, epoch, unit.fetch, cache.rows);
+    cache.fetch = unit.fetch;
+  }
+  const int64_t begin = unit.first_batch * layout_.batch_size();
+  const int64_t end =
+      std::min<int64_t>(begin + unit.num_batches * layout_.batch_size(), static_cast<int64_t>(cache.rows.size()));
+  rows.assign(cache.rows.begin() + begin, cache.rows.begin() + end);
+}
+
 UnitCursor::UnitCursor(std::shared_ptr<const Planner> planner, uint64_t seed, int64_t epoch, int64_t rank,
                        int64_t worker, int64_t num_workers)
     : planner_(std::move(planner)),
@@ -50,16 +62,8 @@ void UnitCursor::skip(int64_t units) {
 
 bool UnitCursor::next(WorkUnit& unit, std::vector<int64_t>& rows) {
   if (next_ >= num_units_) return false;
-  const EpochLayout& layout = planner_->layout();
-  unit = layout.worker_unit(rank_, worker_, num_workers_, next_++);
-  if (unit.fetch != cached_fetch_) {
-    planner_->fetch_rows(seed_, epoch_, unit.fetch, cached_rows_);
-    cached_fetch_ = unit.fetch;
-  }
-  const int64_t begin = unit.first_batch * layout.batch_size();
-  const int64_t end =
-      std::min<int64_t>(begin + unit.num_batches * layout.batch_size(), static_cast<int64_t>(cached_rows_.size()));
-  rows.assign(cached_rows_.begin() + begin, cached_rows_.begin() + end);
+  unit = planner_->layout().worker_unit(rank_, worker_, num_workers_, next_++);
+  planner_->unit_rows(seed_, epoch_, unit, cache_, rows);
   return true;
 }
 

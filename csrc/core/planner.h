@@ -12,6 +12,13 @@
 
 namespace torch_shards::core {
 
+// The rows of the last fetch computed, kept by each caller: consecutive
+// tail batches often come from one fetch.
+struct FetchCache {
+  int64_t fetch = -1;
+  std::vector<int64_t> rows;
+};
+
 class Planner {
  public:
   Planner(std::shared_ptr<const SamplingPlan> plan, const LoaderOptions& options, int64_t world_size);
@@ -22,6 +29,9 @@ class Planner {
   // The rows of fetch f in delivery order: read in ascending order, then (for
   // shuffling strategies) permuted by a permutation keyed by (seed, epoch, f).
   void fetch_rows(uint64_t seed, int64_t epoch, int64_t fetch, std::vector<int64_t>& rows) const;
+  // The rows a unit delivers, in delivery order.
+  void unit_rows(uint64_t seed, int64_t epoch, const WorkUnit& unit, FetchCache& cache,
+                 std::vector<int64_t>& rows) const;
 
  private:
   std::shared_ptr<const SamplingPlan> plan_;
@@ -51,9 +61,7 @@ class UnitCursor {
   int64_t num_workers_;
   int64_t num_units_;
   int64_t next_ = 0;
-  // Tail batches of one fetch often follow each other: keep its rows.
-  int64_t cached_fetch_ = -1;
-  std::vector<int64_t> cached_rows_;
+  FetchCache cache_;
 };
 
 }  // namespace torch_shards::core

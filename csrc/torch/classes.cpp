@@ -1,7 +1,6 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "classes.h"
 
-#include <ATen/ops/_sparse_csr_tensor_unsafe.h>
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
@@ -145,62 +144,8 @@ std::string ShardedDataset::describe() const {
 }
 
 c10::intrusive_ptr<EpochReader> ShardedDataset::reader(int64_t epoch, int64_t worker, int64_t num_workers,
-                                                       int64_t num_threads) const {
-  core::check_argument(epoch >= 0, "epoch must be >= 0, got ", epoch);
-  core::check_argument(num_threads >= 1, "num_threads must be >= 1, got ", num_threads);
-  return c10::make_intrusive<EpochReader>(source_, planner_, seed_, epoch, rank_, worker, num_workers, num_threads);
-}
-
-EpochReader::EpochReader(std::shared_ptr<const sources::Source> source, std::shared_ptr<const core::Planner> planner,
-                         uint64_t seed, int64_t epoch, int64_t rank, int64_t worker, int64_t num_workers,
-                         int64_t num_threads)
-    : source_(std::move(source)),
-      cursor_(std::move(planner), seed, epoch, rank, worker, num_workers),
-      pool_(static_cast<int>(num_threads - 1)),  // the calling thread reads too
-      epoch_(epoch),
-      batch_size_(cursor_.planner().layout().batch_size()) {}
-
-std::optional<sources::Batch> EpochReader::next() {
-  if (!cursor_.next(unit_, rows_)) return std::nullopt;
-  last_padding_ = unit_.padding;
-  sources::ReadContext context{pool_, tensors_};
-  sources::Batch batch = source_->read(rows_, context);
-  at::Tensor index = tensors_.empty({static_cast<int64_t>(rows_.size())}, at::kLong);
-  std::memcpy(index.data_ptr<int64_t>(), rows_.data(), rows_.size() * sizeof(int64_t));
-  batch.insert("index", index);
-  return batch;
-}
-
-namespace {
-
-// Rows [begin, begin + count) of a unit's tensor: a view for dense tensors; for
-// sparse CSR, views of the columns and values with rebased row offsets.
-at::Tensor batch_rows(const at::Tensor& tensor, int64_t begin, int64_t count) {
-  if (tensor.layout() != at::kSparseCsr) return tensor.narrow(0, begin, count);
-  const at::Tensor offsets = tensor.crow_indices();
-  const bool wide = offsets.scalar_type() == at::kLong;
-  const int64_t first = wide ? offsets.data_ptr<int64_t>()[begin] : offsets.data_ptr<int32_t>()[begin];
-  const int64_t last = wide ? offsets.data_ptr<int64_t>()[begin + count] : offsets.data_ptr<int32_t>()[begin + count];
-  return at::_sparse_csr_tensor_unsafe(offsets.narrow(0, begin, count + 1).sub(first),
-                                       tensor.col_indices().narrow(0, first, last - first),
-                                       tensor.values().narrow(0, first, last - first), {count, tensor.size(1)},
-                                       tensor.values().options().layout(at::kSparseCsr));
-}
-
-}  // namespace
-
-c10::List<sources::Batch> EpochReader::next_batches() {
-  c10::List<sources::Batch> batches;
-  const std::optional<sources::Batch> unit = next();
-  if (!unit) return batches;
-  const int64_t rows = static_cast<int64_t>(rows_.size());
-  for (int64_t begin = 0; begin < rows; begin += batch_size_) {
-    const int64_t count = std::min(batch_size_, rows - begin);
-    sources::Batch batch;
-    for (const auto& item : *unit) batch.insert(item.key(), batch_rows(item.value(), begin, count));
-    batches.push_back(std::move(batch));
-  }
-  return batches;
+                                                       const ReaderOptions& options) const {
+  return c10::make_intrusive<EpochReader>(source_, planner_, seed_, epoch, rank_, worker, num_workers, options);
 }
 
 std::string AnnData::categories_json(const std::string& column) const {

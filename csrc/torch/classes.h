@@ -14,6 +14,7 @@
 #include "../core/strategy.h"
 #include "../core/thread_pool.h"
 #include "../io/anndata.h"
+#include "epoch_reader.h"
 #include "source.h"
 
 namespace torch_shards {
@@ -59,8 +60,6 @@ class Source : public torch::CustomClassHolder {
   std::shared_ptr<const sources::Source> source_;
 };
 
-class EpochReader;
-
 // torch.classes.torch_shards.ShardedDataset: one rank's view of a source read
 // through a strategy. Iteration state lives in EpochReader.
 class ShardedDataset : public torch::CustomClassHolder {
@@ -88,8 +87,9 @@ class ShardedDataset : public torch::CustomClassHolder {
   // All-gathers the fingerprints over the named process group and throws on
   // every rank, naming the first difference, if any rank disagrees.
   void check_consistency(const std::string& group_name) const;
-  // One worker's pass over one epoch, reading with num_threads threads.
-  c10::intrusive_ptr<EpochReader> reader(int64_t epoch, int64_t worker, int64_t num_workers, int64_t num_threads) const;
+  // One worker's pass over one epoch.
+  c10::intrusive_ptr<EpochReader> reader(int64_t epoch, int64_t worker, int64_t num_workers,
+                                         const ReaderOptions& options) const;
 
   const std::shared_ptr<const sources::Source>& source() const { return source_; }
   const std::shared_ptr<const core::Planner>& planner() const { return planner_; }
@@ -101,35 +101,6 @@ class ShardedDataset : public torch::CustomClassHolder {
   core::LoaderOptions options_;
   uint64_t seed_;
   int64_t rank_;
-};
-
-// torch.classes.torch_shards.EpochReader: one worker's pass over one epoch.
-// next() returns the rows of the next unit (a whole fetch, or one batch at
-// the epoch's tail) with an "index" field, or None at the end.
-class EpochReader : public torch::CustomClassHolder {
- public:
-  EpochReader(std::shared_ptr<const sources::Source> source, std::shared_ptr<const core::Planner> planner,
-              uint64_t seed, int64_t epoch, int64_t rank, int64_t worker, int64_t num_workers, int64_t num_threads);
-  std::optional<sources::Batch> next();
-  // The next unit cut into its batches (views, no copy): empty at the end.
-  c10::List<sources::Batch> next_batches();
-  int64_t epoch() const { return epoch_; }
-  int64_t num_units() const { return cursor_.num_units(); }
-  int64_t units_done() const { return cursor_.position(); }
-  void skip_units(int64_t units) { cursor_.skip(units); }
-  // Whether the unit returned last repeats a batch of another rank (even_batches="pad").
-  bool last_was_padding() const { return last_padding_; }
-
- private:
-  std::shared_ptr<const sources::Source> source_;
-  core::UnitCursor cursor_;
-  core::ThreadPool pool_;  // started on the first read, inside iteration
-  sources::TensorPool tensors_;
-  int64_t epoch_;
-  int64_t batch_size_;
-  bool last_padding_ = false;
-  core::WorkUnit unit_;
-  std::vector<int64_t> rows_;
 };
 
 // torch.classes.torch_shards.AnnData: an opened .h5ad file or AnnData zarr

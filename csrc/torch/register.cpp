@@ -209,6 +209,12 @@ TORCH_LIBRARY(torch_shards, m) {
            [](const c10::intrusive_ptr<EpochReader>& self) {
              return translate_errors([&] { return self->next_batches(); });
            })
+      .def("poll_batches",
+           [](const c10::intrusive_ptr<EpochReader>& self, int64_t timeout_ms) {
+             return translate_errors([&] { return self->poll_batches(timeout_ms); });
+           })
+      .def("close", [](const c10::intrusive_ptr<EpochReader>& self) { self->close(); })
+      .def("stats", &EpochReader::stats)
       .def("epoch", &EpochReader::epoch)
       .def("num_units", &EpochReader::num_units)
       .def("units_done", &EpochReader::units_done)
@@ -245,10 +251,14 @@ TORCH_LIBRARY(torch_shards, m) {
            })
       .def("fetch_rows", [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t epoch,
                             int64_t fetch) { return translate_errors([&] { return self->fetch_rows(epoch, fetch); }); })
-      .def("reader", [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t epoch, int64_t worker,
-                        int64_t num_workers, int64_t num_threads) {
-        return translate_errors([&] { return self->reader(epoch, worker, num_workers, num_threads); });
-      });
+      .def("reader",
+           [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t epoch, int64_t worker, int64_t num_workers,
+              int64_t num_threads, int64_t prefetch, int64_t prefetch_bytes, bool pin_memory) {
+             return translate_errors([&] {
+               return self->reader(epoch, worker, num_workers,
+                                   ReaderOptions{num_threads, prefetch, prefetch_bytes, pin_memory});
+             });
+           });
 
   m.def("streaming(bool shuffle=False, Tensor? indices=None) -> __torch__.torch.classes.torch_shards.Strategy",
         &streaming);

@@ -1,0 +1,306 @@
+"""The native prefetch pipeline (num_workers=0 or direct iteration): same
+batches as the other modes, bounded memory, errors and every way of stopping
+handled; and MonitoredLoader's figures."""
+
+import gc
+import os
+import signal
+import threading
+import time
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from conftest import STRATEGIES, make_strategy, rows_source
+from torch.utils.data import DataLoader
+
+import torch_shards as ts
+
+
+def native_threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def wait_for_threads(count, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while native_threads() > count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return native_threads()
+
+
+def batches(dataset, **loader_kwargs):
+    if loader_kwargs:
+        return [tuple(b["index"].tolist()) for b in DataLoader(dataset, batch_size=None, **loader_kwargs)]
+    return [tuple(b["index"].tolist()) for b in dataset]
+
+
+def dataset(source, strategy, **kwargs):
+    arguments = dict(batch_size=7, fetch_factor=3, seed=11)
+    arguments.update(kwargs)
+    return ts.ShardedDataset(source, strategy, **arguments)
+
+
+@pytest.mark.parametrize("strategy_name", STRATEGIES)
+def test_prefetched_batches_equal_on_demand_and_worker_batches(strategy_name):
+    source = rows_source(200)
+    reference = None
+    for threads, prefetch in [(1, 0), (3, 0), (1, 1), (2, 2), (3, 5)]:
+        ds = dataset(source, make_strategy(strategy_name, 200), num_threads=threads, prefetch=prefetch)
+        ds.set_epoch(4)
+        got = batches(ds)
+        reference = reference or got
+        assert got == reference, (threads, prefetch)
+    ds = dataset(source, make_strategy(strategy_name, 200), num_threads=2, prefetch=2)
+    ds.set_epoch(4)
+    in_workers = batches(ds, num_workers=2, multiprocessing_context="fork")
+    assert sorted(in_workers) == sorted(reference)
+
+
+def test_prefetched_files_read_like_on_demand(tmp_path):
+    path = tmp_path / "x.h5"
+    data = np.random.default_rng(0).standard_normal((500, 9)).astype(np.float32)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(32, 9), compression="gzip")
+    for prefetch in (0, 3):
+        ds = dataset(ts.HDF5Source(path, "x"), ts.BlockShuffling(5), prefetch=prefetch, num_threads=2)
+        for batch in ds:
+            assert torch.equal(batch["X"], torch.from_numpy(data[batch["index"].numpy()]))
+
+
+def test_len_and_epochs_hold_with_prefetching():
+    ds = dataset(rows_source(100), ts.BlockShuffling(4), prefetch=3, num_threads=2)
+    epochs = [batches(ds) for _ in range(3)]
+    assert all(len(e) == len(ds) for e in epochs)
+    assert len({tuple(e) for e in epochs}) == 3 and ds.epoch == 2
+
+
+def test_queued_memory_stays_within_the_budget():
+    # Units of 40 rows x 1000 float64 = 320 kB; a 1 MB budget admits ~3 beyond the first.
+    source = ts.TensorSource(torch.zeros(4000, 1000, dtype=torch.float64))
+    unit_bytes = 40 * 1000 * 8 + 40 * 8
+    ds = ts.ShardedDataset(
+        source,
+        ts.Streaming(),
+        batch_size=40,
+        fetch_factor=1,
+        seed=0,
+        num_threads=3,
+        prefetch=50,
+        prefetch_bytes=1_000_000,
+    )
+    peak = 0
+    for i, _ in enumerate(ds):
+        if i % 5 == 0:
+            time.sleep(0.02)  # a slow step: the readers run ahead until the budget stops them
+        for stats in ds.reader_stats():
+            peak = max(peak, stats["queued_bytes"] + stats["in_flight"] * unit_bytes)
+    assert 0 < peak <= 1_000_000 + 3 * unit_bytes
+
+
+def corrupt_file(tmp_path):
+    """A gzip HDF5 dataset whose chunk 5 (rows 80..95) is corrupt."""
+    path = tmp_path / "corrupt.h5"
+    data = np.random.default_rng(1).standard_normal((320, 16)).astype(np.float32)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(16, 16), compression="gzip")
+        info = f["x"].id.get_chunk_info(5)
+    raw = bytearray(path.read_bytes())
+    for offset in range(info.byte_offset + 8, info.byte_offset + info.size - 8):
+        raw[offset] ^= 0xA5
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def test_an_error_in_a_reader_thread_reaches_the_loop_with_its_file(tmp_path):
+    path = corrupt_file(tmp_path)
+    baseline = native_threads()
+    ds = ts.ShardedDataset(
+        ts.HDF5Source(path, "x"), ts.Streaming(), batch_size=16, fetch_factor=1, seed=0, num_threads=3, prefetch=4
+    )
+    seen = 0
+    with pytest.raises(RuntimeError, match=r"corrupt.h5:/x: chunk \(5, 0\)"):
+        for batch in ds:
+            seen += batch["index"].shape[0]
+    assert seen == 80  # every unit before the corrupt one arrived, in order
+    assert wait_for_threads(baseline) <= baseline
+
+
+@pytest.mark.timeout(60)
+def test_breaking_out_and_deleting_iterators_stop_the_threads():
+    source = ts.TensorSource(torch.zeros(20000, 100))
+    baseline = native_threads()
+    ds = ts.ShardedDataset(source, ts.BlockShuffling(8), batch_size=10, seed=0, num_threads=3, prefetch=4)
+    for i, _ in enumerate(ds):
+        if i == 5:
+            assert native_threads() >= baseline + 3
+            break
+    gc.collect()
+    assert wait_for_threads(baseline) <= baseline
+    iterator = iter(ds)
+    next(iterator)
+    assert native_threads() >= baseline + 3
+    del iterator
+    gc.collect()
+    assert wait_for_threads(baseline) <= baseline
+    assert ds.reader_stats() == []
+
+
+@pytest.mark.timeout(60)
+def test_keyboard_interrupt_while_waiting_stops_promptly(tmp_path):
+    # Slow units: 4096 rows of incompressible float32 through gzip, one thread.
+    path = tmp_path / "slow.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset(
+            "x",
+            data=np.random.default_rng(2).standard_normal((40960, 512)).astype(np.float32),
+            chunks=(512, 512),
+            compression="gzip",
+            compression_opts=9,
+        )
+    baseline = native_threads()
+    ds = ts.ShardedDataset(
+        ts.HDF5Source(path, "x"), ts.Streaming(), batch_size=4096, fetch_factor=1, seed=0, num_threads=1, prefetch=2
+    )
+    iterator = iter(ds)
+    next(iterator)
+    timer = threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in iterator:
+            pass
+    assert time.monotonic() - start < 5
+    del iterator
+    gc.collect()
+    assert wait_for_threads(baseline, timeout=10) <= baseline
+
+
+def test_two_iterators_over_one_dataset_both_work():
+    ds = dataset(rows_source(90), ts.BlockShuffling(3), prefetch=2, num_threads=2)
+    first, second = iter(ds), iter(ds)
+    a, b = [], []
+    for x, y in zip(first, second):
+        a.append(x["index"].tolist())
+        b.append(y["index"].tolist())
+    assert sorted(r for batch in a for r in batch) == list(range(90))
+    assert sorted(r for batch in b for r in batch) == list(range(90))
+    assert a != b  # two iterations, two epochs
+
+
+@pytest.mark.timeout(120)
+def test_forked_workers_start_while_reader_threads_run():
+    source = rows_source(300)
+    ds = dataset(source, ts.BlockShuffling(4), prefetch=3, num_threads=3)
+    running = iter(ds)
+    first = next(running)  # reader threads are running in this process now
+    forked = batches(ds, num_workers=2, multiprocessing_context="fork")
+    assert sorted(r for batch in forked for r in batch) == list(range(300))
+    rest = [first["index"].tolist()] + [b["index"].tolist() for b in running]
+    assert sorted(r for batch in rest for r in batch) == list(range(300))
+
+
+def test_pin_memory_without_cuda_warns_and_keeps_batches_pageable():
+    if torch.cuda.is_available():
+        pytest.skip("this torch has CUDA: see test_pin_memory_gives_pinned_batches")
+    with pytest.warns(UserWarning, match="pin_memory=True has no effect"):
+        ds = dataset(rows_source(30), ts.Streaming(), pin_memory=True)
+    assert not any(b["X"].is_pinned() for b in ds)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pin_memory_gives_pinned_batches():
+    ds = dataset(rows_source(300), ts.BlockShuffling(4), pin_memory=True, prefetch=2, num_threads=2)
+    for batch in ds:
+        assert batch["X"].is_pinned() and batch["index"].is_pinned()
+        batch["X"].to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
+
+
+def test_bad_pipeline_arguments_are_named():
+    for kwargs, message in [
+        (dict(prefetch=-1), "prefetch must be >= 0, got -1"),
+        (dict(prefetch_bytes=-5), "prefetch_bytes must be >= 0, got -5"),
+        (dict(num_threads=0), "num_threads must be >= 1, got 0"),
+        (dict(pin_memory="yes"), "pin_memory must be a bool"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=message):
+            dataset(rows_source(10), ts.Streaming(), **kwargs)
+
+
+# ---- MonitoredLoader --------------------------------------------------------------------------------------
+
+
+class SlowLoader:
+    """Yields batches of 32 rows x 1000 bytes after `load` seconds each."""
+
+    def __init__(self, batches, load):
+        self.count, self.load = batches, load
+
+    def __len__(self):
+        return self.count
+
+    def __iter__(self):
+        for i in range(self.count):
+            time.sleep(self.load)
+            yield {"X": torch.zeros(32, 250), "index": torch.arange(32) + 32 * i}
+
+
+def test_monitor_measures_waiting_throughput_and_bytes():
+    monitor = ts.MonitoredLoader(SlowLoader(60, load=0.01), log_every=20)
+    assert len(monitor) == 60
+    payloads = []
+    for _ in monitor:
+        time.sleep(0.01)  # compute as long as loading: half the step waits for data
+        payload = monitor.mark_step(extra={"train/loss": 1.5})
+        if payload is not None:
+            payloads.append(payload)
+    assert len(payloads) == 3
+    for payload in payloads:
+        assert payload["train/loss"] == 1.5
+        assert 0.35 < payload["data/wait_fraction"] < 0.65
+        assert payload["data/batches"] == 20
+        rate = payload["data/samples_per_s"]
+        assert 32 / 0.03 < rate < 32 / 0.015  # one batch per ~20 ms step
+        assert payload["data/mb_per_s"] == pytest.approx(rate * 1000 / 1e6, rel=0.01)
+    summary = monitor.summary()
+    assert summary["data/batches"] == 60
+
+
+def test_monitor_without_waiting_reports_a_small_wait_fraction():
+    monitor = ts.MonitoredLoader(SlowLoader(30, load=0.0), log_every=30)
+    for _ in monitor:
+        time.sleep(0.005)
+        payload = monitor.mark_step()
+    assert payload["data/wait_fraction"] < 0.1
+
+
+def test_monitor_counts_per_worker_and_per_thread_batches():
+    ds = dataset(rows_source(2000), ts.BlockShuffling(8), batch_size=20, fetch_factor=2, num_threads=2, prefetch=2)
+    monitor = ts.MonitoredLoader(
+        DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork"), log_every=25
+    )
+    totals = {}
+    for _ in monitor:
+        payload = monitor.mark_step()
+        if payload:
+            for key, value in payload.items():
+                if key.startswith("data/worker"):
+                    totals[key] = totals.get(key, 0) + value
+    assert set(totals) == {"data/worker0/batches", "data/worker1/batches"}
+    assert sum(totals.values()) >= 100 - 2 * 10  # all but what the last window still holds
+    in_process = ts.MonitoredLoader(ds, log_every=50)
+    threads = {}
+    for _ in in_process:
+        payload = in_process.mark_step()
+        if payload:
+            for key, value in payload.items():
+                if key.startswith("data/thread"):
+                    threads[key] = threads.get(key, 0) + value
+            assert payload["data/main/batches"] == 50
+    assert set(threads) == {"data/thread0/units", "data/thread1/units"} and sum(threads.values()) > 0
+
+
+def test_monitor_rejects_bad_log_every():
+    with pytest.raises(ValueError, match="log_every must be an int >= 1, got 0"):
+        ts.MonitoredLoader([], log_every=0)

@@ -1,0 +1,179 @@
+"""Loader monitoring: is data loading what slows training down?
+
+``MonitoredLoader`` wraps a DataLoader (or a ShardedDataset) and measures, per
+window of ``log_every`` steps, samples/s, MB/s, the fraction of the step time
+spent waiting for data, how many batches are ready ahead of the loop, and how
+much each DataLoader worker (or native reader thread) delivered.
+"""
+
+import time
+
+import torch
+
+MAX_SLOTS = 257  # DataLoader workers 0..255, then the process iterating in place
+
+
+class DeliveryCounters:
+    """Batches and rows delivered by each worker of a dataset, in shared memory
+    so the main process sees what its DataLoader workers (fork or spawn,
+    persistent or not) produced."""
+
+    MAIN = MAX_SLOTS - 1
+
+    def __init__(self):
+        self.counts = torch.zeros(MAX_SLOTS, 2, dtype=torch.int64).share_memory_()
+        self._view = None
+
+    def add(self, slot, rows):
+        if self._view is None:  # a numpy view: a few hundred ns per batch
+            self._view = self.counts.numpy()
+        self._view[slot, 0] += 1
+        self._view[slot, 1] += rows
+
+    def snapshot(self):
+        return self.counts.clone()
+
+    def __getstate__(self):
+        return {"counts": self.counts, "_view": None}
+
+
+def _rows_and_bytes(batch):
+    """(rows, bytes) of a batch: a dict of tensors, a tensor, or a sequence of them."""
+    if isinstance(batch, dict):
+        values = list(batch.values())
+        index = batch.get("index")
+        rows = int(index.shape[0]) if isinstance(index, torch.Tensor) else None
+    elif isinstance(batch, (list, tuple)):
+        values, rows = list(batch), None
+    else:
+        values, rows = [batch], None
+    total = 0
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if value.layout == torch.sparse_csr:
+                parts = (value.crow_indices(), value.col_indices(), value.values())
+                total += sum(part.numel() * part.element_size() for part in parts)
+            else:
+                total += value.numel() * value.element_size()
+            if rows is None and value.dim() > 0:
+                rows = int(value.shape[0])
+    return rows or 0, total
+
+
+class MonitoredLoader:
+    """Iterates ``loader`` and measures it.
+
+    ``len(monitored) == len(loader)``, so ``tqdm(monitored)`` shows a real
+    progress bar. Call ``mark_step(extra=None)`` once per training step: every
+    ``log_every`` steps it returns a dict for your logger (with ``extra``
+    merged in), else None. ``summary()`` gives the totals so far.
+
+    Metrics (prefix ``data/``): ``samples_per_s``, ``mb_per_s``,
+    ``wait_fraction`` (time blocked waiting for the next batch / step time),
+    ``steps_per_s``; for a ShardedDataset also ``ready_batches`` (batches its
+    DataLoader workers produced that the loop has not consumed yet),
+    ``queue_depth`` (units its native reader threads hold ready), per worker
+    ``worker<k>/batches`` and per reader thread ``thread<k>/units`` in the
+    window.
+    """
+
+    def __init__(self, loader, *, log_every=100, dataset=None, prefix="data/"):
+        from .dataset import ShardedDataset
+
+        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+            raise ValueError(f"MonitoredLoader: log_every must be an int >= 1, got {log_every!r}")
+        self.loader = loader
+        self.log_every = log_every
+        self.prefix = prefix
+        if dataset is None:
+            dataset = loader if isinstance(loader, ShardedDataset) else getattr(loader, "dataset", None)
+        self.dataset = dataset if isinstance(dataset, ShardedDataset) else None
+        self._steps = 0
+        self._total = {"samples": 0, "bytes": 0, "wait": 0.0, "batches": 0, "start": None}
+        self._baseline = None  # delivery counts when monitoring began
+        self._reset_window()
+
+    def __len__(self):
+        return len(self.loader)
+
+    def _reset_window(self):
+        self._window = {"samples": 0, "bytes": 0, "wait": 0.0, "batches": 0, "start": time.perf_counter()}
+        self._window_counts = self.dataset._counters.snapshot() if self.dataset is not None else None
+        self._window_threads = self._thread_units()
+
+    def _thread_units(self):
+        units = {}
+        if self.dataset is None:
+            return units
+        for stats in self.dataset.reader_stats():
+            for key, value in stats.items():
+                if key.startswith("thread") and key.endswith("_units"):
+                    units[key] = units.get(key, 0) + value
+        return units
+
+    def __iter__(self):
+        if self._total["start"] is None:
+            self._total["start"] = time.perf_counter()
+            if self.dataset is not None:
+                self._baseline = self.dataset._counters.snapshot()
+        iterator = iter(self.loader)
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            waited = time.perf_counter() - start
+            rows, size = _rows_and_bytes(batch)
+            for totals in (self._window, self._total):
+                totals["samples"] += rows
+                totals["bytes"] += size
+                totals["wait"] += waited
+                totals["batches"] += 1
+            yield batch
+
+    def mark_step(self, extra=None):
+        """Marks the end of a training step; every log_every steps returns the window's metrics."""
+        self._steps += 1
+        if self._steps % self.log_every:
+            return None
+        payload = self._metrics(self._window)
+        payload.update(self._workers())
+        if extra:
+            payload.update(extra)
+        self._reset_window()
+        return payload
+
+    def summary(self):
+        """Totals since the first batch."""
+        return self._metrics(self._total)
+
+    def _metrics(self, totals):
+        elapsed = max(time.perf_counter() - (totals["start"] or time.perf_counter()), 1e-9)
+        p = self.prefix
+        return {
+            f"{p}samples_per_s": totals["samples"] / elapsed,
+            f"{p}mb_per_s": totals["bytes"] / 1e6 / elapsed,
+            f"{p}wait_fraction": min(1.0, totals["wait"] / elapsed),
+            f"{p}steps_per_s": totals["batches"] / elapsed,
+            f"{p}batches": totals["batches"],
+        }
+
+    def _workers(self):
+        p = self.prefix
+        out = {}
+        if self.dataset is None:
+            return out
+        now = self.dataset._counters.snapshot()
+        delivered = now - self._window_counts
+        for slot in torch.nonzero(delivered[:, 0]).flatten().tolist():
+            name = "main" if slot == DeliveryCounters.MAIN else f"worker{slot}"
+            out[f"{p}{name}/batches"] = int(delivered[slot, 0])
+        # Produced by the workers since monitoring began, not consumed yet.
+        produced = int((now - self._baseline)[:, 0].sum()) if self._baseline is not None else 0
+        out[f"{p}ready_batches"] = max(0, produced - self._total["batches"])
+        out[f"{p}queue_depth"] = sum(stats.get("queue_depth", 0) for stats in self.dataset.reader_stats())
+        threads = self._thread_units()
+        for key, value in sorted(threads.items()):
+            out[f"{p}{key[: -len('_units')]}/units"] = value - self._window_threads.get(key, 0)
+        return out
