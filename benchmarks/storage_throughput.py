@@ -12,13 +12,16 @@ For each block size, every method reads --seconds worth of batches of 256 rows
 (fetch_factor 16) in the block-shuffled order and reports samples/s and MB/s
 (bytes of the rows as stored: values + column indices for CSR):
 
-  torch_shards         ShardedDataset(AnnDataSource / HDF5Source), sparse CSR batches
-  torch_shards dense   the same with dense=True (what the others return)
+  torch_shards threads ShardedDataset(AnnDataSource / HDF5Source) iterated in-process: the native
+                       prefetch pipeline on --cores threads; sparse CSR batches
+  torch_shards workers the same through DataLoader(num_workers=--cores), one thread per worker
+  torch_shards dense   threads, with dense=True (dense rows, what the others return)
   scDataset            scDataset over backed AnnData with adata_to_mindex (its documented setup)
   map-style h5py       DataLoader(Dataset reading one row per __getitem__ through h5py, batch_size=256)
   raw page cache       the same bytes read sequentially with large preads (the limit for Streaming)
 
-Every method gets the same cores: torch_shards threads, DataLoader workers otherwise.
+Every method gets the same cores: threads for "torch_shards threads", DataLoader worker
+processes otherwise.
 annbatch needs Python >= 3.12 and is reported as not installed where it cannot be.
 """
 
@@ -92,7 +95,8 @@ def run_for(iterator, seconds, rows_of):
     return samples, (time.perf_counter() - start) if start else 0.0
 
 
-def torch_shards_reader(source, block_size, cores, seconds):
+def torch_shards_reader(source, block_size, cores, seconds, workers=0):
+    """In-process (native threads, workers=0) or through DataLoader worker processes."""
     import torch_shards as ts
 
     strategy = ts.Streaming() if block_size is None else ts.BlockShuffling(block_size)
@@ -102,23 +106,26 @@ def torch_shards_reader(source, block_size, cores, seconds):
         batch_size=BATCH_SIZE,
         fetch_factor=FETCH_FACTOR,
         seed=0,
-        num_threads=cores,
+        num_threads=cores if workers == 0 else max(1, cores // workers),
         rank=0,
         world_size=1,
     )
-    return run_for(iter(dataset), seconds, lambda b: b["index"].shape[0])
+    if workers == 0:
+        return run_for(iter(dataset), seconds, lambda b: b["index"].shape[0])
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)
+    return run_for(iter(loader), seconds, lambda b: b["index"].shape[0])
 
 
-def read_anndata(path, options, block_size, args):
+def read_anndata(path, options, block_size, args, workers=0):
     import torch_shards as ts
 
-    return torch_shards_reader(ts.AnnDataSource(path, **options), block_size, args.cores, args.seconds)
+    return torch_shards_reader(ts.AnnDataSource(path, **options), block_size, args.cores, args.seconds, workers)
 
 
-def read_hdf5(path, block_size, args):
+def read_hdf5(path, block_size, args, workers=0):
     import torch_shards as ts
 
-    return torch_shards_reader(ts.HDF5Source(path, "X"), block_size, args.cores, args.seconds)
+    return torch_shards_reader(ts.HDF5Source(path, "X"), block_size, args.cores, args.seconds, workers)
 
 
 class H5adRows(torch.utils.data.Dataset):
@@ -312,13 +319,17 @@ def main():
             order_name = "Streaming" if block_size is None else f"block {block_size}"
             order = None if block_size is None else block_order(info["rows"], block_size)
             if kind == "csr":
-                sources = {"torch_shards": dict(dense=False), "torch_shards dense": dict(dense=True)}
                 methods = [
-                    (name, read_anndata, (info["path"], options, block_size, args)) for name, options in sources.items()
+                    ("torch_shards threads", read_anndata, (info["path"], {}, block_size, args)),
+                    ("torch_shards workers", read_anndata, (info["path"], {}, block_size, args, args.cores)),
+                    ("torch_shards dense", read_anndata, (info["path"], {"dense": True}, block_size, args)),
                 ]
                 map_style = H5adRows(info["path"])
             else:
-                methods = [("torch_shards", read_hdf5, (info["path"], block_size, args))]
+                methods = [
+                    ("torch_shards threads", read_hdf5, (info["path"], block_size, args)),
+                    ("torch_shards workers", read_hdf5, (info["path"], block_size, args, args.cores)),
+                ]
                 map_style = H5Rows(info["path"])
             if have_scdataset:
                 methods.append(

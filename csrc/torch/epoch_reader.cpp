@@ -2,6 +2,7 @@
 #include "epoch_reader.h"
 
 #include <ATen/ops/_sparse_csr_tensor_unsafe.h>
+#include <ATen/ops/empty.h>
 
 #include <chrono>
 #include <cstring>
@@ -31,18 +32,29 @@ int64_t batch_bytes(const sources::Batch& batch) {
   return bytes;
 }
 
-// Rows [begin, begin + count) of a unit's tensor: a view for dense tensors; for
-// sparse CSR, views of the columns and values with rebased row offsets.
-at::Tensor batch_rows(const at::Tensor& tensor, int64_t begin, int64_t count) {
-  if (tensor.layout() != at::kSparseCsr) return tensor.narrow(0, begin, count);
+// The batches of a unit's sparse CSR tensor: views of its columns and values,
+// with row offsets rebased for every batch in one shared storage (one
+// allocation, and one shared-memory segment when sent to another process).
+template <typename Index>
+std::vector<at::Tensor> split_csr(const at::Tensor& tensor, int64_t batch_size) {
   const at::Tensor offsets = tensor.crow_indices();
-  const bool wide = offsets.scalar_type() == at::kLong;
-  const int64_t first = wide ? offsets.data_ptr<int64_t>()[begin] : offsets.data_ptr<int32_t>()[begin];
-  const int64_t last = wide ? offsets.data_ptr<int64_t>()[begin + count] : offsets.data_ptr<int32_t>()[begin + count];
-  return at::_sparse_csr_tensor_unsafe(offsets.narrow(0, begin, count + 1).sub(first),
-                                       tensor.col_indices().narrow(0, first, last - first),
-                                       tensor.values().narrow(0, first, last - first), {count, tensor.size(1)},
-                                       tensor.values().options().layout(at::kSparseCsr));
+  const int64_t rows = tensor.size(0);
+  const int64_t batches = (rows + batch_size - 1) / batch_size;
+  at::Tensor rebased = at::empty({rows + batches}, offsets.options());
+  const Index* source = offsets.data_ptr<Index>();
+  Index* dest = rebased.data_ptr<Index>();
+  std::vector<at::Tensor> out;
+  for (int64_t b = 0, first_row = 0; b < batches; ++b, first_row += batch_size) {
+    const int64_t count = std::min(batch_size, rows - first_row);
+    const Index first = source[first_row], last = source[first_row + count];
+    Index* slot = dest + first_row + b;  // batch b's count + 1 offsets
+    for (int64_t r = 0; r <= count; ++r) slot[r] = source[first_row + r] - first;
+    out.push_back(at::_sparse_csr_tensor_unsafe(rebased.narrow(0, first_row + b, count + 1),
+                                                tensor.col_indices().narrow(0, first, last - first),
+                                                tensor.values().narrow(0, first, last - first), {count, tensor.size(1)},
+                                                tensor.values().options().layout(at::kSparseCsr)));
+  }
+  return out;
 }
 
 }  // namespace
@@ -200,15 +212,25 @@ sources::Batch EpochReader::take(Slot& slot) {
 }
 
 c10::List<sources::Batch> EpochReader::split(const sources::Batch& unit) const {
-  c10::List<sources::Batch> batches;
   const int64_t rows = unit.at("index").size(0);
-  for (int64_t begin = 0; begin < rows; begin += batch_size_) {
-    const int64_t count = std::min(batch_size_, rows - begin);
-    sources::Batch batch;
-    for (const auto& item : unit) batch.insert(item.key(), batch_rows(item.value(), begin, count));
-    batches.push_back(std::move(batch));
+  const int64_t batches = (rows + batch_size_ - 1) / batch_size_;
+  std::vector<sources::Batch> out(static_cast<size_t>(batches));
+  for (const auto& item : unit) {
+    const at::Tensor& tensor = item.value();
+    if (tensor.layout() == at::kSparseCsr) {
+      std::vector<at::Tensor> parts = tensor.crow_indices().scalar_type() == at::kInt
+                                          ? split_csr<int32_t>(tensor, batch_size_)
+                                          : split_csr<int64_t>(tensor, batch_size_);
+      for (int64_t b = 0; b < batches; ++b) out[b].insert(item.key(), parts[b]);
+      continue;
+    }
+    for (int64_t b = 0; b < batches; ++b) {
+      out[b].insert(item.key(), tensor.narrow(0, b * batch_size_, std::min(batch_size_, rows - b * batch_size_)));
+    }
   }
-  return batches;
+  c10::List<sources::Batch> list;
+  for (auto& batch : out) list.push_back(std::move(batch));
+  return list;
 }
 
 c10::List<sources::Batch> EpochReader::next_batches() {
