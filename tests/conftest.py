@@ -1,5 +1,6 @@
 import collections
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -73,3 +74,17 @@ def global_batches(dataset, epoch):
 
 def multiset(batches):
     return collections.Counter(tuple(batch) for batch in batches)
+
+
+def values_of(dtype, shape, seed=0):
+    """Random values covering a dtype's whole range (bool, complex, float, int)."""
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) > 0.5
+    if dtype.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, size=shape, dtype=dtype.newbyteorder("="), endpoint=True).astype(dtype)

@@ -9,6 +9,7 @@ import hdf5plugin
 import numpy as np
 import pytest
 import torch
+from conftest import values_of
 from torch.utils.data import DataLoader
 
 import torch_shards as ts
@@ -49,19 +50,6 @@ LAYOUTS = {
     "fletcher32": {"chunks": (8, 13), "fletcher32": True},
     "scaleoffset": {"chunks": (8, 13), "scaleoffset": 0},
 }
-
-
-def values_of(dtype, shape, seed=0):
-    rng = np.random.default_rng(seed)
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.random(shape) > 0.5
-    if dtype.kind == "c":
-        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
-    if dtype.kind == "f":
-        return rng.standard_normal(shape).astype(dtype)
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max, size=shape, dtype=dtype.newbyteorder("="), endpoint=True).astype(dtype)
 
 
 def expected_tensor(array):

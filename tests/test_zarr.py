@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
+from conftest import values_of
 from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, TransposeCodec, ZstdCodec
 
 import torch_shards as ts
@@ -51,19 +52,6 @@ DTYPES = [
     "complex64",
     "complex128",
 ]
-
-
-def values_of(dtype, shape, seed=0):
-    rng = np.random.default_rng(seed)
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.random(shape) > 0.5
-    if dtype.kind == "c":
-        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
-    if dtype.kind == "f":
-        return rng.standard_normal(shape).astype(dtype)
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
 
 
 def check(path, data, array="/"):

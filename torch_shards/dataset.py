@@ -9,6 +9,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from . import _convert
 from ._library import classes
+from ._native import NativeBacked
 from .distributed import covers, resolve_group, resolve_rank_and_world_size, resolve_seed
 from .epochs import EpochCounter
 from .monitor import DeliveryCounters
@@ -43,7 +44,7 @@ def _available_cpus():
         return os.cpu_count() or 1
 
 
-class ShardedDataset(IterableDataset):
+class ShardedDataset(IterableDataset, NativeBacked):
     """Batches of ``source`` rows in the order ``strategy`` plans, each rank and
     DataLoader worker delivering its own share exactly once per epoch.
 
@@ -151,8 +152,7 @@ class ShardedDataset(IterableDataset):
         self._epochs = EpochCounter()
         self._counters = DeliveryCounters()
         self._readers = []
-        self._native_object = None
-        self._native_object = self._build()  # validates the whole configuration now
+        self._build_now()  # validates the whole configuration here
         if group is not None and self.world_size > 1:
             self._native_object.check_consistency(group.group_name)
 
@@ -168,13 +168,6 @@ class ShardedDataset(IterableDataset):
             self.rank,
             self.world_size,
         )
-
-    @property
-    def native(self):
-        """The torch.classes.torch_shards.ShardedDataset of this process."""
-        if self._native_object is None:
-            self._native_object = self._build()
-        return self._native_object
 
     def __len__(self):
         """Batches this rank yields per epoch, all DataLoader workers together."""
@@ -236,8 +229,7 @@ class ShardedDataset(IterableDataset):
         return [dict(reader.stats()) for reader in self._readers]
 
     def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_native_object"] = None
+        state = super().__getstate__()
         state["_readers"] = []
         return state
 

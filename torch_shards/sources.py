@@ -4,32 +4,19 @@ A source pickles by its parameters and builds its native object lazily in
 each process, so no handle ever crosses a fork.
 """
 
-import abc
 import json
 import os
 
 import torch
 
 from ._library import ops
+from ._native import NativeBacked
 
 
-class Source(abc.ABC):
-    def __init__(self):
-        self._native_object = None
-
-    @abc.abstractmethod
-    def _build(self):
-        """Builds the native source (torch.classes.torch_shards.Source)."""
-
-    def _build_now(self):
-        """Builds the native object in the constructor, so bad arguments fail there."""
-        self._native_object = self._build()
-
-    @property
-    def native(self):
-        if self._native_object is None:
-            self._native_object = self._build()
-        return self._native_object
+class Source(NativeBacked):
+    """Base class: the parameters of a source; its native object
+    (torch.classes.torch_shards.Source) is built from them, lazily in each
+    process, so no file handle crosses a fork."""
 
     def __len__(self):
         return self.native.num_rows()
@@ -48,11 +35,6 @@ class Source(abc.ABC):
         """The given rows, in the given order (repeats allowed), as a dict of tensors."""
         return dict(self.native.read(torch.as_tensor(rows, dtype=torch.int64).reshape(-1), num_threads))
 
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_native_object"] = None
-        return state
-
     def __repr__(self):
         return self.native.describe()
 
@@ -63,7 +45,6 @@ class TensorSource(Source):
     same first dimension (the rows); rows are gathered with ATen."""
 
     def __init__(self, tensors):
-        super().__init__()
         if isinstance(tensors, torch.Tensor):
             tensors = {"X": tensors}
         if not isinstance(tensors, dict):
@@ -110,7 +91,6 @@ class HDF5Source(Source):
     """
 
     def __init__(self, path, dataset, *, field="X"):
-        super().__init__()
         self.path = _path("HDF5Source", path)
         self.datasets = _field_map("HDF5Source", dataset, field, "dataset")
         self._build_now()
@@ -130,7 +110,6 @@ class ZarrSource(Source):
     """
 
     def __init__(self, path, array="/", *, field="X"):
-        super().__init__()
         self.path = _path("ZarrSource", path)
         self.arrays = _field_map("ZarrSource", array, field, "array")
         self._build_now()
@@ -149,7 +128,6 @@ class AnnDataSource(Source):
     """
 
     def __init__(self, path, obs=None, layer=None, *, dense=False):
-        super().__init__()
         self.path = _path("AnnDataSource", path)
         if isinstance(obs, str):
             obs = [obs]
@@ -211,7 +189,6 @@ class Collection(Source):
     fields (names, dtypes, row shapes)."""
 
     def __init__(self, sources):
-        super().__init__()
         sources = list(sources)
         if not sources:
             raise ValueError("Collection: needs at least one source")

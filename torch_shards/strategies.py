@@ -9,33 +9,14 @@ permutations), so they are identical on every machine.
 set is visited in ascending row order, for I/O locality.
 """
 
-import abc
-
 from . import _convert
 from ._library import ops
+from ._native import NativeBacked
 
 
-class Strategy(abc.ABC):
-    """Base class. Holds the user's parameters; the native object is built
-    lazily in each process (so strategies pickle by their parameters)."""
-
-    def __init__(self):
-        self._native_object = None
-
-    @abc.abstractmethod
-    def _build(self):
-        """Builds the native strategy from the parameters."""
-
-    def _build_now(self):
-        """Builds the native object in the constructor, so bad arguments fail there."""
-        self._native_object = self._build()
-
-    @property
-    def native(self):
-        """The torch.classes.torch_shards.Strategy behind this strategy."""
-        if self._native_object is None:
-            self._native_object = self._build()
-        return self._native_object
+class Strategy(NativeBacked):
+    """Base class: the parameters of a strategy; its native object
+    (torch.classes.torch_shards.Strategy) is built from them."""
 
     def plan(self, num_rows, seed=0, epoch=0):
         """The whole plan of one epoch for a source of ``num_rows`` rows, as an int64 tensor."""
@@ -44,11 +25,6 @@ class Strategy(abc.ABC):
     def plan_size(self, num_rows):
         """Number of plan entries per epoch for ``num_rows`` rows."""
         return self.native.plan_size(_convert.check_int("num_rows", num_rows, 1))
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_native_object"] = None
-        return state
 
     def __repr__(self):
         return self.native.describe()
@@ -60,7 +36,6 @@ class Streaming(Strategy):
     in order."""
 
     def __init__(self, shuffle=False, indices=None):
-        super().__init__()
         if not isinstance(shuffle, bool):
             raise TypeError(f"Streaming: shuffle must be a bool, got {shuffle!r}")
         self.shuffle = shuffle
@@ -77,7 +52,6 @@ class BlockShuffling(Strategy):
     Samples are also permuted inside each fetch."""
 
     def __init__(self, block_size=8, indices=None):
-        super().__init__()
         self.block_size = _convert.check_int("BlockShuffling: block_size", block_size)
         self.indices = _convert.optional_index_tensor("BlockShuffling: indices", indices)
         self._build_now()
@@ -100,7 +74,6 @@ class BlockWeightedSampling(Strategy):
     """
 
     def __init__(self, weights, total_size=None, block_size=1, indices=None, replacement=True):
-        super().__init__()
         self.weights = _convert.weight_tensor("BlockWeightedSampling: weights", weights)
         self.total_size = _convert.optional_int("BlockWeightedSampling: total_size", total_size)
         self.block_size = _convert.check_int("BlockWeightedSampling: block_size", block_size)
@@ -127,7 +100,6 @@ class ClassBalancedSampling(Strategy):
     """
 
     def __init__(self, labels, total_size=None, block_size=1, indices=None):
-        super().__init__()
         self.labels, self.classes = _convert.label_codes("ClassBalancedSampling: labels", labels)
         self.total_size = _convert.optional_int("ClassBalancedSampling: total_size", total_size)
         self.block_size = _convert.check_int("ClassBalancedSampling: block_size", block_size)
