@@ -26,6 +26,7 @@ annbatch needs Python >= 3.12 and is reported as not installed where it cannot b
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -259,7 +260,15 @@ def main():
     )
     parser.add_argument("--plot", default=os.path.join(HERE, "results", "storage_throughput.png"))
     parser.add_argument("--skip", default="", help="comma-separated methods to leave out")
+    parser.add_argument(
+        "--json", default=os.path.join(HERE, "results", "storage_throughput.json"), help="where the results are saved"
+    )
+    parser.add_argument("--replot", action="store_true", help="redraw the plot from --json, measure nothing")
     args = parser.parse_args()
+    if args.replot:
+        with open(args.json) as f:
+            plot([tuple(r) for r in json.load(f)], args.plot)
+        return
 
     import h5py
 
@@ -351,11 +360,24 @@ def main():
                     f"{ratio:>13}",
                     flush=True,
                 )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
     if args.plot:
         plot(results, args.plot)
 
 
+COLORS = {
+    "torch_shards threads": "tab:blue",
+    "torch_shards workers": "tab:cyan",
+    "torch_shards dense": "tab:purple",
+    "scDataset": "tab:red",
+    "map-style h5py": "tab:gray",
+}
+
+
 def plot(results, path):
+    """Grouped bars per block size, one panel per file; results are (file, order, method, samples/s, bytes/row)."""
     try:
         import matplotlib
 
@@ -364,23 +386,24 @@ def plot(results, path):
     except ImportError:
         print("matplotlib is not installed: no plot")
         return
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for axis, kind in zip(axes, ("csr", "dense")):
         rows = [r for r in results if r[0] == kind and r[1] != "sequential"]
         orders = list(dict.fromkeys(r[1] for r in rows))
-        methods = list(dict.fromkeys(r[2] for r in rows))
+        methods = [m for m in COLORS if any(r[2] == m for r in rows)]
         width = 0.8 / len(methods)
         for m, method in enumerate(methods):
             values = [next((r[3] for r in rows if r[1] == o and r[2] == method), 0) for o in orders]
-            axis.bar([i + m * width for i in range(len(orders))], values, width, label=method)
+            axis.bar([i + m * width for i in range(len(orders))], values, width, label=method, color=COLORS[method])
         raw = next(r[3] for r in results if r[0] == kind and r[1] == "sequential")
-        axis.axhline(raw, color="black", linestyle="--", linewidth=1, label="raw page cache")
+        axis.axhline(raw, color="black", linestyle="--", linewidth=1, label="raw page cache (sequential)")
         axis.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(orders))], orders)
         axis.set_yscale("log")
         axis.set_ylabel("samples / s")
         axis.set_title({"csr": "CSR .h5ad (sparse X)", "dense": "dense HDF5"}[kind])
-        axis.legend(fontsize=8)
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=9)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=110)
     print(f"\nplot: {path}")
