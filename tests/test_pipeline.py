@@ -304,3 +304,19 @@ def test_monitor_counts_per_worker_and_per_thread_batches():
 def test_monitor_rejects_bad_log_every():
     with pytest.raises(ValueError, match="log_every must be an int >= 1, got 0"):
         ts.MonitoredLoader([], log_every=0)
+
+
+def test_reading_after_close_raises_instead_of_waiting():
+    ds = dataset(rows_source(50), ts.Streaming(), prefetch=2, num_threads=2)
+    reader = ds.native.reader(0, 0, 1, 2, 2, 1 << 20, False)
+    assert reader.poll_batches(1000)
+    reader.close()
+    with pytest.raises(RuntimeError, match=r"read after close\(\)"):
+        reader.next()
+
+
+def test_an_iterator_never_advanced_holds_no_reader():
+    ds = dataset(rows_source(50), ts.Streaming(), prefetch=2)
+    for _ in range(3):
+        iter(ds)
+    assert ds.reader_stats() == []

@@ -191,12 +191,12 @@ class ShardedDataset(IterableDataset, NativeBacked):
         threads = self.num_threads or max(1, _available_cpus() // num_workers)
         pinned = self.pin_memory and info is None  # workers' batches travel through shared memory instead
         reader = self.native.reader(epoch, worker, num_workers, threads, self.prefetch, self.prefetch_bytes, pinned)
-        self._readers.append(reader)
         return self._batches(reader, DeliveryCounters.MAIN if info is None else worker)
 
     def _batches(self, reader, slot):
         transform = self.batch_transform
         counters = self._counters
+        self._readers.append(reader)  # from the first next(): a generator never started has no finally
         try:
             if self.fetch_transform is None:  # batches cut natively
                 while True:

@@ -175,7 +175,13 @@ void EpochReader::reader_loop(size_t thread) {
   }
 }
 
+void EpochReader::check_open() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stopping_) throw std::runtime_error("EpochReader: read after close()");
+}
+
 std::optional<sources::Batch> EpochReader::next() {
+  check_open();
   if (delivered_ >= num_units_) return std::nullopt;
   if (options_.prefetch == 0) {
     bool padding = false;
@@ -192,8 +198,9 @@ std::optional<sources::Batch> EpochReader::next() {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!started_) start_threads();
   Slot& slot = slots_[static_cast<size_t>(delivered_ % options_.prefetch)];
-  unit_ready_.wait(lock, [&] { return slot.ready; });
+  unit_ready_.wait(lock, [&] { return slot.ready || stopping_; });
   wait_us_ += microseconds_since(start);
+  if (stopping_) throw std::runtime_error("EpochReader: read after close()");
   return take(slot);
 }
 
@@ -239,14 +246,16 @@ c10::List<sources::Batch> EpochReader::next_batches() {
 }
 
 std::optional<c10::List<sources::Batch>> EpochReader::poll_batches(int64_t timeout_ms) {
+  check_open();
   if (options_.prefetch == 0 || delivered_ >= num_units_) return next_batches();
   const auto start = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
   if (!started_) start_threads();
   Slot& slot = slots_[static_cast<size_t>(delivered_ % options_.prefetch)];
-  const bool ready = unit_ready_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return slot.ready; });
+  unit_ready_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return slot.ready || stopping_; });
   wait_us_ += microseconds_since(start);
-  if (!ready) return std::nullopt;
+  if (stopping_) throw std::runtime_error("EpochReader: read after close()");
+  if (!slot.ready) return std::nullopt;
   const sources::Batch unit = take(slot);
   lock.unlock();
   return split(unit);

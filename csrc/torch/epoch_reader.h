@@ -61,7 +61,8 @@ class EpochReader : public torch::CustomClassHolder {
   std::optional<c10::List<sources::Batch>> poll_batches(int64_t timeout_ms);
   // Skips units not yet read (resuming); only before the first read.
   void skip_units(int64_t units);
-  // Stops reading (the reader threads finish their unit and exit). Idempotent.
+  // Stops reading (the reader threads finish their unit and exit); later reads
+  // raise instead of waiting. Idempotent.
   void close();
 
   int64_t epoch() const { return epoch_; }
@@ -87,6 +88,7 @@ class EpochReader : public torch::CustomClassHolder {
     int64_t bytes = 0;
   };
 
+  void check_open();  // raises after close()
   sources::Batch read_unit(int64_t index, ReadState& state, bool& padding);
   void start_threads();
   void reader_loop(size_t thread);
