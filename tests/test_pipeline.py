@@ -5,6 +5,8 @@ handled; and MonitoredLoader's figures."""
 import gc
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -174,6 +176,30 @@ def test_keyboard_interrupt_while_waiting_stops_promptly(tmp_path):
     del iterator
     gc.collect()
     assert wait_for_threads(baseline, timeout=10) <= baseline
+
+
+READERS_DROPPED_UNCLOSED = """
+import torch, torch_shards as ts
+source = ts.TensorSource(torch.zeros(4000, 256))
+ds = ts.ShardedDataset(source, ts.Streaming(), batch_size=16, fetch_factor=4, seed=0)
+for epoch in range(1500):
+    reader = ds.native.reader(epoch, 0, 1, 3, 3, 1 << 30, False)  # the previous one is destroyed here, unclosed
+    while (unit := reader.next()) is not None:
+        unit["X"].sum()  # the unit's tensors get Python objects, then die
+print("done")
+"""
+
+
+def test_readers_destroyed_by_python_while_their_threads_finish_never_deadlock():
+    # Destroyed from Python, a reader joins its threads with the GIL held; a
+    # thread freeing a tensor with a Python object needs it. In a subprocess:
+    # a deadlock in native code would not let pytest's timeout fire.
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    finished = subprocess.run(
+        [sys.executable, "-c", READERS_DROPPED_UNCLOSED], env=environment, capture_output=True, text=True, timeout=60
+    )
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.strip() == "done"
 
 
 def test_two_iterators_over_one_dataset_both_work():

@@ -9,6 +9,7 @@
 
 #include "../core/errors.h"
 #include "../io/file.h"
+#include "python_gil.h"
 
 namespace torch_shards {
 namespace {
@@ -107,6 +108,8 @@ void EpochReader::close() {
   }
   room_.notify_all();
   unit_ready_.notify_all();
+  if (threads_.empty()) return;
+  const ReleasePythonGil unlocked;  // destroyed from Python, the GIL is held: the threads may need it
   for (auto& thread : threads_) thread->join();
   threads_.clear();
 }
@@ -168,7 +171,11 @@ void EpochReader::reader_loop(size_t thread) {
       failed_ = failed_ || result.error != nullptr;
       queued_bytes_ += result.bytes;
       result.ready = true;
+      // A c10::Dict moves by sharing: drop this thread's reference before the
+      // consumer can see the unit, so the batch never dies on this thread
+      // (its tensors may have Python objects by then, freed only with the GIL).
       slots_[static_cast<size_t>(index % ahead)] = std::move(result);
+      result = Slot{};
     }
     unit_ready_.notify_all();
     room_.notify_all();
