@@ -104,6 +104,14 @@ void read_span(const File& file, int64_t region_offset, const Span& span, const 
     file.read_at(offset, bytes, out + first.dest * row_bytes, what);
     return;
   }
+  if (file.mapped()) {  // no request cost: every segment straight from the mapping to its place
+    for (size_t i = span.first; i < span.last; ++i) {
+      const Segment& segment = segments[i];
+      file.read_at(region_offset + segment.source * static_cast<int64_t>(row_bytes),
+                   static_cast<size_t>(segment.length) * row_bytes, out + segment.dest * row_bytes, what);
+    }
+    return;
+  }
   thread_local std::unique_ptr<uint8_t[]> buffer;  // grown, never zero-filled
   thread_local size_t capacity = 0;
   if (capacity < bytes) {

@@ -81,7 +81,8 @@ std::vector<Span> plan_spans(const std::vector<Segment>& segments, size_t row_by
 
 // Reads the rows of a span from a region of `file` holding rows contiguously
 // from byte `region_offset` (its row 0), and puts the span's segments in
-// place: straight into `out` when the span is exactly one segment.
+// place: straight into `out` when the span is exactly one segment or the file
+// is mapped, else through a buffer holding the span.
 void read_span(const File& file, int64_t region_offset, const Span& span, const std::vector<Segment>& segments,
                size_t row_bytes, uint8_t* out, const std::string& what);
 

@@ -31,6 +31,9 @@ class File {
   // saying what `what` (e.g. "dataset /X chunk (3, 0)") expected.
   void read_at(int64_t offset, size_t bytes, void* out, const std::string& what) const;
   std::vector<uint8_t> read_at(int64_t offset, size_t bytes, const std::string& what) const;
+  // True when reads copy from a mapping: a read then costs no system call, so
+  // callers need not gather nearby reads into one.
+  bool mapped() const { return mapping() != nullptr; }
 
  private:
   int descriptor() const;          // this process's descriptor

@@ -1,5 +1,6 @@
-// io::File: pread and mapped reads agree; a mapped file that shrinks is a
-// ReadError, not a SIGBUS; a forked child reads through its own descriptor.
+// io::File: pread and mapped reads agree (also for read_span's scattered
+// segments); a mapped file that shrinks is a ReadError, not a SIGBUS; a forked
+// child reads through its own descriptor.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "array.h"
 #include "errors.h"
 #include "file.h"
 
@@ -39,6 +41,31 @@ TEST(File, MappedAndPreadReadsReturnTheSameBytes) {
     EXPECT_EQ(read(plain, offset, 10), read(mapped, offset, 10)) << offset;
   }
   EXPECT_THROW(read(mapped, (3 << 20) - 5, 10), ReadError);  // past the end: checked before any copy
+}
+
+TEST(File, ReadSpanScattersTheSameRowsMappedOrNot) {
+  // 64-byte rows from byte 100: a span of adjacent and gapped rows going to
+  // shuffled destinations (mapped: copied one segment at a time; pread: one
+  // read of the whole span through a buffer).
+  const std::string path = write_file("span.bin", 100 + 64 * 40);
+  const File plain(path), mapped(path, File::Access::kMapped);
+  using torch_shards::io::Segment;
+  const std::vector<Segment> segments = {{2, 3, 5}, {5, 1, 0}, {9, 2, 1}, {11, 2, 3}};
+  const auto spans = torch_shards::io::plan_spans(segments, 64, 1 << 10, 1 << 20);
+  ASSERT_EQ(spans.size(), 1u);
+  std::vector<uint8_t> from_plain(8 * 64, 0), from_mapped(8 * 64, 0), expected(8 * 64, 0);
+  torch_shards::io::read_span(plain, 100, spans[0], segments, 64, from_plain.data(), "rows");
+  torch_shards::io::read_span(mapped, 100, spans[0], segments, 64, from_mapped.data(), "rows");
+  for (const Segment& segment : segments) {
+    for (int64_t r = 0; r < segment.length; ++r) {
+      for (int64_t b = 0; b < 64; ++b) {
+        const int64_t byte = 100 + (segment.source + r) * 64 + b;
+        expected[static_cast<size_t>((segment.dest + r) * 64 + b)] = static_cast<uint8_t>(byte * 7 + 3);
+      }
+    }
+  }
+  EXPECT_EQ(from_plain, expected);
+  EXPECT_EQ(from_mapped, expected);
 }
 
 TEST(File, MappedFileThatShrinksIsAReadErrorEveryTime) {
