@@ -223,6 +223,33 @@ def test_inconsistent_csr_is_detected(tmp_path):
             source.read(range(N_OBS))
 
 
+@pytest.mark.parametrize(
+    "dtype, bad, message",
+    [
+        ("int8", -3, r"column index -3 out of range"),  # a number, not a character
+        ("uint16", 40, r"column index 40 out of range \[0, 37\)"),
+        ("int64", 1 << 40, r"column index 1099511627776 out of range"),
+        ("uint64", (1 << 64) - 2, r"column index 18446744073709551614 out of range"),  # not negative
+    ],
+)
+def test_column_indices_of_every_stored_width_are_read_and_checked(tmp_path, dtype, bad, message):
+    adata, expected = make_adata("csr")
+    path = tmp_path / f"{dtype}.h5ad"
+    adata.write_h5ad(path)
+    with h5py.File(path, "r+") as f:
+        indices = f["X/indices"][...]
+        del f["X/indices"]
+        f["X/indices"] = indices.astype(dtype)
+    rows = ts.AnnDataSource(path, dense=True).read(range(N_OBS))["X"]
+    np.testing.assert_array_equal(rows.numpy(), expected)
+    with h5py.File(path, "r+") as f:
+        indices = f["X/indices"][...]
+        indices[5] = bad
+        f["X/indices"][...] = indices
+    with pytest.raises(RuntimeError, match=message):
+        ts.AnnDataSource(path).read(range(N_OBS))
+
+
 def test_csr_lengths_that_disagree_are_detected_at_open(tmp_path):
     adata, _ = make_adata("csr")
     path = tmp_path / "short.h5ad"

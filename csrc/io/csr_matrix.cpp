@@ -180,23 +180,23 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
 namespace {
 
 // Converts column indices to the output width and checks them against the
-// column count, in one typed pass the compiler vectorises.
+// column count, in one typed pass the compiler vectorises (the bounds are
+// kept in the stored type: 64-bit min/max would not vectorise on baseline x86).
 template <typename Stored, typename Out>
 void convert_columns(const Stored* stored, Out* out, int64_t count, int64_t num_cols, const Array& indices) {
-  int64_t low = 0, high = 0;
-  if (count > 0) {
-    low = high = static_cast<int64_t>(stored[0]);
-  }
+  if (count == 0) return;
+  Stored low = stored[0], high = stored[0];
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t column = static_cast<int64_t>(stored[i]);
-    low = std::min(low, column);
-    high = std::max(high, column);
-    if constexpr (!std::is_same_v<Stored, Out>) out[i] = static_cast<Out>(column);
+    low = std::min(low, stored[i]);
+    high = std::max(high, stored[i]);
+    if constexpr (!std::is_same_v<Stored, Out>) out[i] = static_cast<Out>(stored[i]);
   }
-  if (count > 0 && (low < 0 || high >= num_cols)) {  // uint64 above INT64_MAX arrives negative
-    const int64_t bad = low < 0 ? low : high;
-    throw ReadError(concat(indices.where(), ": column index ", bad, " out of range [0, ", num_cols, ")"));
-  }
+  const bool below = std::is_signed_v<Stored> && low < 0;  // else high >= 0 too
+  if (!below && static_cast<uint64_t>(high) < static_cast<uint64_t>(num_cols)) return;
+  // Printed as numbers (not int8 characters), unsigned ones above INT64_MAX too.
+  using Printed = std::conditional_t<std::is_signed_v<Stored>, int64_t, uint64_t>;
+  throw ReadError(concat(indices.where(), ": column index ", static_cast<Printed>(below ? low : high),
+                         " out of range [0, ", num_cols, ")"));
 }
 
 template <typename Out>
