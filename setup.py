@@ -81,7 +81,7 @@ extension = CppExtension(
     native_sources(),
     include_dirs=include_dirs,
     library_dirs=library_dirs,
-    libraries=libraries,
+    libraries=libraries + ["dl"],  # dlsym (python_gil.cpp); part of libc from glibc 2.34 on
     extra_compile_args={
         # No FMA contraction: plans must be bit-identical on every platform.
         "cxx": ["-O3", "-Wall", "-Wno-unused-parameter", "-fvisibility=hidden", "-ffp-contract=off"]
