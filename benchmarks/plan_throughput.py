@@ -89,7 +89,7 @@ def child(method, strategy_name, num_rows, world_size):
                 world_size=world_size,
             )
             if method == "torch_shards planner":
-                reader = dataset.native.reader(0, 0, 1, 1, 0, 0, False)
+                reader = dataset.native.reader(0, 0, 1, 1, 0, 0, "pageable")
                 for unit in iter(reader.next, None):
                     count += unit["index"].shape[0]
             else:

@@ -47,7 +47,7 @@ def read_rank_by_workers(dataset, num_workers, epoch):
     workers = max(num_workers, 1)
     batches = []
     for worker in range(workers):
-        reader = dataset.native.reader(epoch, worker, workers, 1, 0, 0, False)
+        reader = dataset.native.reader(epoch, worker, workers, 1, 0, 0, "pageable")
         for unit in iter(reader.next, None):
             index = unit["index"]
             for start in range(0, index.shape[0], dataset.batch_size):

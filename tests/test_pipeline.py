@@ -183,7 +183,7 @@ import torch, torch_shards as ts
 source = ts.TensorSource(torch.zeros(4000, 256))
 ds = ts.ShardedDataset(source, ts.Streaming(), batch_size=16, fetch_factor=4, seed=0)
 for epoch in range(1500):
-    reader = ds.native.reader(epoch, 0, 1, 3, 3, 1 << 30, False)  # the previous one is destroyed here, unclosed
+    reader = ds.native.reader(epoch, 0, 1, 3, 3, 1 << 30, "pageable")  # the previous one is destroyed here, unclosed
     while (unit := reader.next()) is not None:
         unit["X"].sum()  # the unit's tensors get Python objects, then die
 print("done")
@@ -232,6 +232,33 @@ def test_pin_memory_without_cuda_warns_and_keeps_batches_pageable():
     with pytest.warns(UserWarning, match="pin_memory=True has no effect"):
         ds = dataset(rows_source(30), ts.Streaming(), pin_memory=True)
     assert not any(b["X"].is_pinned() for b in ds)
+
+
+def _mark_shared(batch):
+    """batch_transform run where the batch is made: records whether its tensors are shared memory."""
+    return {**batch, "shared": torch.tensor([batch["X"].is_shared(), batch["index"].is_shared()])}
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_worker_batches_are_made_in_shared_memory_and_arrive_intact(context):
+    # Sent by file descriptor without a copy; never recycled, so batches the
+    # main process still holds keep their values while the workers read on.
+    source = ts.TensorSource(torch.arange(600 * 5, dtype=torch.float32).reshape(600, 5))
+    ds = dataset(source, ts.BlockShuffling(4), batch_transform=_mark_shared, prefetch=2, num_threads=2)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+    held = list(loader)  # every batch kept until the end
+    assert all(batch["shared"].all() for batch in held)
+    for batch in held:
+        np.testing.assert_array_equal(batch["X"][:, 0].numpy(), batch["index"].numpy() * 5.0)
+    assert sorted(i for batch in held for i in batch["index"].tolist()) == list(range(600))
+    in_process = next(iter(dataset(source, ts.BlockShuffling(4), batch_transform=_mark_shared)))
+    assert not in_process["shared"].any()  # recycled pageable memory in the main process
+
+
+def test_reader_memory_names_are_checked():
+    ds = dataset(rows_source(30), ts.Streaming())
+    with pytest.raises(ValueError, match="memory must be 'pageable', 'pinned' or 'shared', got 'gpu'"):
+        ds.native.reader(0, 0, 1, 1, 0, 0, "gpu")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -334,7 +361,7 @@ def test_monitor_rejects_bad_log_every():
 
 def test_reading_after_close_raises_instead_of_waiting():
     ds = dataset(rows_source(50), ts.Streaming(), prefetch=2, num_threads=2)
-    reader = ds.native.reader(0, 0, 1, 2, 2, 1 << 20, False)
+    reader = ds.native.reader(0, 0, 1, 2, 2, 1 << 20, "pageable")
     assert reader.poll_batches(1000)
     reader.close()
     with pytest.raises(RuntimeError, match=r"read after close\(\)"):

@@ -37,6 +37,16 @@ def _slice_rows(data, start, stop):
     return data[start:stop]
 
 
+def _output_memory(in_worker, pin_memory):
+    """Where a reader assembles its batches. A DataLoader worker's batches go to
+    the main process: shared memory that torch sends by file descriptor as it is
+    (with the "file_system" strategy torch copies into its own segments, so plain
+    memory). In-process: pinned when asked for, else recycled pageable memory."""
+    if in_worker:
+        return "shared" if torch.multiprocessing.get_sharing_strategy() == "file_descriptor" else "pageable"
+    return "pinned" if pin_memory else "pageable"
+
+
 def _available_cpus():
     try:
         return len(os.sched_getaffinity(0))
@@ -189,8 +199,8 @@ class ShardedDataset(IterableDataset, NativeBacked):
         info = get_worker_info()
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
         threads = self.num_threads or max(1, _available_cpus() // num_workers)
-        pinned = self.pin_memory and info is None  # workers' batches travel through shared memory instead
-        reader = self.native.reader(epoch, worker, num_workers, threads, self.prefetch, self.prefetch_bytes, pinned)
+        memory = _output_memory(in_worker=info is not None, pin_memory=self.pin_memory)
+        reader = self.native.reader(epoch, worker, num_workers, threads, self.prefetch, self.prefetch_bytes, memory)
         return self._batches(reader, DeliveryCounters.MAIN if info is None else worker)
 
     def _batches(self, reader, slot):

@@ -86,7 +86,7 @@ EpochReader::EpochReader(std::shared_ptr<const sources::Source> source, std::sha
   batch_size_ = layout.batch_size();
   if (options_.prefetch == 0) {
     main_state_.pool = std::make_unique<core::ThreadPool>(static_cast<int>(options_.num_threads - 1));
-    main_state_.tensors = std::make_unique<sources::TensorPool>(options_.pin_memory);
+    main_state_.tensors = std::make_unique<sources::TensorPool>(options_.memory);
   } else {
     slots_.resize(static_cast<size_t>(options_.prefetch));
     thread_units_.assign(static_cast<size_t>(options_.num_threads), 0);
@@ -138,7 +138,7 @@ void EpochReader::start_threads() {
 void EpochReader::reader_loop(size_t thread) {
   ReadState state;
   state.pool = std::make_unique<core::ThreadPool>(0);  // one unit per thread, read inline
-  state.tensors = std::make_unique<sources::TensorPool>(options_.pin_memory);
+  state.tensors = std::make_unique<sources::TensorPool>(options_.memory);
   const int64_t ahead = options_.prefetch;
   for (;;) {
     int64_t index;

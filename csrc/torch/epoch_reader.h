@@ -11,8 +11,9 @@
 // destroyed, whatever ended the iteration. An exception in a reader thread
 // reaches the consumer unchanged.
 //
-// Output tensors come from per-thread TensorPools: recycled once no batch
-// holds them, pinned when pin_memory is set. A later GPU stage that copies a
+// Output tensors come from per-thread TensorPools in options.memory: recycled
+// once no batch holds them (pageable or pinned), or in shared memory that
+// DataLoader workers send without a copy. A later GPU stage that copies a
 // batch asynchronously keeps the host batch alive until its copy completes,
 // which is exactly what recycling waits for.
 #pragma once
@@ -38,9 +39,9 @@ namespace torch_shards {
 
 struct ReaderOptions {
   int64_t num_threads = 1;
-  int64_t prefetch = 0;                       // units read ahead; 0: read on demand
-  int64_t prefetch_bytes = int64_t{1} << 30;  // queued bytes beyond which no new unit starts
-  bool pin_memory = false;
+  int64_t prefetch = 0;                                 // units read ahead; 0: read on demand
+  int64_t prefetch_bytes = int64_t{1} << 30;            // queued bytes beyond which no new unit starts
+  sources::Memory memory = sources::Memory::kPageable;  // of the output tensors
 };
 
 class EpochReader : public torch::CustomClassHolder {

@@ -251,14 +251,14 @@ TORCH_LIBRARY(torch_shards, m) {
            })
       .def("fetch_rows", [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t epoch,
                             int64_t fetch) { return translate_errors([&] { return self->fetch_rows(epoch, fetch); }); })
-      .def("reader",
-           [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t epoch, int64_t worker, int64_t num_workers,
-              int64_t num_threads, int64_t prefetch, int64_t prefetch_bytes, bool pin_memory) {
-             return translate_errors([&] {
-               return self->reader(epoch, worker, num_workers,
-                                   ReaderOptions{num_threads, prefetch, prefetch_bytes, pin_memory});
-             });
-           });
+      .def("reader", [](const c10::intrusive_ptr<ShardedDataset>& self, int64_t epoch, int64_t worker,
+                        int64_t num_workers, int64_t num_threads, int64_t prefetch, int64_t prefetch_bytes,
+                        const std::string& memory) {
+        return translate_errors([&] {
+          return self->reader(epoch, worker, num_workers,
+                              ReaderOptions{num_threads, prefetch, prefetch_bytes, sources::memory_from_name(memory)});
+        });
+      });
 
   m.def("streaming(bool shuffle=False, Tensor? indices=None) -> __torch__.torch.classes.torch_shards.Strategy",
         &streaming);
