@@ -255,6 +255,32 @@ def test_worker_batches_are_made_in_shared_memory_and_arrive_intact(context):
     assert not in_process["shared"].any()  # recycled pageable memory in the main process
 
 
+FILE_SYSTEM_SHARING = """
+import torch, torch_shards as ts
+from torch.utils.data import DataLoader
+torch.multiprocessing.set_sharing_strategy("file_system")
+mark = lambda b: {**b, "shared": torch.tensor(b["X"].is_shared())}
+source = ts.TensorSource(torch.arange(300, dtype=torch.float32))
+ds = ts.ShardedDataset(source, ts.BlockShuffling(4), batch_size=7, seed=1, batch_transform=mark)
+held = list(DataLoader(ds, batch_size=None, num_workers=2))
+# Plain memory, moved by torch into its own segments when a unit's first batch is sent (the
+# unit's later batches, views of it, then see shared memory): so not all made in shared memory.
+assert not all(b["shared"] for b in held)
+assert all(torch.equal(b["X"], b["index"].float()) for b in held)
+assert sorted(i for b in held for i in b["index"].tolist()) == list(range(300))
+print("done")
+"""
+
+
+def test_workers_under_the_file_system_sharing_strategy_use_plain_memory():
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    finished = subprocess.run(
+        [sys.executable, "-c", FILE_SYSTEM_SHARING], env=environment, capture_output=True, text=True, timeout=120
+    )
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.strip() == "done"
+
+
 def test_reader_memory_names_are_checked():
     ds = dataset(rows_source(30), ts.Streaming())
     with pytest.raises(ValueError, match="memory must be 'pageable', 'pinned' or 'shared', got 'gpu'"):

@@ -46,10 +46,4 @@ at::Tensor TensorPool::empty(at::IntArrayRef shape, at::ScalarType dtype) {
   return tensor;
 }
 
-size_t TensorPool::bytes_kept() const {
-  size_t total = 0;
-  for (const Kept& kept : kept_) total += kept.storage.nbytes();
-  return total;
-}
-
 }  // namespace torch_shards::sources

@@ -33,8 +33,6 @@ class TensorPool {
 
   // An uninitialised contiguous tensor.
   at::Tensor empty(at::IntArrayRef shape, at::ScalarType dtype);
-  Memory memory() const { return memory_; }
-  size_t bytes_kept() const;
 
  private:
   struct Kept {
