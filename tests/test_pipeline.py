@@ -31,6 +31,17 @@ def wait_for_threads(count, timeout=5.0):
     return native_threads()
 
 
+def run_script(code, timeout):
+    """Runs code in a fresh interpreter (where a hang in native code is a
+    TimeoutExpired, and process-wide settings stay there); it prints "done"."""
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    finished = subprocess.run(
+        [sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=timeout
+    )
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.strip() == "done"
+
+
 def batches(dataset, **loader_kwargs):
     if loader_kwargs:
         return [tuple(b["index"].tolist()) for b in DataLoader(dataset, batch_size=None, **loader_kwargs)]
@@ -194,12 +205,7 @@ def test_readers_destroyed_by_python_while_their_threads_finish_never_deadlock()
     # Destroyed from Python, a reader joins its threads with the GIL held; a
     # thread freeing a tensor with a Python object needs it. In a subprocess:
     # a deadlock in native code would not let pytest's timeout fire.
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    finished = subprocess.run(
-        [sys.executable, "-c", READERS_DROPPED_UNCLOSED], env=environment, capture_output=True, text=True, timeout=60
-    )
-    assert finished.returncode == 0, finished.stderr
-    assert finished.stdout.strip() == "done"
+    run_script(READERS_DROPPED_UNCLOSED, timeout=60)
 
 
 def test_two_iterators_over_one_dataset_both_work():
@@ -273,12 +279,7 @@ print("done")
 
 
 def test_workers_under_the_file_system_sharing_strategy_use_plain_memory():
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    finished = subprocess.run(
-        [sys.executable, "-c", FILE_SYSTEM_SHARING], env=environment, capture_output=True, text=True, timeout=120
-    )
-    assert finished.returncode == 0, finished.stderr
-    assert finished.stdout.strip() == "done"
+    run_script(FILE_SYSTEM_SHARING, timeout=120)
 
 
 def test_reader_memory_names_are_checked():
