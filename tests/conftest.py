@@ -6,6 +6,24 @@ from torch.utils.data import DataLoader
 
 import torch_shards as ts
 
+# Every dtype the sources read, in native byte order.
+DTYPES = [
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "bool",
+    "complex64",
+    "complex128",
+]
+
 
 def make_strategy(name, num_rows, block_size=3):
     """One instance of each strategy, over a source of num_rows rows."""

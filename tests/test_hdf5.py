@@ -9,26 +9,13 @@ import hdf5plugin
 import numpy as np
 import pytest
 import torch
+from conftest import DTYPES as NATIVE_DTYPES
 from conftest import values_of
 from torch.utils.data import DataLoader
 
 import torch_shards as ts
 
-DTYPES = [
-    "int8",
-    "uint8",
-    "int16",
-    "uint16",
-    "int32",
-    "uint32",
-    "int64",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-    "bool",
-    "complex64",
-    "complex128",
+DTYPES = NATIVE_DTYPES + [  # and big-endian ones
     ">i4",
     ">f8",
     ">u2",

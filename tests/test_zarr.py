@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from conftest import values_of
+from conftest import DTYPES, values_of
 from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, TransposeCodec, ZstdCodec
 
 import torch_shards as ts
@@ -35,23 +35,6 @@ V3_CODECS = {
     "zstd-checksum": [ZstdCodec(level=3, checksum=True)],
     "gzip": [GzipCodec(level=5)],
 }
-
-DTYPES = [
-    "int8",
-    "uint8",
-    "int16",
-    "uint16",
-    "int32",
-    "uint32",
-    "int64",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-    "bool",
-    "complex64",
-    "complex128",
-]
 
 
 def check(path, data, array="/"):
