@@ -8,17 +8,19 @@
 namespace torch_shards::io {
 namespace {
 
-std::recursive_mutex& library_mutex() {
-  static std::recursive_mutex mutex;
+Hdf5Mutex& library_mutex() {
+  static Hdf5Mutex mutex;
   return mutex;
 }
 
+// Before fork: wait until no other thread is inside HDF5, and keep it so.
 void before_fork() { library_mutex().lock(); }
-void after_fork() { library_mutex().unlock(); }
+void after_fork_in_parent() { library_mutex().unlock(); }
+void after_fork_in_child() { library_mutex().reset_in_child(); }
 
 void initialise_once() {
   static const bool done = [] {
-    pthread_atfork(before_fork, after_fork, after_fork);
+    pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
     // Errors are reported through exceptions, not printed by the library.
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
     return true;
@@ -35,10 +37,47 @@ herr_t keep_innermost_message(unsigned, const H5E_error2_t* error, void* data) {
 
 }  // namespace
 
-std::unique_lock<std::recursive_mutex> hdf5_lock() {
-  initialise_once();
-  return std::unique_lock<std::recursive_mutex>(library_mutex());
+void Hdf5Mutex::lock() {
+  const pthread_t self = pthread_self();
+  // Only this thread ever stores its own id here, so seeing it means we hold the lock.
+  if (pthread_equal(owner_.load(std::memory_order_relaxed), self)) {
+    ++depth_;
+    return;
+  }
+  pthread_mutex_lock(&mutex_);
+  owner_.store(self, std::memory_order_relaxed);
+  depth_ = 1;
 }
+
+void Hdf5Mutex::unlock() {
+  if (--depth_ > 0) return;
+  owner_.store(pthread_t{}, std::memory_order_relaxed);
+  pthread_mutex_unlock(&mutex_);
+}
+
+void Hdf5Mutex::reset_in_child() {
+  // The at-fork prepare handler took one level; the forking thread may have
+  // held the lock already (a fork from inside a locked section).
+  const int held_before_fork = depth_ - 1;
+  pthread_mutex_init(&mutex_, nullptr);
+  owner_.store(pthread_t{}, std::memory_order_relaxed);
+  depth_ = 0;
+  if (held_before_fork > 0) {
+    lock();
+    depth_ = held_before_fork;
+  }
+}
+
+bool Hdf5Mutex::held_by_this_thread() const {
+  return pthread_equal(owner_.load(std::memory_order_relaxed), pthread_self());
+}
+
+std::unique_lock<Hdf5Mutex> hdf5_lock() {
+  initialise_once();
+  return std::unique_lock<Hdf5Mutex>(library_mutex());
+}
+
+bool hdf5_lock_held() { return library_mutex().held_by_this_thread(); }
 
 std::string hdf5_error_detail() {
   std::string message;

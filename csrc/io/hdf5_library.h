@@ -9,13 +9,43 @@
 #pragma once
 
 #include <hdf5.h>
+#include <pthread.h>
 
+#include <atomic>
 #include <mutex>
 #include <string>
 
 namespace torch_shards::io {
 
-std::unique_lock<std::recursive_mutex> hdf5_lock();
+// The process-wide HDF5 lock: recursive, and usable in a forked child.
+// std::recursive_mutex is not: glibc records its owner by kernel thread id,
+// which changes in the child, so the child's at-fork handler cannot unlock
+// the mutex the parent's handler locked and the child's first HDF5 call
+// waits forever. This one records its owner by pthread_self() (the forking
+// thread keeps its value in the child) and is re-initialised in the child.
+class Hdf5Mutex {
+ public:
+  Hdf5Mutex() = default;
+  Hdf5Mutex(const Hdf5Mutex&) = delete;
+  Hdf5Mutex& operator=(const Hdf5Mutex&) = delete;
+
+  void lock();
+  void unlock();
+  // In a forked child (one thread): back to the state the forking thread had
+  // before the at-fork handler locked it.
+  void reset_in_child();
+  // Whether the calling thread holds the lock.
+  bool held_by_this_thread() const;
+
+ private:
+  pthread_mutex_t mutex_ = PTHREAD_MUTEX_INITIALIZER;
+  std::atomic<pthread_t> owner_{pthread_t{}};
+  int depth_ = 0;  // written by the owner only
+};
+
+std::unique_lock<Hdf5Mutex> hdf5_lock();
+// Whether the calling thread holds hdf5_lock() (for checks and tests).
+bool hdf5_lock_held();
 
 // The innermost message of HDF5's error stack ("" if empty), for errors.
 std::string hdf5_error_detail();
