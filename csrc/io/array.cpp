@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 
@@ -14,7 +15,26 @@ using core::check_argument;
 using core::concat;
 
 Array::Array(ArrayInfo info) : info_(std::move(info)) {
-  for (size_t d = 1; d < info_.shape.size(); ++d) row_elements_ *= info_.shape[d];
+  // Shapes come from files: the whole array must be addressable in bytes
+  // (as numpy, h5py and zarr require), so no size computed from it overflows.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (size_t d = 0; d < info_.shape.size(); ++d) {
+    if (info_.shape[d] < 0) throw core::ReadError(concat(where(), ": dimension ", d, " is ", info_.shape[d]));
+  }
+  int64_t row_bytes = static_cast<int64_t>(dtype_size(info_.dtype));
+  for (size_t d = 1; d < info_.shape.size(); ++d) {
+    const int64_t extent = info_.shape[d];
+    if (extent != 0 && (row_elements_ > kMax / extent || row_bytes > kMax / extent)) {
+      throw core::ReadError(
+          concat(where(), ": rows of more than 2^63 bytes (dimension ", d, " is ", extent, "; corrupt metadata?)"));
+    }
+    row_elements_ *= extent;
+    row_bytes *= extent;
+  }
+  if (row_bytes != 0 && num_rows() > kMax / row_bytes) {
+    throw core::ReadError(concat(where(), ": ", num_rows(), " rows of ", row_bytes,
+                                 " bytes make more than 2^63 bytes (corrupt metadata?)"));
+  }
 }
 
 void Array::read(const std::vector<Segment>& segments, void* out, core::ThreadPool& pool) const {

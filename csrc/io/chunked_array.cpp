@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <limits>
+#include <memory>
 
 #include "../core/errors.h"
 
@@ -41,15 +43,27 @@ ChunkedArray::ChunkedArray(ArrayInfo info, std::vector<int64_t> chunk_shape, std
     throw ReadError(
         concat(where(), ": chunk shape has ", chunk_shape_.size(), " dimensions but the array has ", shape.size()));
   }
-  size_t elements = 1;
+  // Chunk shapes come from files: a chunk's bytes must fit in 63 bits (its
+  // decode buffer is allocated only once a chunk's header confirms its size).
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  int64_t chunk_bytes = static_cast<int64_t>(dtype_size(info_.dtype));
   for (size_t d = 0; d < shape.size(); ++d) {
     if (chunk_shape_[d] < 1)
       throw ReadError(concat(where(), ": invalid chunk shape (dimension ", d, " is ", chunk_shape_[d], ")"));
-    grid_.push_back((shape[d] + chunk_shape_[d] - 1) / chunk_shape_[d]);
-    if (d > 0) inner_chunks_ *= grid_.back();
-    elements *= static_cast<size_t>(chunk_shape_[d]);
+    if (chunk_bytes > kMax / chunk_shape_[d]) {
+      throw ReadError(
+          concat(where(), ": chunks of more than 2^63 bytes (chunk dimension ", d, " is ", chunk_shape_[d], ")"));
+    }
+    chunk_bytes *= chunk_shape_[d];
+    grid_.push_back(shape[d] / chunk_shape_[d] + (shape[d] % chunk_shape_[d] != 0));  // cannot overflow
+    if (d > 0) {
+      if (grid_.back() != 0 && inner_chunks_ > kMax / grid_.back()) {
+        throw ReadError(concat(where(), ": more than 2^63 chunks per row of chunks"));
+      }
+      inner_chunks_ *= grid_.back();
+    }
   }
-  chunk_bytes_ = elements * dtype_size(info_.dtype);
+  chunk_bytes_ = static_cast<size_t>(chunk_bytes);
   if (fill_value_.size() != dtype_size(info_.dtype)) fill_value_.assign(dtype_size(info_.dtype), 0);
   whole_rows_ = inner_chunks_ == 1 && std::equal(chunk_shape_.begin() + 1, chunk_shape_.end(), shape.begin() + 1);
 }
@@ -174,16 +188,31 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
       coords[d] = inner % grid_[d];
       inner /= grid_[d];
     }
-    thread_local std::vector<uint8_t> decoded;
-    decoded.resize(chunk_bytes_);
+    // Grown, never zero-filled: a chunk that fails to decode touches little of it.
+    thread_local std::unique_ptr<uint8_t[]> buffer;
+    thread_local size_t capacity = 0;
+    uint8_t* decoded = nullptr;
+    const auto reserve = [&] {
+      if (capacity < chunk_bytes_) {
+        buffer.reset();
+        capacity = 0;
+        buffer.reset(new uint8_t[chunk_bytes_]);
+        capacity = chunk_bytes_;
+      }
+      decoded = buffer.get();
+    };
     std::optional<std::vector<uint8_t>> encoded;
     try {
       encoded = store_->read_chunk(coords);
       if (encoded) {
-        decoder_->decode(*encoded, decoded.data(), chunk_bytes_, store_->skipped_filters(coords));
+        const uint32_t skipped = store_->skipped_filters(coords);
+        decoder_->check_encoded(*encoded, chunk_bytes_, skipped);
+        reserve();
+        decoder_->decode(*encoded, decoded, chunk_bytes_, skipped);
       } else {
+        reserve();
         const size_t item = fill_value_.size();
-        for (size_t i = 0; i < chunk_bytes_; i += item) std::memcpy(decoded.data() + i, fill_value_.data(), item);
+        for (size_t i = 0; i < chunk_bytes_; i += item) std::memcpy(decoded + i, fill_value_.data(), item);
       }
     } catch (const ReadError&) {
       throw;
@@ -199,11 +228,11 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
       const int64_t hi = std::min(segment.source + segment.length, end_row);
       uint8_t* dest = out + (segment.dest + lo - segment.source) * row_size;
       if (whole_rows_) {
-        std::memcpy(dest, decoded.data() + (lo - first_row) * row_size, (hi - lo) * row_size);
+        std::memcpy(dest, decoded + (lo - first_row) * row_size, (hi - lo) * row_size);
         continue;
       }
       for (int64_t row = lo; row < hi; ++row, dest += row_size) {
-        copy_row_part(decoded.data(), row - first_row, inner_coords, dest);
+        copy_row_part(decoded, row - first_row, inner_coords, dest);
       }
     }
   });

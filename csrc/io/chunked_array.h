@@ -53,6 +53,10 @@ class ChunkDecoder {
                       uint32_t /*skipped_filters*/) const {
     decode(encoded, out, out_bytes);
   }
+  // Throws (std::runtime_error) unless `encoded` can decode to out_bytes as
+  // far as its headers tell: called before memory is allocated for it.
+  virtual void check_encoded(const std::vector<uint8_t>& /*encoded*/, size_t /*out_bytes*/,
+                             uint32_t /*skipped_filters*/) const {}
 };
 
 class ChunkedArray : public Array {

@@ -305,6 +305,115 @@ void decompress_blosc(const uint8_t* in, size_t in_size, uint8_t* out, size_t ou
   }
 }
 
+void decode_scaleoffset(const uint8_t* in, size_t in_size, uint8_t* out, const ScaleOffsetParameters& parameters) {
+  constexpr size_t kHeader = 21;  // minbits, minval size, minval (16 bytes reserved)
+  const size_t size = parameters.size, count = parameters.count;
+  if (size != 1 && size != 2 && size != 4 && size != 8) {
+    throw std::runtime_error(concat("scale-offset data of ", size, "-byte elements"));
+  }
+  if (in_size < kHeader) {
+    throw std::runtime_error(concat("scale-offset chunk of ", in_size, " bytes, shorter than its 21-byte header"));
+  }
+  const uint32_t minbits = read_le32(in);
+  const size_t minval_size = std::min<size_t>(in[4], 8);
+  uint64_t minval = 0;
+  for (size_t i = 0; i < minval_size; ++i) minval |= static_cast<uint64_t>(in[5 + i]) << (8 * i);
+  const size_t width = 8 * size;
+  if (minbits > width) {
+    throw std::runtime_error(concat("scale-offset chunk packs ", minbits, " bits into ", width, "-bit elements"));
+  }
+  const uint8_t* packed = in + kHeader;
+  const size_t available = in_size - kHeader;
+  const auto store = [&](size_t i, uint64_t value) {
+    for (size_t b = 0; b < size; ++b) {
+      const size_t byte = parameters.big_endian ? size - 1 - b : b;
+      out[i * size + byte] = static_cast<uint8_t>(value >> (8 * b));
+    }
+  };
+  if (minbits == width) {  // stored as they are, in the writer's (little-endian) order
+    if (available < count * size) {
+      throw std::runtime_error(concat("scale-offset chunk holds ", available, " bytes of ", count * size));
+    }
+    for (size_t i = 0; i < count; ++i) {
+      uint64_t value = 0;
+      for (size_t b = 0; b < size; ++b) value |= static_cast<uint64_t>(packed[i * size + b]) << (8 * b);
+      store(i, value);
+    }
+    return;
+  }
+  if (count != 0 && minbits != 0 && (available * 8) / minbits < count) {
+    throw std::runtime_error(
+        concat("scale-offset chunk holds ", available, " bytes, too few for ", count, " values of ", minbits, " bits"));
+  }
+  const uint64_t mask = width == 64 ? ~uint64_t{0} : (uint64_t{1} << width) - 1;
+  const uint64_t all_ones = minbits == 64 ? ~uint64_t{0} : (uint64_t{1} << minbits) - 1;
+  size_t bit = 0;
+  for (size_t i = 0; i < count; ++i) {
+    uint64_t value = 0;
+    for (uint32_t k = 0; k < minbits; ++k, ++bit) {
+      value = value << 1 | ((packed[bit / 8] >> (7 - bit % 8)) & 1);
+    }
+    store(i, parameters.fill_defined && value == all_ones ? parameters.fill : (value + minval) & mask);
+  }
+}
+
+const char* codec_name(Codec codec) {
+  switch (codec) {
+    case Codec::kZlib:
+      return "zlib";
+    case Codec::kGzip:
+      return "gzip";
+    case Codec::kZstd:
+      return "zstd";
+    case Codec::kBlosc:
+      return "blosc";
+  }
+  return "?";
+}
+
+DecodedSize decoded_size(Codec codec, const uint8_t* in, size_t in_size) {
+  // Deflate's longest match (258 bytes) costs at least two bits: 1032:1.
+  constexpr uint64_t kDeflateRatio = 1032, kZstdRatio = 65536, kSlack = 1 << 16;
+  switch (codec) {
+    case Codec::kZlib:
+    case Codec::kGzip:
+      return {static_cast<uint64_t>(in_size) * kDeflateRatio + kSlack, false};
+    case Codec::kZstd: {
+      const unsigned long long size = in_size == 0 ? ZSTD_CONTENTSIZE_ERROR : ZSTD_findDecompressedSize(in, in_size);
+      if (size == ZSTD_CONTENTSIZE_ERROR) throw std::runtime_error("invalid zstd frame");
+      if (size != ZSTD_CONTENTSIZE_UNKNOWN) return {static_cast<uint64_t>(size), true};
+      return {static_cast<uint64_t>(in_size) * kZstdRatio + kSlack, false};
+    }
+    case Codec::kBlosc: {
+      if (in_size < BLOSC_MIN_HEADER_LENGTH) {
+        throw std::runtime_error(
+            concat("blosc frame is ", in_size, " bytes, shorter than its ", BLOSC_MIN_HEADER_LENGTH, "-byte header"));
+      }
+      const uint32_t nbytes = read_le32(in + 4), cbytes = read_le32(in + 12);
+      size_t validated = 0;
+      if (in[0] != BLOSC_VERSION_FORMAT || cbytes > in_size || cbytes < BLOSC_MIN_HEADER_LENGTH ||
+          blosc_cbuffer_validate(in, cbytes, &validated) != 0 || validated != nbytes) {
+        throw std::runtime_error(concat("invalid blosc header (", nbytes, " bytes compressed to ", cbytes, " bytes, ",
+                                        in_size, " present)"));
+      }
+      return {nbytes, true};
+    }
+  }
+  throw std::logic_error("unknown codec");
+}
+
+void check_decoded_size(Codec codec, const uint8_t* in, size_t in_size, size_t out_size) {
+  const DecodedSize size = decoded_size(codec, in, in_size);
+  if (size.exact && size.size != out_size) {
+    throw std::runtime_error(
+        concat(codec_name(codec), " data decompresses to ", size.size, " bytes, expected ", out_size));
+  }
+  if (!size.exact && out_size > size.size) {
+    throw std::runtime_error(
+        concat(in_size, " bytes of ", codec_name(codec), " data cannot decompress to ", out_size, " bytes"));
+  }
+}
+
 void unshuffle(const uint8_t* in, size_t size, size_t element_size, uint8_t* out) {
   if (size == 0) return;  // in and out may be null
   const size_t n = element_size > 1 ? size / element_size : 0;

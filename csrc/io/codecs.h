@@ -30,4 +30,38 @@ uint32_t crc32c(const uint8_t* data, size_t size);
 // Reverses the byte order of `count` elements of `unit` bytes, in place.
 void byteswap(uint8_t* data, size_t count, size_t unit);
 
+// HDF5's scale-offset filter (H5Z_FILTER_SCALEOFFSET) on integers: each
+// chunk stores minbits (4 bytes LE), the size of minval (1 byte), minval (LE,
+// in a 16-byte field), then every element's value minus minval in minbits
+// bits, most significant bit first; all bits set stands for the fill value
+// when one is defined. Writes `count` elements of `size` bytes in the given
+// byte order. Unlike HDF5 1.10, checks minbits and the stored length before
+// reading a bit.
+struct ScaleOffsetParameters {
+  size_t count = 0;  // elements per chunk
+  size_t size = 0;   // bytes per element: 1, 2, 4 or 8
+  bool big_endian = false;
+  bool fill_defined = false;
+  uint64_t fill = 0;  // the fill value's bits
+};
+void decode_scaleoffset(const uint8_t* in, size_t in_size, uint8_t* out, const ScaleOffsetParameters& parameters);
+
+enum class Codec { kZlib, kGzip, kZstd, kBlosc };
+const char* codec_name(Codec codec);
+// What the encoded bytes say about their decoded size, checked against the
+// bytes themselves, so that no size read from a file is trusted before
+// memory is allocated for it:
+// - exact: the size the data records (a blosc header, zstd frames with
+//   their content size), which the decoder will then require;
+// - otherwise the most it can decode to: deflate expands at most 1032:1;
+//   zstd frames without a content size, at most 65536:1.
+// Throws std::runtime_error for a header that cannot be right.
+struct DecodedSize {
+  uint64_t size = 0;
+  bool exact = false;
+};
+DecodedSize decoded_size(Codec codec, const uint8_t* in, size_t in_size);
+// Throws unless `in` can decode to exactly `out_size` bytes by decoded_size.
+void check_decoded_size(Codec codec, const uint8_t* in, size_t in_size, size_t out_size);
+
 }  // namespace torch_shards::io::codecs

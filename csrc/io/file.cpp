@@ -135,11 +135,17 @@ int File::descriptor() const {
   return fd_.load(std::memory_order_relaxed);
 }
 
-void File::read_at(int64_t offset, size_t bytes, void* out, const std::string& what) const {
-  if (offset < 0 || offset + static_cast<int64_t>(bytes) > size_) {
-    throw ReadError(concat(path_, ": ", what, " needs bytes [", offset, ", ", offset + static_cast<int64_t>(bytes),
-                           ") but the file has ", size_, " bytes (truncated or corrupt)"));
+void File::check_range(int64_t offset, size_t bytes, const std::string& what) const {
+  // In unsigned arithmetic, so that no offset or size read from a file can overflow the check.
+  if (offset < 0 || static_cast<uint64_t>(offset) > static_cast<uint64_t>(size_) ||
+      bytes > static_cast<uint64_t>(size_) - static_cast<uint64_t>(offset)) {
+    throw ReadError(concat(path_, ": ", what, " needs ", bytes, " bytes at offset ", offset, " but the file has ",
+                           size_, " bytes (truncated or corrupt)"));
   }
+}
+
+void File::read_at(int64_t offset, size_t bytes, void* out, const std::string& what) const {
+  check_range(offset, bytes, what);
   if (const uint8_t* mapped = mapping()) {
     if (!guarded_copy(out, mapped + offset, bytes)) {
       throw ReadError(concat(path_, ": reading ", what, " (bytes [", offset, ", ", offset + static_cast<int64_t>(bytes),
@@ -161,6 +167,7 @@ void File::read_at(int64_t offset, size_t bytes, void* out, const std::string& w
 }
 
 std::vector<uint8_t> File::read_at(int64_t offset, size_t bytes, const std::string& what) const {
+  check_range(offset, bytes, what);  // before allocating: `bytes` may come from a corrupt file
   std::vector<uint8_t> out(bytes);
   read_at(offset, bytes, out.data(), what);
   return out;

@@ -34,6 +34,8 @@ class File {
   // True when reads copy from a mapping: a read then costs no system call, so
   // callers need not gather nearby reads into one.
   bool mapped() const { return mapping() != nullptr; }
+  // Throws the ReadError of read_at unless [offset, offset + bytes) lies in the file.
+  void check_range(int64_t offset, size_t bytes, const std::string& what) const;
 
  private:
   int descriptor() const;          // this process's descriptor

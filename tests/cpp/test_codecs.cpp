@@ -665,6 +665,86 @@ TEST(Codecs, FuzzDecodersOnHandMadeHeadersWithHugeSizes) {
   EXPECT_FALSE(decode_or_throw(inflate_gzip, gzip_extra.data(), gzip_extra.size(), 10));
 }
 
+// ---------------------------------------------------- sizes before allocating
+
+TEST(Codecs, DecodedSizeIsWhatTheFrameRecordsOrWhatItCanReach) {
+  const Bytes data = sample_data(10000, 21);
+  const Bytes zstd = zstd_compress(data, 3);
+  EXPECT_EQ(decoded_size(Codec::kZstd, zstd.data(), zstd.size()).size, 10000u);
+  EXPECT_TRUE(decoded_size(Codec::kZstd, zstd.data(), zstd.size()).exact);
+  EXPECT_NO_THROW(check_decoded_size(Codec::kZstd, zstd.data(), zstd.size(), 10000));
+  EXPECT_THROW(check_decoded_size(Codec::kZstd, zstd.data(), zstd.size(), 10001), std::runtime_error);
+  const Bytes blosc = blosc_compress_bytes(data, 5, BLOSC_SHUFFLE, 4, "lz4");
+  EXPECT_EQ(decoded_size(Codec::kBlosc, blosc.data(), blosc.size()).size, 10000u);
+  EXPECT_THROW(check_decoded_size(Codec::kBlosc, blosc.data(), blosc.size(), size_t{1} << 40), std::runtime_error);
+  // A blosc header claiming more compressed bytes than there are.
+  EXPECT_THROW(decoded_size(Codec::kBlosc, blosc.data(), blosc.size() - 1), std::runtime_error);
+  EXPECT_THROW(decoded_size(Codec::kBlosc, blosc.data(), 15), std::runtime_error);
+  // Deflate records nothing: at most 1032:1.
+  const Bytes zeros(1 << 20, 0);
+  const Bytes deflated = zlib_compress(zeros, 9);
+  EXPECT_NO_THROW(check_decoded_size(Codec::kZlib, deflated.data(), deflated.size(), zeros.size()));
+  EXPECT_THROW(check_decoded_size(Codec::kZlib, deflated.data(), deflated.size(), size_t{1} << 40), std::runtime_error);
+  EXPECT_GE(decoded_size(Codec::kGzip, deflated.data(), deflated.size()).size, zeros.size());
+  // zstd frames that do not record their size: at most 65536:1.
+  ZSTD_CCtx* context = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(context, ZSTD_c_contentSizeFlag, 0);
+  Bytes unsized(ZSTD_compressBound(zeros.size()));
+  unsized.resize(ZSTD_compress2(context, unsized.data(), unsized.size(), zeros.data(), zeros.size()));
+  ZSTD_freeCCtx(context);
+  EXPECT_FALSE(decoded_size(Codec::kZstd, unsized.data(), unsized.size()).exact);
+  EXPECT_NO_THROW(check_decoded_size(Codec::kZstd, unsized.data(), unsized.size(), zeros.size()));
+  EXPECT_THROW(check_decoded_size(Codec::kZstd, unsized.data(), unsized.size(), size_t{1} << 50), std::runtime_error);
+}
+
+// Packs values MSB first in `bits` bits each after HDF5's 21-byte scale-offset header.
+Bytes scaleoffset_chunk(uint32_t bits, uint64_t minval, const std::vector<uint64_t>& packed) {
+  Bytes out(21, 0);
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(bits >> (8 * i));
+  out[4] = 8;
+  for (int i = 0; i < 8; ++i) out[5 + i] = static_cast<uint8_t>(minval >> (8 * i));
+  size_t bit = 0;
+  for (uint64_t value : packed) {
+    for (uint32_t k = bits; k-- > 0; ++bit) {
+      if (out.size() <= 21 + bit / 8) out.push_back(0);
+      out[21 + bit / 8] |= static_cast<uint8_t>(((value >> k) & 1) << (7 - bit % 8));
+    }
+  }
+  return out;
+}
+
+TEST(Codecs, ScaleOffsetAddsMinvalAndRestoresTheFillValue) {
+  ScaleOffsetParameters parameters;
+  parameters.count = 5;
+  parameters.size = 2;
+  parameters.fill_defined = true;
+  parameters.fill = 0xfff9;                                        // -7 as int16
+  const Bytes chunk = scaleoffset_chunk(3, 100, {0, 5, 7, 1, 6});  // 7 = all three bits: the fill value
+  Bytes out(10);
+  decode_scaleoffset(chunk.data(), chunk.size(), out.data(), parameters);
+  std::vector<int16_t> values(5);
+  std::memcpy(values.data(), out.data(), 10);
+  EXPECT_EQ(values, (std::vector<int16_t>{100, 105, -7, 101, 106}));
+  parameters.big_endian = true;
+  decode_scaleoffset(chunk.data(), chunk.size(), out.data(), parameters);
+  EXPECT_EQ(out[0], 0);
+  EXPECT_EQ(out[1], 100);
+}
+
+TEST(Codecs, ScaleOffsetRefusesMoreBitsThanAnElementOrTheChunkHolds) {
+  ScaleOffsetParameters parameters;
+  parameters.count = 64;
+  parameters.size = 4;
+  Bytes out(256);
+  const Bytes too_wide = scaleoffset_chunk(33, 0, {1});
+  EXPECT_THROW(decode_scaleoffset(too_wide.data(), too_wide.size(), out.data(), parameters), std::runtime_error);
+  const Bytes short_chunk = scaleoffset_chunk(9, 0, std::vector<uint64_t>(10, 3));  // 10 of 64 values
+  EXPECT_THROW(decode_scaleoffset(short_chunk.data(), short_chunk.size(), out.data(), parameters), std::runtime_error);
+  const Bytes raw = scaleoffset_chunk(32, 0, {});  // "stored as is" with no values after the header
+  EXPECT_THROW(decode_scaleoffset(raw.data(), raw.size(), out.data(), parameters), std::runtime_error);
+  EXPECT_THROW(decode_scaleoffset(raw.data(), 20, out.data(), parameters), std::runtime_error);
+}
+
 // Manual (about 8.5 GiB of memory and up to a minute): --gtest_also_run_disabled_tests.
 // A stored deflate stream above 4 GiB, in and out, to exercise feeding zlib's
 // 32-bit counters in pieces.

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -99,4 +100,29 @@ TEST(File, ForkedChildReadsThroughItsOwnDescriptorAndMapping) {
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+}
+
+TEST(File, RangesFromCorruptFilesAreCheckedWithoutOverflowOrAllocation) {
+  const std::string path = write_file("ranges.bin", 1000);
+  const File file(path), mapped(path, File::Access::kMapped);
+  for (const File* f : {&file, &mapped}) {
+    // offset + bytes would wrap around: still past the end.
+    EXPECT_THROW(f->read_at(INT64_MAX - 5, 100, "wrap"), ReadError);
+    EXPECT_THROW(f->read_at(10, SIZE_MAX - 5, "wrap"), ReadError);
+    // A size no machine could allocate: refused before the vector is made.
+    EXPECT_THROW(f->read_at(0, size_t{1} << 50, "huge"), ReadError);
+    EXPECT_THROW(f->read_at(-1, 1, "negative"), ReadError);
+  }
+}
+
+TEST(File, ArrayShapesOfTwoToTheSixtyThreeBytesAreReadErrors) {
+  using torch_shards::io::ArrayInfo;
+  using torch_shards::io::DType;
+  using torch_shards::io::MemoryArray;
+  ArrayInfo wide{"f.h5", "/x", DType::kInt32, {int64_t{1} << 62, 4}};
+  EXPECT_THROW(MemoryArray(wide, {}), ReadError);
+  ArrayInfo rows{"f.h5", "/x", DType::kInt32, {0, int64_t{1} << 40, int64_t{1} << 40}};
+  EXPECT_THROW(MemoryArray(rows, {}), ReadError);  // empty, but its rows overflow
+  ArrayInfo negative{"f.h5", "/x", DType::kInt32, {3, -1}};
+  EXPECT_THROW(MemoryArray(negative, {}), ReadError);
 }
