@@ -33,7 +33,7 @@ LAYOUTS = {
         **hdf5plugin.Blosc(cname="zstd", clevel=3, shuffle=hdf5plugin.Blosc.BITSHUFFLE),
     },
     "zstd": {"chunks": (8, 13), **hdf5plugin.Zstd(clevel=3)},
-    # Filters the native path does not decode: HDF5's own read path.
+    # Fletcher-32: HDF5's own read path; scale-offset on integers: decoded natively.
     "fletcher32": {"chunks": (8, 13), "fletcher32": True},
     "scaleoffset": {"chunks": (8, 13), "scaleoffset": 0},
 }
@@ -236,3 +236,86 @@ def test_corrupt_chunks_raise_instead_of_returning_wrong_data(tmp_path):
                 # A flip the codec cannot detect (e.g. inside a literal run) still only touches chunk 1.
                 assert torch.equal(got[:16], torch.from_numpy(data[:16]))
                 assert torch.equal(got[32:], torch.from_numpy(data[32:]))
+
+
+def test_files_with_a_user_block_are_read(tmp_path):
+    path = tmp_path / "userblock.h5"
+    data = np.arange(40, dtype=np.int64).reshape(10, 4)
+    with h5py.File(path, "w", userblock_size=1024) as f:
+        f["contiguous"] = data
+        f.create_dataset("chunked", data=data, chunks=(3, 4), compression="gzip")
+    source = ts.HDF5Source(path, {"c": "contiguous", "g": "chunked"})
+    batch = source.read([9, 0])
+    assert batch["c"].tolist() == batch["g"].tolist() == data[[9, 0]].tolist()
+
+
+def _vlen_descriptor_offset(path, dataset, element):
+    """File offset of element `element`'s variable-length descriptor (length, heap address, index)."""
+    with h5py.File(path, "r") as f:
+        return f[dataset].id.get_offset() + 16 * element
+
+
+def _minimal_h5ad(path, names):
+    """An .h5ad with dense X and `names` (bytes) as its obs index."""
+    with h5py.File(path, "w") as f:
+        f.attrs["encoding-type"] = "anndata"
+        obs = f.create_group("obs")
+        obs.attrs.update({"_index": "_index", "encoding-type": "dataframe", "encoding-version": "0.2.0"})
+        obs["_index"] = np.array(names, dtype=object).astype(h5py.string_dtype(encoding="ascii"))
+        obs["_index"].attrs["encoding-type"] = "string-array"
+        f["X"] = np.zeros((len(names), 3), dtype="f4")
+
+
+def test_a_string_pointing_past_its_heap_collection_is_an_error_not_a_crash(tmp_path):
+    # HDF5 1.10 reads heap object 60000 of a collection that holds a few: SIGSEGV.
+    path = tmp_path / "names.h5ad"
+    _minimal_h5ad(path, [b"alpha", b"beta", b"gamma"])
+    assert ts.AnnDataSource(path).obs_names == ["alpha", "beta", "gamma"]
+    with h5py.File(path, "r") as f:
+        offset = f["obs/_index"].id.get_offset() + 16 * 1  # descriptor of string 1: length, heap address, index
+    raw = bytearray(path.read_bytes())
+    raw[offset + 12 : offset + 16] = (60000).to_bytes(4, "little")
+    path.write_bytes(bytes(raw))
+    with pytest.raises(RuntimeError, match=r"names.h5ad:/obs/_index: corrupt strings: string 1 refers to global heap"):
+        ts.AnnDataSource(path)
+
+
+def test_strings_that_are_not_utf8_are_named(tmp_path):
+    path = tmp_path / "latin1.h5ad"
+    _minimal_h5ad(path, [b"ok", b"caf\xe9"])
+    with pytest.raises(RuntimeError, match=r"latin1.h5ad:/obs/_index: string 1 is not valid UTF-8: \"caf\\xe9\""):
+        ts.AnnDataSource(path)
+
+
+def test_a_chunk_whose_coordinates_left_the_grid_is_an_error(tmp_path):
+    # HDF5 1.10 looks chunks up by position: one moved off the grid is never found (fill values).
+    path = tmp_path / "grid.h5"
+    data = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(16, 4), compression="gzip")
+        address = f["x"].id.get_chunk_info(2).byte_offset
+    raw = bytearray(path.read_bytes())
+    # In the version 1 B-tree, a chunk's key (size, filter mask, offsets per dimension + 1)
+    # precedes its address: move chunk 2's row offset far past the dataset.
+    key = raw.find(address.to_bytes(8, "little")) - 3 * 8
+    assert int.from_bytes(raw[key : key + 8], "little") == 32
+    raw[key : key + 8] = (2**40).to_bytes(8, "little")
+    path.write_bytes(bytes(raw))
+    with pytest.raises(RuntimeError, match=r"grid.h5:/x: its chunk index holds 4 chunks, 3 of them at positions"):
+        ts.HDF5Source(path, "x")
+
+
+def test_a_corrupt_scale_offset_chunk_is_an_error(tmp_path):
+    # Decoded natively: HDF5 1.10 unpacks more bits than an element holds, past the chunk's end.
+    path = tmp_path / "so.h5"
+    data = np.arange(40, dtype=np.int32).reshape(10, 4) * 3
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(5, 4), scaleoffset=0)
+        address = f["x"].id.get_chunk_info(1).byte_offset
+    source = ts.HDF5Source(path, "x")
+    assert torch.equal(source.read(range(10))["X"], torch.from_numpy(data))
+    raw = bytearray(path.read_bytes())
+    raw[address : address + 4] = (40).to_bytes(4, "little")  # minbits above 32
+    path.write_bytes(bytes(raw))
+    with pytest.raises(RuntimeError, match=r"so.h5:/x: chunk \(1, 0\).*packs 40 bits into 32-bit elements"):
+        ts.HDF5Source(path, "x").read(range(10))

@@ -1,29 +1,109 @@
 #include "hdf5_group.h"
 
 #include <algorithm>
+#include <cstring>
+#include <mutex>
 
 #include "../core/errors.h"
 #include "file.h"
 #include "hdf5_array.h"
+#include "hdf5_format.h"
 #include "hdf5_library.h"
+#include "text.h"
 
 namespace torch_shards::io {
 
 using core::concat;
 using core::ReadError;
+using hdf5::Datatype;
 using nlohmann::json;
 
 namespace {
 
-H5O_type_t object_type(hid_t file, const std::string& path) {
-  if (!hdf5_path_exists(file, path)) return H5O_TYPE_UNKNOWN;
-  H5O_info_t info;
-  if (H5Oget_info_by_name2(file, path.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0) {
-    H5Eclear2(H5E_DEFAULT);
-    return H5O_TYPE_UNKNOWN;
+// Strings read from a file become JSON and Python str: they must be UTF-8.
+void require_utf8(const std::vector<std::string>& values, const std::string& where) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!is_valid_utf8(values[i])) {
+      throw ReadError(concat(where, ": string ", i, " is not valid UTF-8: \"", printable(values[i]), "\""));
+    }
   }
-  return info.type;
 }
+
+// The strings of a string datatype's elements (fixed or variable length).
+std::vector<std::string> decode_strings(const Hdf5NativeFile& native, const Datatype& type, const uint8_t* data,
+                                        size_t count, const std::string& where) {
+  std::vector<std::string> values;
+  try {
+    if (type.type_class == Datatype::kVariableLength && type.variable_string) {
+      values = hdf5::read_variable_strings(*native.file, native.format, data, count);
+    } else {
+      values = hdf5::read_fixed_strings(data, count, type.size, type.padding);
+    }
+  } catch (const ReadError&) {
+    throw;
+  } catch (const std::runtime_error& error) {
+    throw ReadError(concat(where, ": corrupt strings: ", error.what()));
+  }
+  require_utf8(values, where);
+  return values;
+}
+
+bool is_string_type(const Datatype& type) {
+  return type.type_class == Datatype::kString || (type.type_class == Datatype::kVariableLength && type.variable_string);
+}
+
+// One element of a numeric attribute as JSON, or null for a type torch_shards does not read.
+json number_value(const Datatype& type, const uint8_t* element) {
+  const Datatype& integer = type.type_class == Datatype::kEnum ? *type.base : type;
+  if (integer.type_class == Datatype::kFixedPoint && integer.plain_integer()) {
+    uint64_t bits = 0;
+    for (size_t i = 0; i < integer.size; ++i) {
+      const size_t byte = integer.big_endian ? integer.size - 1 - i : i;
+      bits |= static_cast<uint64_t>(element[byte]) << (8 * i);
+    }
+    if (type.type_class == Datatype::kEnum) return bits != 0;  // h5py's bool enum; other enums are rare in attributes
+    if (integer.is_signed && integer.size < 8 && (bits >> (8 * integer.size - 1)) & 1) {
+      bits |= ~uint64_t{0} << (8 * integer.size);  // sign-extend
+    }
+    if (integer.is_signed) return static_cast<int64_t>(bits);
+    return bits;
+  }
+  if (type.type_class == Datatype::kFloat && type.ieee_float() && (type.size == 4 || type.size == 8)) {
+    uint8_t bytes[8];
+    for (size_t i = 0; i < type.size; ++i) bytes[i] = element[type.big_endian ? type.size - 1 - i : i];
+    if (type.size == 4) {
+      float value;
+      std::memcpy(&value, bytes, 4);
+      return static_cast<double>(value);
+    }
+    double value;
+    std::memcpy(&value, bytes, 8);
+    return value;
+  }
+  return nullptr;
+}
+
+json attribute_value(const Hdf5NativeFile& native, const hdf5::Attribute& attribute, const std::string& where) {
+  const uint64_t count = attribute.space.elements();
+  json values = json::array();
+  if (is_string_type(attribute.type)) {
+    for (auto& value : decode_strings(native, attribute.type, attribute.data.data(), count, where)) {
+      values.push_back(std::move(value));
+    }
+  } else {
+    for (uint64_t i = 0; i < count; ++i) {
+      json value = number_value(attribute.type, attribute.data.data() + i * attribute.type.size);
+      if (value.is_null()) return nullptr;  // references, compounds...: not needed by any layout we read
+      values.push_back(std::move(value));
+    }
+  }
+  if (attribute.space.kind == hdf5::Dataspace::kScalar) return values.empty() ? json(nullptr) : values[0];
+  if (attribute.space.kind == hdf5::Dataspace::kNull) return nullptr;
+  return values;
+}
+
+// ---- libhdf5 fallback for attributes in dense storage (fractal heaps),
+// which the native decoder does not read.
 
 void reclaim_strings(hid_t memory_type, hid_t space, void* buffer) {
 #if H5_VERSION_GE(1, 12, 0)
@@ -33,49 +113,39 @@ void reclaim_strings(hid_t memory_type, hid_t space, void* buffer) {
 #endif
 }
 
-// Reads the string values of a dataset or attribute (fixed or variable length).
-template <typename ReadFunction>
-std::vector<std::string> read_string_values(hid_t type, hid_t space, const ReadFunction& read,
-                                            const std::string& where) {
-  const hssize_t count = H5Sget_simple_extent_npoints(space);
-  std::vector<std::string> values;
-  if (count <= 0) return values;
-  if (H5Tis_variable_str(type) > 0) {
-    Hid memory_type(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(memory_type.get(), H5T_VARIABLE);
-    H5Tset_cset(memory_type.get(), H5Tget_cset(type));
-    std::vector<char*> pointers(static_cast<size_t>(count), nullptr);
-    if (read(memory_type.get(), pointers.data()) < 0) {
-      throw ReadError(concat(where, ": cannot read strings: ", hdf5_error_detail()));
-    }
-    for (char* pointer : pointers) values.emplace_back(pointer == nullptr ? "" : pointer);
-    reclaim_strings(memory_type.get(), space, pointers.data());
-    return values;
-  }
-  const size_t size = H5Tget_size(type);
-  std::vector<char> buffer(static_cast<size_t>(count) * size);
-  if (read(type, buffer.data()) < 0) throw ReadError(concat(where, ": cannot read strings: ", hdf5_error_detail()));
-  for (hssize_t i = 0; i < count; ++i) {
-    std::string value(buffer.data() + i * size, size);
-    value.erase(std::find(value.begin(), value.end(), '\0'), value.end());
-    if (H5Tget_strpad(type) == H5T_STR_SPACEPAD) value.erase(value.find_last_not_of(' ') + 1);
-    values.push_back(std::move(value));
-  }
-  return values;
-}
-
-json attribute_value(hid_t attribute, const std::string& where) {
+json library_attribute_value(hid_t attribute, const std::string& where) {
   Hid type(H5Aget_type(attribute), H5Tclose);
   Hid space(H5Aget_space(attribute), H5Sclose);
   const bool scalar = H5Sget_simple_extent_ndims(space.get()) == 0;
   const hssize_t count = H5Sget_simple_extent_npoints(space.get());
+  if (count < 0 || count > (1 << 20)) return nullptr;
   const H5T_class_t type_class = H5Tget_class(type.get());
   json values = json::array();
   if (type_class == H5T_STRING) {
-    const auto read = [&](hid_t memory_type, void* buffer) { return H5Aread(attribute, memory_type, buffer); };
-    for (auto& value : read_string_values(type.get(), space.get(), read, where)) values.push_back(value);
+    std::vector<std::string> strings;
+    if (H5Tis_variable_str(type.get()) > 0) {
+      Hid memory_type(H5Tcopy(H5T_C_S1), H5Tclose);
+      H5Tset_size(memory_type.get(), H5T_VARIABLE);
+      std::vector<char*> pointers(static_cast<size_t>(count), nullptr);
+      if (H5Aread(attribute, memory_type.get(), pointers.data()) < 0) {
+        throw ReadError(concat(where, ": cannot read strings: ", hdf5_error_detail()));
+      }
+      for (char* pointer : pointers) strings.emplace_back(pointer == nullptr ? "" : pointer);
+      reclaim_strings(memory_type.get(), space.get(), pointers.data());
+    } else {
+      const size_t size = H5Tget_size(type.get());
+      if (size == 0 || size > (1 << 20)) return nullptr;
+      std::vector<uint8_t> buffer(static_cast<size_t>(count) * size);
+      if (H5Aread(attribute, type.get(), buffer.data()) < 0) {
+        throw ReadError(concat(where, ": cannot read strings: ", hdf5_error_detail()));
+      }
+      strings = hdf5::read_fixed_strings(buffer.data(), static_cast<size_t>(count), size,
+                                         H5Tget_strpad(type.get()) == H5T_STR_SPACEPAD ? 2 : 0);
+    }
+    require_utf8(strings, where);
+    for (auto& value : strings) values.push_back(std::move(value));
   } else if (type_class == H5T_INTEGER || type_class == H5T_ENUM) {
-    std::vector<int64_t> numbers(static_cast<size_t>(std::max<hssize_t>(count, 0)));
+    std::vector<int64_t> numbers(static_cast<size_t>(count));
     if (count > 0 && H5Aread(attribute, H5T_NATIVE_INT64, numbers.data()) < 0) {
       H5Eclear2(H5E_DEFAULT);
       return nullptr;
@@ -83,14 +153,14 @@ json attribute_value(hid_t attribute, const std::string& where) {
     const bool boolean = type_class == H5T_ENUM;
     for (int64_t number : numbers) boolean ? values.push_back(number != 0) : values.push_back(number);
   } else if (type_class == H5T_FLOAT) {
-    std::vector<double> numbers(static_cast<size_t>(std::max<hssize_t>(count, 0)));
+    std::vector<double> numbers(static_cast<size_t>(count));
     if (count > 0 && H5Aread(attribute, H5T_NATIVE_DOUBLE, numbers.data()) < 0) {
       H5Eclear2(H5E_DEFAULT);
       return nullptr;
     }
     for (double number : numbers) values.push_back(number);
   } else {
-    return nullptr;  // references, compounds...: not needed by any layout we read
+    return nullptr;
   }
   if (scalar) return values.empty() ? json(nullptr) : values[0];
   return values;
@@ -99,7 +169,9 @@ json attribute_value(hid_t attribute, const std::string& where) {
 herr_t collect_attribute(hid_t location, const char* name, const H5A_info_t*, void* data) {
   auto* context = static_cast<std::pair<json*, const std::string*>*>(data);
   Hid attribute(H5Aopen(location, name, H5P_DEFAULT), H5Aclose);
-  if (attribute.valid()) (*context->first)[name] = attribute_value(attribute.get(), *context->second + "@" + name);
+  if (attribute.valid() && is_valid_utf8(name)) {
+    (*context->first)[name] = library_attribute_value(attribute.get(), *context->second + "@" + printable(name));
+  }
   return 0;
 }
 
@@ -123,6 +195,7 @@ class Hdf5Group : public Group {
     std::vector<std::string> names;
     H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_name, &names);
     std::sort(names.begin(), names.end());
+    require_utf8(names, where() + " (its member names)");
     return names;
   }
 
@@ -143,44 +216,91 @@ class Hdf5Group : public Group {
   json attributes() const override { return attributes_of(path_); }
   json array_attributes(const std::string& name) const override { return attributes_of(child_path(name)); }
 
+  // The string values of a dataset, decoded natively: libhdf5 1.10 follows
+  // variable-length string references into the global heap unchecked.
   std::vector<std::string> read_strings(const std::string& name) const override {
     const std::string path = child_path(name);
     const std::string where = file_ + ":" + path;
     auto lock = hdf5_lock();
     Hid file = open_hdf5_file(file_);
-    if (object_type(file.get(), path) != H5O_TYPE_DATASET) throw ReadError(concat(where, ": no such dataset"));
-    Hid dataset(H5Dopen2(file.get(), path.c_str(), H5P_DEFAULT), H5Dclose);
-    Hid type(H5Dget_type(dataset.get()), H5Tclose);
-    if (H5Tget_class(type.get()) != H5T_STRING) throw ReadError(concat(where, ": is not an array of strings"));
-    Hid space(H5Dget_space(dataset.get()), H5Sclose);
-    const auto read = [&](hid_t memory_type, void* buffer) {
-      return H5Dread(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buffer);
-    };
-    return read_string_values(type.get(), space.get(), read, where);
+    if (hdf5_object_type(file.get(), path) != H5O_TYPE_DATASET) throw ReadError(concat(where, ": no such dataset"));
+    const Hdf5NativeFile& native = native_file();
+    const Hdf5DatasetHeader header =
+        read_hdf5_dataset_header(native, hdf5_object_address(file.get(), path, where), where);
+    if (!is_string_type(header.type)) throw ReadError(concat(where, ": is not an array of strings"));
+    if (header.space.dims.size() > 1) {
+      throw ReadError(
+          concat(where, ": string arrays must be 1-D, this one has ", header.space.dims.size(), " dimensions"));
+    }
+    const std::vector<uint8_t> elements = read_hdf5_elements(file.get(), native, path, header, where);
+    return decode_strings(native, header.type, elements.data(), elements.size() / header.type.size, where);
   }
 
  private:
   H5O_type_t child_type(const std::string& name) const {
     auto lock = hdf5_lock();
     Hid file = open_hdf5_file(file_);
-    return object_type(file.get(), child_path(name));
+    return hdf5_object_type(file.get(), child_path(name));
   }
 
+  const Hdf5NativeFile& native_file() const {
+    std::lock_guard<std::mutex> guard(native_mutex_);
+    if (!native_) native_ = std::make_unique<Hdf5NativeFile>(open_hdf5_native(file_));
+    return *native_;
+  }
+
+  // Attribute messages decoded natively from the object header; attributes
+  // in dense storage (more than 8 on objects of files written with
+  // libver >= v18) through libhdf5.
   json attributes_of(const std::string& path) const {
     const std::string where = file_ + ":" + path;
     auto lock = hdf5_lock();
     Hid file = open_hdf5_file(file_);
-    if (object_type(file.get(), path) == H5O_TYPE_UNKNOWN) throw ReadError(concat(where, ": no such object"));
-    Hid object(H5Oopen(file.get(), path.c_str(), H5P_DEFAULT), H5Oclose);
+    if (hdf5_object_type(file.get(), path) == H5O_TYPE_UNKNOWN) throw ReadError(concat(where, ": no such object"));
+    const Hdf5NativeFile& native = native_file();
+    std::vector<hdf5::Message> messages;
+    try {
+      messages = hdf5::read_object_header(*native.file, native.format, hdf5_object_address(file.get(), path, where));
+    } catch (const std::runtime_error& error) {
+      throw ReadError(concat(where, ": corrupt object header: ", error.what()));
+    }
     json attributes = json::object();
-    std::pair<json*, const std::string*> context{&attributes, &where};
-    hsize_t index = 0;
-    H5Aiterate2(object.get(), H5_INDEX_NAME, H5_ITER_INC, &index, collect_attribute, &context);
+    bool dense = false;
+    try {
+      dense = hdf5::has_dense_attributes(messages, native.format);
+    } catch (const std::runtime_error& error) {
+      throw ReadError(concat(where, ": corrupt attribute info: ", error.what()));
+    }
+    if (dense) {
+      Hid object(H5Oopen(file.get(), path.c_str(), H5P_DEFAULT), H5Oclose);
+      std::pair<json*, const std::string*> context{&attributes, &where};
+      hsize_t index = 0;
+      H5Aiterate2(object.get(), H5_INDEX_NAME, H5_ITER_INC, &index, collect_attribute, &context);
+    }
+    for (const hdf5::Message& message : messages) {
+      if (message.type != hdf5::kAttributeMessage) continue;
+      hdf5::Attribute attribute;
+      try {
+        attribute = hdf5::decode_attribute(message.data, native.format);
+      } catch (const std::runtime_error& error) {
+        throw ReadError(concat(where, ": corrupt attribute: ", error.what()));
+      }
+      if (!is_valid_utf8(attribute.name)) {
+        throw ReadError(
+            concat(where, ": an attribute name that is not valid UTF-8: \"", printable(attribute.name), "\""));
+      }
+      if (attributes.contains(attribute.name)) {
+        throw ReadError(concat(where, ": two attributes named '", attribute.name, "'"));
+      }
+      attributes[attribute.name] = attribute_value(native, attribute, where + "@" + attribute.name);
+    }
     return attributes;
   }
 
   std::string file_;
   std::string path_;
+  mutable std::mutex native_mutex_;
+  mutable std::unique_ptr<Hdf5NativeFile> native_;
 };
 
 }  // namespace
@@ -196,7 +316,9 @@ bool is_hdf5_file(const std::string& path) {
 std::shared_ptr<const Group> open_hdf5_group(const std::string& file, const std::string& path) {
   auto lock = hdf5_lock();
   Hid file_id = open_hdf5_file(file);
-  if (object_type(file_id.get(), path) != H5O_TYPE_GROUP) throw ReadError(concat(file, ":", path, ": no such group"));
+  if (hdf5_object_type(file_id.get(), path) != H5O_TYPE_GROUP) {
+    throw ReadError(concat(file, ":", path, ": no such group"));
+  }
   return std::make_shared<Hdf5Group>(file, path);
 }
 

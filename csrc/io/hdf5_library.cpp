@@ -115,4 +115,34 @@ bool hdf5_path_exists(hid_t file, const std::string& path) {
   return H5Oexists_by_name(file, path.c_str(), H5P_DEFAULT) > 0;
 }
 
+H5O_type_t hdf5_object_type(hid_t file, const std::string& path) {
+  if (!hdf5_path_exists(file, path)) return H5O_TYPE_UNKNOWN;
+#if H5_VERSION_GE(1, 12, 0)
+  H5O_info2_t info;
+  const herr_t status = H5Oget_info_by_name3(file, path.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT);
+#else
+  H5O_info_t info;
+  const herr_t status = H5Oget_info_by_name2(file, path.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT);
+#endif
+  if (status < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return H5O_TYPE_UNKNOWN;
+  }
+  return info.type;
+}
+
+uint64_t hdf5_object_address(hid_t file, const std::string& path, const std::string& where) {
+#if H5_VERSION_GE(1, 12, 0)
+  H5O_info2_t info;
+  if (H5Oget_info_by_name3(file, path.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) >= 0) {
+    haddr_t address = HADDR_UNDEF;
+    if (H5VLnative_token_to_addr(file, info.token, &address) >= 0) return address;
+  }
+#else
+  H5O_info_t info;
+  if (H5Oget_info_by_name2(file, path.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) >= 0) return info.addr;
+#endif
+  throw core::ReadError(where + ": cannot locate its object header: " + hdf5_error_detail());
+}
+
 }  // namespace torch_shards::io

@@ -86,5 +86,9 @@ class Hid {
 Hid open_hdf5_file(const std::string& path);
 // Whether the object at `path` exists (every component checked).
 bool hdf5_path_exists(hid_t file, const std::string& path);
+// The type of the object at `path` (H5O_TYPE_UNKNOWN if there is none).
+H5O_type_t hdf5_object_type(hid_t file, const std::string& path);
+// The file address of the object header of the object at `path` (which exists).
+uint64_t hdf5_object_address(hid_t file, const std::string& path, const std::string& where);
 
 }  // namespace torch_shards::io
