@@ -1,6 +1,7 @@
 """ZarrSource against arrays written by zarr-python (v2 and v3, sharded or not,
 every compressor), value by value; bad stores named precisely."""
 
+import json
 import os
 
 import numcodecs
@@ -209,3 +210,57 @@ def test_bad_metadata_is_named(tmp_path):
     os.remove(path / "zarr.json")
     with pytest.raises(RuntimeError, match="m.zarr"):
         ts.ZarrSource(path)
+
+
+def _rewrite_metadata(path, edit):
+    metadata = json.loads((path / "zarr.json").read_text())
+    edit(metadata)
+    (path / "zarr.json").write_text(json.dumps(metadata))
+
+
+def test_metadata_that_is_not_utf8_raises_a_readable_error(tmp_path):
+    path = tmp_path / "b.zarr"
+    zarr.create_array(path, shape=(4, 2), chunks=(2, 2), dtype="f4", zarr_format=2)
+    raw = (path / ".zarray").read_bytes()
+    (path / ".zarray").write_bytes(raw.replace(b'"<f4"', b'"<f4\xff\xfe"'))
+    with pytest.raises(RuntimeError, match=r"b.zarr.*\\xff") as error:
+        ts.ZarrSource(path)
+    error.value.args[0].encode("utf-8")  # a str Python could decode, not a UnicodeDecodeError
+
+
+@pytest.mark.parametrize("order", ["F", "C", [0, 0], [1], [0, 2]])
+def test_v3_transpose_order_must_be_a_list_permuting_the_axes(tmp_path, order):
+    path = tmp_path / "t.zarr"
+    z = zarr.create_array(path, shape=(4, 2), chunks=(2, 2), dtype="i4", filters=[TransposeCodec(order=(1, 0))])
+    z[:] = 1
+
+    def set_order(metadata):
+        metadata["codecs"][0]["configuration"]["order"] = order
+
+    _rewrite_metadata(path, set_order)
+    with pytest.raises(RuntimeError, match=r"t.zarr:/: zarr.json: transpose order"):
+        ts.ZarrSource(path)
+
+
+def test_shapes_of_two_to_the_63_bytes_are_refused_and_the_largest_valid_one_reads(tmp_path):
+    path = tmp_path / "wide.zarr"
+    zarr.create_array(path, shape=(4,), chunks=(2,), dtype="i4", zarr_format=3)
+    _rewrite_metadata(path, lambda metadata: metadata.update(shape=[2**63 - 1]))
+    with pytest.raises(RuntimeError, match=r"wide.zarr:/: .*more than 2\^63 bytes"):
+        ts.ZarrSource(path)
+    # 2^63 - 1 one-byte elements are addressable: the chunk grid must not overflow.
+    path = tmp_path / "bytes.zarr"
+    zarr.create_array(path, shape=(4,), chunks=(8,), dtype="u1", zarr_format=3, fill_value=3)
+    _rewrite_metadata(path, lambda metadata: metadata.update(shape=[2**63 - 1]))
+    source = ts.ZarrSource(path)
+    assert len(source) == 2**63 - 1
+    assert source.read([0, 2**63 - 2])["X"].tolist() == [3, 3]
+
+
+def test_a_chunk_whose_codec_records_another_size_is_refused_before_allocating(tmp_path):
+    path = tmp_path / "c.zarr"
+    z = zarr.create_array(path, shape=(8,), chunks=(8,), dtype="i4", zarr_format=3, compressors=[ZstdCodec()])
+    z[:] = np.arange(8)
+    _rewrite_metadata(path, lambda metadata: metadata["chunk_grid"]["configuration"].update(chunk_shape=[2**40]))
+    with pytest.raises(RuntimeError, match=r"c.zarr:/: chunk \(0,\).*zstd data decompresses to 32 bytes"):
+        ts.ZarrSource(path).read([0])

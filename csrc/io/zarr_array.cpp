@@ -17,6 +17,7 @@
 #include "chunked_array.h"
 #include "codecs.h"
 #include "file.h"
+#include "text.h"
 
 namespace torch_shards::io {
 
@@ -30,6 +31,11 @@ constexpr uint64_t kMissingEntry = std::numeric_limits<uint64_t>::max();
 // Largest decoded size a frame header is trusted to announce (guards against
 // corrupt headers asking for absurd allocations).
 constexpr size_t kMaxRecordedSize = size_t{1} << 32;
+// String arrays are read whole: more chunks than this, or more strings in
+// chunks never written than in written ones (beyond this many), is a corrupt
+// shape, not an array anyone wrote.
+constexpr int64_t kMaxStringChunks = int64_t{1} << 22;
+constexpr uint64_t kMaxFillStrings = uint64_t{1} << 20;
 
 // ---------------------------------------------------------------------------
 // Paths and JSON
@@ -114,7 +120,7 @@ std::optional<json> read_json_file(const std::string& dir, const std::string& na
   try {
     value = parse_json(std::string(bytes.begin(), bytes.end()));
   } catch (const json::exception& error) {
-    throw ReadError(concat(where, ": invalid JSON in ", name, ": ", error.what()));
+    throw ReadError(concat(where, ": invalid JSON in ", name, ": ", printable(error.what())));
   }
   if (!value.is_object()) throw ReadError(concat(where, ": ", name, " is not a JSON object"));
   return value;
@@ -150,19 +156,23 @@ class MetadataReader {
     return object[key];
   }
   std::string string(const json& value, const char* what) const {
-    if (!value.is_string()) fail(concat("\"", what, "\" is not a string: ", value.dump()));
+    if (!value.is_string()) fail(concat("\"", what, "\" is not a string: ", json_text(value)));
     return value.get<std::string>();
   }
   int64_t integer(const json& value, const char* what) const {
-    if (!value.is_number_integer()) fail(concat("\"", what, "\" is not an integer: ", value.dump()));
+    if (!value.is_number_integer()) fail(concat("\"", what, "\" is not an integer: ", json_text(value)));
+    if (value.is_number_unsigned() &&
+        value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      fail(concat("\"", what, "\" is ", value.get<uint64_t>(), ", above 2^63 - 1"));
+    }
     return value.get<int64_t>();
   }
   std::vector<int64_t> shape(const json& value, const char* what, int64_t minimum) const {
-    if (!value.is_array()) fail(concat("\"", what, "\" is not a list: ", value.dump()));
+    if (!value.is_array()) fail(concat("\"", what, "\" is not a list: ", json_text(value)));
     std::vector<int64_t> shape;
     for (const json& item : value) {
       shape.push_back(integer(item, what));
-      if (shape.back() < minimum) fail(concat("\"", what, "\" has an entry below ", minimum, ": ", value.dump()));
+      if (shape.back() < minimum) fail(concat("\"", what, "\" has an entry below ", minimum, ": ", json_text(value)));
     }
     return shape;
   }
@@ -266,7 +276,7 @@ std::optional<BytesCodec> v2_compressor(const std::string& id) {
 void parse_v2(const json& zarray, ZarrMetadata& meta) {
   const MetadataReader reader(meta.where, ".zarray");
   if (zarray.contains("zarr_format") && zarray["zarr_format"] != 2) {
-    reader.fail(concat("zarr_format is ", zarray["zarr_format"].dump(), ", expected 2"));
+    reader.fail(concat("zarr_format is ", json_text(zarray["zarr_format"]), ", expected 2"));
   }
   meta.format = 2;
   meta.shape = reader.shape(reader.member(zarray, "shape"), "shape", 0);
@@ -280,7 +290,7 @@ void parse_v2(const json& zarray, ZarrMetadata& meta) {
   }
   const json& dtype = reader.member(zarray, "dtype");
   if (!dtype.is_string()) {
-    throw ReadError(concat(meta.where, ": unsupported zarr dtype ", dtype.dump(), " (structured)"));
+    throw ReadError(concat(meta.where, ": unsupported zarr dtype ", json_text(dtype), " (structured)"));
   }
   const std::string typestr = dtype.get<std::string>();
   meta.type_name = typestr;
@@ -288,13 +298,13 @@ void parse_v2(const json& zarray, ZarrMetadata& meta) {
     throw ReadError(concat("unsupported zarr filter '", id, "' in ", meta.where));
   };
   const auto fixed_length = [&](size_t unit) {
-    size_t length = 0;
-    try {
-      length = std::stoul(typestr.substr(2));
-    } catch (const std::exception&) {
-      throw ReadError(concat(meta.where, ": unsupported zarr dtype '", typestr, "'"));
+    // numpy's "<U12" / "|S5": a positive count of characters, digits only.
+    const std::string digits = typestr.substr(2);
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoul(digits) == 0) {
+      throw ReadError(concat(meta.where, ": unsupported zarr dtype '", printable(typestr), "'"));
     }
-    return length * unit;
+    return std::stoul(digits) * unit;
   };
   if (typestr == "|O") {
     if (filters.empty()) throw ReadError(concat(meta.where, ": object dtype '|O' without an object codec filter"));
@@ -378,26 +388,21 @@ bool parse_endian(const json& configuration, const MetadataReader& reader) {
 }
 
 std::vector<int64_t> parse_transpose_order(const json& configuration, size_t dims, const MetadataReader& reader) {
+  // The specification's form only: a list of integers permuting the axes
+  // (zarr-python refuses the "C" / "F" strings of early drafts too).
   const json& order = reader.member(configuration, "order");
-  if (order.is_string()) {  // early v3 drafts
-    const std::string text = order.get<std::string>();
-    if (text == "F") return reversed_order(dims);
-    if (text == "C") {
-      std::vector<int64_t> identity(dims);
-      for (size_t d = 0; d < dims; ++d) identity[d] = static_cast<int64_t>(d);
-      return identity;
-    }
-    reader.fail(concat("invalid transpose order '", text, "'"));
-  }
+  if (!order.is_array()) reader.fail(concat("transpose order ", json_text(order), " is not a list of axes"));
   const std::vector<int64_t> permutation = reader.shape(order, "order", 0);
+  if (permutation.size() != dims) {
+    reader.fail(concat("transpose order ", json_text(order), " has ", permutation.size(), " axes, the array ", dims));
+  }
   std::vector<bool> seen(dims, false);
   for (int64_t axis : permutation) {
-    if (permutation.size() != dims || axis >= static_cast<int64_t>(dims) || seen[axis]) {
-      reader.fail(concat("transpose order ", order.dump(), " is not a permutation of ", dims, " axes"));
+    if (axis >= static_cast<int64_t>(dims) || seen[static_cast<size_t>(axis)]) {
+      reader.fail(concat("transpose order ", json_text(order), " is not a permutation of ", dims, " axes"));
     }
-    seen[axis] = true;
+    seen[static_cast<size_t>(axis)] = true;
   }
-  if (permutation.size() != dims) reader.fail(concat("transpose order ", order.dump(), " has the wrong length"));
   return permutation;
 }
 
@@ -412,8 +417,8 @@ void parse_sharding(const json& configuration, ZarrMetadata& meta, const Metadat
   }
   for (size_t d = 0; d < meta.shape.size(); ++d) {
     if (meta.chunk_shape[d] % layout.inner_chunk_shape[d] != 0) {
-      reader.fail(concat("shard shape ", json(meta.chunk_shape).dump(), " is not a multiple of the inner chunk shape ",
-                         json(layout.inner_chunk_shape).dump()));
+      reader.fail(concat("shard shape ", json_text(json(meta.chunk_shape)),
+                         " is not a multiple of the inner chunk shape ", json_text(json(layout.inner_chunk_shape))));
     }
   }
   parse_v3_codecs(reader.member(configuration, "codecs"), meta, meta.chain, /*inside_shard=*/true, reader);
@@ -490,7 +495,7 @@ void parse_v3_codecs(const json& codecs, ZarrMetadata& meta, CodecChain& chain, 
 void parse_v3(const json& zarr_json, ZarrMetadata& meta) {
   const MetadataReader reader(meta.where, "zarr.json");
   if (zarr_json.contains("zarr_format") && zarr_json["zarr_format"] != 3) {
-    reader.fail(concat("zarr_format is ", zarr_json["zarr_format"].dump(), ", expected 3"));
+    reader.fail(concat("zarr_format is ", json_text(zarr_json["zarr_format"]), ", expected 3"));
   }
   meta.format = 3;
   meta.shape = reader.shape(reader.member(zarr_json, "shape"), "shape", 0);
@@ -507,7 +512,7 @@ void parse_v3(const json& zarr_json, ZarrMetadata& meta) {
   meta.type_name = type_name;
   const auto length_bytes = [&]() {
     const int64_t length = reader.integer(reader.member(type_configuration, "length_bytes"), "length_bytes");
-    if (length < 1) reader.fail("length_bytes below 1");
+    if (length < 1 || length > (int64_t{1} << 31)) reader.fail(concat("length_bytes of ", length));
     return static_cast<size_t>(length);
   };
   if (type_name == "string" || type_name == "variable_length_utf8") {
@@ -568,7 +573,7 @@ ZarrMetadata read_metadata(const std::string& store, const std::string& path) {
   if (std::optional<json> zarr_json = read_json_file(meta.dir, "zarr.json", meta.where)) {
     const json node_type = zarr_json->contains("node_type") ? (*zarr_json)["node_type"] : json();
     if (node_type != "array") {
-      throw ReadError(concat(meta.where, ": not a zarr array (node_type ", node_type.dump(), ")"));
+      throw ReadError(concat(meta.where, ": not a zarr array (node_type ", json_text(node_type), ")"));
     }
     parse_v3(*zarr_json, meta);
   } else if (std::optional<json> zarray = read_json_file(meta.dir, ".zarray", meta.where)) {
@@ -721,8 +726,8 @@ std::vector<uint8_t> numeric_fill_bytes(const ZarrMetadata& meta) {
         break;
     }
   } catch (const std::exception& error) {
-    throw ReadError(
-        concat(meta.where, ": invalid fill_value ", value.dump(), " for ", dtype_name(dtype), " (", error.what(), ")"));
+    throw ReadError(concat(meta.where, ": invalid fill_value ", json_text(value), " for ", dtype_name(dtype), " (",
+                           error.what(), ")"));
   }
   if (meta.chain.big_endian)
     codecs::byteswap(bytes.data(), bytes.size() / dtype_swap_unit(dtype), dtype_swap_unit(dtype));
@@ -732,39 +737,48 @@ std::vector<uint8_t> numeric_fill_bytes(const ZarrMetadata& meta) {
 // ---------------------------------------------------------------------------
 // Decoding
 
-// The decoded size a compressed frame records in its header or trailer.
-size_t recorded_decoded_size(BytesCodec codec, const std::vector<uint8_t>& data) {
-  size_t size = 0;
+codecs::Codec decompressor(BytesCodec codec) {
   switch (codec) {
-    case BytesCodec::kBlosc:  // header: version, versionlz, flags, typesize, then nbytes (uint32 LE)
-      if (data.size() < 16) throw std::runtime_error("blosc frame shorter than its 16-byte header");
-      size = static_cast<size_t>(data[4]) | static_cast<size_t>(data[5]) << 8 | static_cast<size_t>(data[6]) << 16 |
-             static_cast<size_t>(data[7]) << 24;
+    case BytesCodec::kBlosc:
+      return codecs::Codec::kBlosc;
+    case BytesCodec::kGzip:
+      return codecs::Codec::kGzip;
+    case BytesCodec::kZlib:
+      return codecs::Codec::kZlib;
+    case BytesCodec::kZstd:
+      return codecs::Codec::kZstd;
+    case BytesCodec::kCrc32c:
       break;
-    case BytesCodec::kGzip: {  // trailer: ISIZE, the decoded size modulo 2^32 (uint32 LE)
-      if (data.size() < 18) throw std::runtime_error("gzip stream shorter than its header and trailer");
-      const uint8_t* tail = data.data() + data.size() - 4;
-      size = static_cast<size_t>(tail[0]) | static_cast<size_t>(tail[1]) << 8 | static_cast<size_t>(tail[2]) << 16 |
-             static_cast<size_t>(tail[3]) << 24;
-      break;
-    }
-    case BytesCodec::kZstd: {
-      const unsigned long long found = ZSTD_getFrameContentSize(data.data(), data.size());
-      if (found == ZSTD_CONTENTSIZE_ERROR) throw std::runtime_error("invalid zstd frame");
-      if (found == ZSTD_CONTENTSIZE_UNKNOWN) {
-        throw std::runtime_error("zstd frame does not record its decoded size, which this chunk needs");
-      }
-      if (found > kMaxRecordedSize) throw std::runtime_error(concat("zstd frame claims ", found, " decoded bytes"));
-      size = static_cast<size_t>(found);
-      break;
-    }
-    default:
-      throw std::runtime_error(
-          concat("a ", bytes_codec_name(codec), " stream does not record its decoded size, which this chunk needs"));
   }
-  if (size > kMaxRecordedSize)
+  throw std::logic_error("not a decompressor");
+}
+
+// The decoded size a compressed frame records (blosc and zstd headers, the
+// gzip trailer), for chunks whose decoded size the metadata does not give
+// (variable-length strings), checked against the frame before it is used
+// to allocate.
+size_t recorded_decoded_size(BytesCodec codec, const std::vector<uint8_t>& data) {
+  const codecs::DecodedSize found = codecs::decoded_size(decompressor(codec), data.data(), data.size());
+  uint64_t size = found.size;
+  if (!found.exact) {
+    if (codec != BytesCodec::kGzip) {
+      throw std::runtime_error(concat("a ", bytes_codec_name(codec),
+                                      " stream that does not record its decoded size, which this chunk needs"));
+    }
+    // ISIZE: the decoded size modulo 2^32 (of the last member), within deflate's reach.
+    if (data.size() < 18) throw std::runtime_error("gzip stream shorter than its header and trailer");
+    const uint8_t* tail = data.data() + data.size() - 4;
+    const uint64_t recorded = static_cast<uint64_t>(tail[0]) | static_cast<uint64_t>(tail[1]) << 8 |
+                              static_cast<uint64_t>(tail[2]) << 16 | static_cast<uint64_t>(tail[3]) << 24;
+    if (recorded > found.size) {
+      throw std::runtime_error(concat("gzip stream of ", data.size(), " bytes claims ", recorded, " decoded bytes"));
+    }
+    size = recorded;
+  }
+  if (size > kMaxRecordedSize) {
     throw std::runtime_error(concat(bytes_codec_name(codec), " frame claims ", size, " decoded bytes"));
-  return size;
+  }
+  return static_cast<size_t>(size);
 }
 
 void decompress(BytesCodec codec, const std::vector<uint8_t>& in, uint8_t* out, size_t out_size) {
@@ -908,6 +922,26 @@ class ZarrChunkDecoder : public ChunkDecoder {
 
   bool stores_raw() const override { return chain_.transposes.empty() && chain_.bytes_codecs.empty(); }
 
+  // The outermost decompressor, with only checksums (4 bytes each) after
+  // and before it, must be able to yield the chunk's bytes.
+  void check_encoded(const std::vector<uint8_t>& encoded, size_t out_bytes, uint32_t) const override {
+    size_t size = encoded.size();
+    for (size_t i = chain_.bytes_codecs.size(); i-- > 0;) {
+      if (chain_.bytes_codecs[i] == BytesCodec::kCrc32c) {
+        if (size < 4) throw std::runtime_error(concat("crc32c: ", size, " bytes cannot hold a checksum"));
+        size -= 4;
+        continue;
+      }
+      const bool only_checksums_below = std::all_of(chain_.bytes_codecs.begin(), chain_.bytes_codecs.begin() + i,
+                                                    [](BytesCodec codec) { return codec == BytesCodec::kCrc32c; });
+      if (only_checksums_below) {
+        codecs::check_decoded_size(decompressor(chain_.bytes_codecs[i]), encoded.data(), size, out_bytes + 4 * i);
+      }
+      return;
+    }
+    if (size != out_bytes) throw std::runtime_error(concat("holds ", size, " bytes, expected ", out_bytes));
+  }
+
   void decode(std::vector<uint8_t>& encoded, uint8_t* out, size_t out_bytes) const override {
     const bool plain = chain_.transposes.empty();
     if (undo_bytes_codecs(chain_.bytes_codecs, encoded, out_bytes, plain ? out : nullptr)) return;
@@ -975,7 +1009,14 @@ class ShardedChunkStore : public ChunkStore {
  public:
   ShardedChunkStore(std::string dir, ChunkKeys keys, std::vector<int64_t> chunks_per_shard, ShardLayout layout)
       : dir_(std::move(dir)), keys_(keys), chunks_per_shard_(std::move(chunks_per_shard)), layout_(std::move(layout)) {
-    for (int64_t count : chunks_per_shard_) inner_chunks_ *= count;
+    // Each inner chunk takes 16 bytes of the index, which every shard file holds.
+    constexpr int64_t kMaxEntries = std::numeric_limits<int64_t>::max() / 16 - 1;
+    for (int64_t count : chunks_per_shard_) {
+      if (count != 0 && inner_chunks_ > kMaxEntries / count) {
+        throw std::runtime_error("shards of more than 2^59 inner chunks (corrupt chunk shapes)");
+      }
+      inner_chunks_ *= count;
+    }
   }
 
   std::optional<std::vector<uint8_t>> read_chunk(const std::vector<int64_t>& coords) const override {
@@ -1085,7 +1126,11 @@ std::shared_ptr<const ChunkStore> make_chunk_store(const ZarrMetadata& meta) {
   for (size_t d = 0; d < chunks_per_shard.size(); ++d) {
     chunks_per_shard[d] = meta.chunk_shape[d] / meta.sharding->inner_chunk_shape[d];
   }
-  return std::make_shared<ShardedChunkStore>(meta.dir, meta.keys, std::move(chunks_per_shard), *meta.sharding);
+  try {
+    return std::make_shared<ShardedChunkStore>(meta.dir, meta.keys, std::move(chunks_per_shard), *meta.sharding);
+  } catch (const std::runtime_error& error) {
+    throw ReadError(concat(meta.where, ": ", error.what()));
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -1201,9 +1246,14 @@ std::vector<std::string> decode_string_chunk(const ZarrMetadata& meta, std::vect
     undo_bytes_codecs(meta.chain.bytes_codecs, encoded, std::nullopt, nullptr);
     return decode_vlen(encoded, items);
   }
+  if (meta.item_size != 0 && items > (size_t{1} << 62) / meta.item_size) {
+    throw std::runtime_error(concat(items, " strings of ", meta.item_size, " bytes per chunk"));
+  }
   const size_t bytes = items * meta.item_size;
+  const ZarrChunkDecoder decoder(meta.chain, meta.read_chunk_shape(), meta.item_size);
+  decoder.check_encoded(encoded, bytes, 0);
   std::vector<uint8_t> decoded(bytes);
-  ZarrChunkDecoder(meta.chain, meta.read_chunk_shape(), meta.item_size).decode(encoded, decoded.data(), bytes);
+  decoder.decode(encoded, decoded.data(), bytes);
   std::vector<std::string> strings;
   strings.reserve(items);
   for (size_t i = 0; i < items; ++i) {
@@ -1267,24 +1317,53 @@ std::vector<std::string> read_zarr_strings(const std::string& store, const std::
   const std::shared_ptr<const ChunkStore> chunks = make_chunk_store(meta);
   const int64_t length = scalar ? 1 : meta.shape[0];
   const int64_t per_chunk = scalar ? 1 : meta.read_chunk_shape()[0];
-  std::vector<std::string> strings;
-  strings.reserve(static_cast<size_t>(length));
-  const std::string fill = string_fill(meta);
-  for (int64_t chunk = 0; chunk * per_chunk < length; ++chunk) {
+  const int64_t chunk_count = length / per_chunk + (length % per_chunk != 0);
+  if (chunk_count > kMaxStringChunks) {
+    throw ReadError(concat(meta.where, ": ", length, " strings in ", chunk_count, " chunks of ", per_chunk,
+                           " (more than ", kMaxStringChunks, " chunks: corrupt shape or chunk shape?)"));
+  }
+  // Chunks never written hold the fill value. A string array's elements come
+  // from its stored chunks; a shape claiming far more than they hold (a
+  // corrupt shape) is refused before the fill strings are made.
+  std::vector<std::optional<std::vector<std::string>>> decoded(static_cast<size_t>(chunk_count));
+  uint64_t stored = 0, missing = 0;
+  for (int64_t chunk = 0; chunk < chunk_count; ++chunk) {
     const std::vector<int64_t> coords = scalar ? std::vector<int64_t>{} : std::vector<int64_t>{chunk};
     const size_t wanted = static_cast<size_t>(std::min(per_chunk, length - chunk * per_chunk));
     try {
       std::optional<std::vector<uint8_t>> encoded = chunks->read_chunk(coords);
       if (!encoded) {
-        strings.insert(strings.end(), wanted, fill);
+        missing += wanted;
         continue;
       }
       std::vector<std::string> items = decode_string_chunk(meta, *encoded, static_cast<size_t>(per_chunk));
-      std::move(items.begin(), items.begin() + wanted, std::back_inserter(strings));
+      items.resize(wanted);
+      stored += wanted;
+      decoded[static_cast<size_t>(chunk)] = std::move(items);
     } catch (const ReadError&) {
       throw;
     } catch (const std::exception& error) {
       throw ReadError(concat(meta.where, ": ", chunks->describe_chunk(coords), ": ", error.what()));
+    }
+  }
+  if (missing > std::max<uint64_t>(stored, kMaxFillStrings)) {
+    throw ReadError(
+        concat(meta.where, ": ", missing, " of its ", length, " strings lie in chunks never written (corrupt shape?)"));
+  }
+  const std::string fill = string_fill(meta);
+  std::vector<std::string> strings;
+  strings.reserve(static_cast<size_t>(length));
+  for (int64_t chunk = 0; chunk < chunk_count; ++chunk) {
+    auto& items = decoded[static_cast<size_t>(chunk)];
+    if (items) {
+      std::move(items->begin(), items->end(), std::back_inserter(strings));
+    } else {
+      strings.insert(strings.end(), static_cast<size_t>(std::min(per_chunk, length - chunk * per_chunk)), fill);
+    }
+  }
+  for (size_t i = 0; i < strings.size(); ++i) {
+    if (!is_valid_utf8(strings[i])) {
+      throw ReadError(concat(meta.where, ": string ", i, " is not valid UTF-8: \"", printable(strings[i]), "\""));
     }
   }
   return strings;

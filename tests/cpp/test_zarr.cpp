@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -23,6 +24,7 @@
 
 #include "array.h"
 #include "errors.h"
+#include "text.h"
 #include "thread_pool.h"
 #include "zarr_array.h"
 #include "zarr_group.h"
@@ -1028,6 +1030,94 @@ TEST(ZarrErrors, CorruptShards) {
   std::fill_n(bytes.end() - 4 * 16, 8, 0xff);
   write_file(file, bytes);
   expect_read_error(read("/half"), s, "/half", "outside");
+}
+
+Bytes vlen_encode(const std::vector<std::string>& items);
+
+// Sizes, shapes and types read from metadata: checked against the zarr
+// specification and against each other before anything is allocated.
+TEST(ZarrErrors, MetadataTypesAndSizesAreCheckedBeforeUse) {
+  TempStore store;
+  const std::string s = store.path();
+  const auto open = [&](const std::string& path) { return [&, path] { open_zarr_array(s, path); }; };
+
+  // The transpose order is a list of axes (zarr-python refuses the draft's "F" too), and a permutation.
+  for (const json& order : {json("F"), json("C"), json::array({0, 0}), json::array({1}), json::array({0, 2})}) {
+    write_json(
+        s + "/transpose/zarr.json",
+        v3_metadata({4, 2}, {2, 2}, "int32",
+                    json::array({{{"name", "transpose"}, {"configuration", {{"order", order}}}}, bytes_codec()})));
+    expect_read_error(open("/transpose"), s, "/transpose", "transpose order");
+  }
+  // Shapes of 2^63 bytes or more, and integers past int64.
+  write_json(s + "/wide/zarr.json",
+             v3_metadata({std::numeric_limits<int64_t>::max()}, {8}, "int32", json::array({bytes_codec()})));
+  expect_read_error(open("/wide"), s, "/wide", "2^63");
+  json unsigned_shape = v2_metadata({4}, {2}, "<i4");
+  unsigned_shape["shape"] = json::array({uint64_t{1} << 63});
+  write_json(s + "/unsigned/.zarray", unsigned_shape);
+  expect_read_error(open("/unsigned"), s, "/unsigned", "above 2^63 - 1");
+  // Fixed-length strings: digits only.
+  for (const char* dtype : {"<U3abc", "<U-5", "|S0", "<U99999999999"}) {
+    write_json(s + "/fixed/.zarray", v2_metadata({4}, {2}, dtype));
+    expect_read_error([&] { read_zarr_strings(s, "/fixed"); }, s, "/fixed", "dtype");
+  }
+  // Metadata that is not UTF-8: the message escapes the bytes.
+  write_text(s + "/binary/.zarray", "{\"shape\": [4], \"chunks\": [2], \"dtype\": \"<i4\xff\xfe\"}");
+  try {
+    open_zarr_array(s, "/binary");
+    FAIL() << "no ReadError";
+  } catch (const core::ReadError& error) {
+    EXPECT_TRUE(is_valid_utf8(error.what())) << error.what();
+    EXPECT_NE(std::string(error.what()).find("\\x"), std::string::npos) << error.what();
+  }
+}
+
+TEST(ZarrErrors, HugeDeclaredSizesFailBeforeAllocating) {
+  TempStore store;
+  const std::string s = store.path();
+  core::ThreadPool pool(0);
+  // The largest 1-D uint8 array: the chunk grid must not overflow, missing chunks read as the fill value.
+  json huge = v3_metadata({std::numeric_limits<int64_t>::max()}, {8}, "uint8", json::array({bytes_codec()}));
+  huge["fill_value"] = 3;
+  write_json(s + "/huge/zarr.json", huge);
+  const auto array = open_zarr_array(s, "/huge");
+  std::vector<uint8_t> tail(8);
+  const int64_t last = std::numeric_limits<int64_t>::max() - 8;
+  array->read({Segment{last, 8, 0}}, tail.data(), pool);
+  EXPECT_EQ(tail, std::vector<uint8_t>(8, 3));
+
+  // Chunks claiming 2^40 elements, a chunk that records its true size: refused
+  // before a 4 TiB buffer exists (under AddressSanitizer that allocation would abort).
+  const std::vector<int32_t> values = sample_values<int32_t>(4);
+  write_json(s + "/bigchunk/.zarray", v2_metadata({4}, {int64_t{1} << 40}, "<i4", {{"id", "zstd"}}));
+  write_file(s + "/bigchunk/0", zstd_compress(to_bytes(values)));
+  expect_read_error([&] { read_all<int32_t>(*open_zarr_array(s, "/bigchunk")); }, s, "/bigchunk", "chunk (0,)");
+  write_json(s + "/bigblosc/.zarray", v2_metadata({4}, {int64_t{1} << 40}, "<i4", {{"id", "blosc"}}));
+  write_file(s + "/bigblosc/0", blosc_compress(to_bytes(values), 4, 1, "lz4"));
+  expect_read_error([&] { read_all<int32_t>(*open_zarr_array(s, "/bigblosc")); }, s, "/bigblosc", "chunk (0,)");
+
+  // A shard of 2^40 inner chunks: its index cannot be in a small file.
+  write_json(s + "/shard/zarr.json",
+             v3_metadata({8}, {int64_t{1} << 40}, "int32",
+                         json::array({sharding_codec({1}, json::array({bytes_codec()}), false)})));
+  write_file(s + "/shard/c/0", Bytes(64, 0));
+  expect_read_error([&] { read_all<int32_t>(*open_zarr_array(s, "/shard")); }, s, "/shard", "index");
+
+  // A string array claiming 2^62 strings in chunks of 4: refused from its shape.
+  write_json(s + "/names/zarr.json",
+             v3_metadata({int64_t{1} << 62}, {4}, "string", json::array({{{"name", "vlen-utf8"}}})));
+  expect_read_error([&] { read_zarr_strings(s, "/names"); }, s, "/names", "corrupt shape");
+  // A blosc string chunk whose header claims 2 GiB from a few bytes.
+  write_json(s + "/blosc_names/.zarray", [] {
+    json meta = v2_metadata({3}, {3}, "|O", {{"id", "blosc"}});
+    meta["filters"] = json::array({{{"id", "vlen-utf8"}}});
+    return meta;
+  }());
+  Bytes lying = blosc_compress(vlen_encode({"a", "b", "c"}), 1, 0, "lz4");
+  lying[4] = 0, lying[5] = 0, lying[6] = 0, lying[7] = 0x80;  // nbytes = 2^31
+  write_file(s + "/blosc_names/0", lying);
+  expect_read_error([&] { read_zarr_strings(s, "/blosc_names"); }, s, "/blosc_names", "blosc");
 }
 
 TEST(ZarrErrors, RowsOutsideTheArray) {
