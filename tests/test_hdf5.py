@@ -319,3 +319,24 @@ def test_a_corrupt_scale_offset_chunk_is_an_error(tmp_path):
     path.write_bytes(bytes(raw))
     with pytest.raises(RuntimeError, match=r"so.h5:/x: chunk \(1, 0\).*packs 40 bits into 32-bit elements"):
         ts.HDF5Source(path, "x").read(range(10))
+
+
+def test_chunks_overlapping_in_the_file_are_an_error(tmp_path):
+    # Both HDF5 versions read a chunk whose address was moved into its neighbour's bytes.
+    path = tmp_path / "overlap.h5"
+    data = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(16, 4))
+        first, second = (f["x"].id.get_chunk_info(i).byte_offset for i in (0, 1))
+    raw = bytearray(path.read_bytes())
+    # The record of an unfiltered chunk's size is not needed to read it (HDF5 ignores it too)...
+    key = raw.find(second.to_bytes(8, "little")) - 4 * 8
+    raw[key : key + 4] = (1000).to_bytes(4, "little")
+    path.write_bytes(bytes(raw))
+    assert torch.equal(ts.HDF5Source(path, "x").read(range(64))["X"], torch.from_numpy(data))
+    # ... but its address must not fall inside another chunk.
+    at = raw.find(second.to_bytes(8, "little"))
+    raw[at : at + 8] = (first + 8).to_bytes(8, "little")
+    path.write_bytes(bytes(raw))
+    with pytest.raises(RuntimeError, match=r"overlap.h5:/x: two of its chunks overlap in the file"):
+        ts.HDF5Source(path, "x")

@@ -72,7 +72,7 @@ void ChunkedArray::read_raw_chunk_rows(int64_t chunk_row, const std::vector<cons
                                        uint8_t* out) const {
   const size_t row_size = row_bytes();
   const int64_t first_row = chunk_row * chunk_shape_[0];
-  const int64_t end_row = std::min(first_row + chunk_shape_[0], num_rows());
+  const int64_t end_row = first_row + std::min(chunk_shape_[0], num_rows() - first_row);  // no overflow at 2^63
   // The requested rows of this chunk, as segments relative to its first row.
   std::vector<Segment> pieces;
   for (const Segment* segment : touching) {
@@ -221,7 +221,7 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
     }
     const std::vector<int64_t> inner_coords(coords.begin() + 1, coords.end());
     const int64_t first_row = chunk_row * rows_per_chunk;
-    const int64_t end_row = std::min(first_row + rows_per_chunk, rows);
+    const int64_t end_row = first_row + std::min(rows_per_chunk, rows - first_row);
     for (size_t t = starts[group]; t < starts[group + 1]; ++t) {
       const Segment& segment = segments[touches[t].second];
       const int64_t lo = std::max(segment.source, first_row);

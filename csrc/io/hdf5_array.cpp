@@ -378,12 +378,15 @@ std::string format_offset(const std::vector<hsize_t>& offset) {
 }
 
 // Every stored chunk of a chunked dataset, checked: on the chunk grid,
-// inside the file, no position twice, no more bytes than any encoding of a
-// chunk stores (`max_stored`, 0: unchecked), and exactly as many as the
-// chunk index says it holds (a chunk whose key was corrupted is in the index
-// but at no grid position). HDF5 1.10 looks chunks up without these checks.
+// inside the file, no position twice, no two overlapping in the file, no
+// more bytes than any encoding of a chunk stores (`max_stored`), and exactly
+// as many as the chunk index says it holds (a chunk whose key was corrupted
+// is in the index but at no grid position). HDF5 1.10 looks chunks up
+// without these checks. Without filters, a chunk is its `chunk_bytes` at
+// its address whatever size its index entry records, as HDF5 reads it.
 ChunkTable tabulate_chunks(hid_t dataset, const std::vector<int64_t>& chunk_shape, const std::vector<int64_t>& grid,
-                           const File& file, int64_t base, uint64_t max_stored, const std::string& where) {
+                           const File& file, int64_t base, uint64_t max_stored, bool unfiltered, uint64_t chunk_bytes,
+                           const std::string& where) {
   const size_t dims = grid.size();
   uint64_t cells = 1;
   for (int64_t extent : grid) {
@@ -403,6 +406,7 @@ ChunkTable tabulate_chunks(hid_t dataset, const std::vector<int64_t>& chunk_shap
   }
   ChunkTable table;
   const auto add = [&](const std::vector<hsize_t>& offset, unsigned mask, haddr_t address, hsize_t size) {
+    if (unfiltered) size = chunk_bytes;
     uint64_t linear = 0;
     for (size_t d = 0; d < dims; ++d) {
       const uint64_t extent = static_cast<uint64_t>(chunk_shape[d]);
@@ -467,6 +471,16 @@ ChunkTable tabulate_chunks(hid_t dataset, const std::vector<int64_t>& chunk_shap
   if (table.size() != stored) {
     throw ReadError(concat(where, ": its chunk index holds ", stored, " chunks, ", table.size(),
                            " of them at positions of the chunk grid (a chunk's coordinates are corrupt)"));
+  }
+  std::vector<const ChunkEntry*> by_offset;
+  for (const auto& [linear, entry] : table) by_offset.push_back(&entry);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const ChunkEntry* a, const ChunkEntry* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    if (by_offset[i - 1]->offset + by_offset[i - 1]->size > by_offset[i]->offset) {
+      throw ReadError(concat(where, ": two of its chunks overlap in the file (at offsets ", by_offset[i - 1]->offset,
+                             " and ", by_offset[i]->offset, "; corrupt chunk index)"));
+    }
   }
   return table;
 }
@@ -678,7 +692,7 @@ std::shared_ptr<const Array> open_hdf5_array(hid_t file_id, const std::string& f
     }
     const uint64_t max_stored = max_stored_bytes(geometry.chunk_bytes);
     ChunkTable table = tabulate_chunks(dataset.get(), geometry.chunk_shape, geometry.grid, *native.file,
-                                       native.format.base, max_stored, where);
+                                       native.format.base, max_stored, filters.empty(), geometry.chunk_bytes, where);
     auto store = std::make_shared<Hdf5ChunkStore>(native.file, path, geometry.grid, std::move(table));
     auto decoder = std::make_shared<Hdf5FilterDecoder>(filters, dtype_size(info.dtype), scaleoffset);
     return std::make_shared<ChunkedArray>(info, geometry.chunk_shape, store, decoder, header.fill);
@@ -732,8 +746,9 @@ std::vector<uint8_t> read_hdf5_elements(hid_t file_id, const Hdf5NativeFile& nat
   const ChunkGeometry geometry = chunk_geometry(header, where);
   Hid dataset(H5Dopen2(file_id, path.c_str(), H5P_DEFAULT), H5Dclose);
   if (!dataset.valid()) throw ReadError(concat(where, ": cannot open dataset: ", hdf5_error_detail()));
-  const ChunkTable table = tabulate_chunks(dataset.get(), geometry.chunk_shape, geometry.grid, *native.file,
-                                           native.format.base, max_stored_bytes(geometry.chunk_bytes), where);
+  const ChunkTable table =
+      tabulate_chunks(dataset.get(), geometry.chunk_shape, geometry.grid, *native.file, native.format.base,
+                      max_stored_bytes(geometry.chunk_bytes), header.filters.empty(), geometry.chunk_bytes, where);
   if (table.size() != static_cast<uint64_t>(geometry.grid[0])) {
     throw ReadError(concat(where, ": ", static_cast<uint64_t>(geometry.grid[0]) - table.size(), " of its ",
                            geometry.grid[0], " chunks were never written (a string array is written whole)"));

@@ -713,7 +713,7 @@ std::vector<std::string> read_variable_strings(const File& file, const FormatInf
     const uint32_t length = reader.u32();
     const uint64_t address = read_address(reader, format);
     const uint32_t index = reader.u32();
-    if (length == 0 && address == 0) {  // a null string: no heap object
+    if (address == 0) {  // a null sequence (HDF5 ignores its length): an empty string
       strings.emplace_back();
       continue;
     }

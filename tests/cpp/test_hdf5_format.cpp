@@ -89,8 +89,10 @@ std::vector<std::string> strings_from(const Bytes& file_bytes, const std::vector
 
 TEST(Hdf5Format, VariableLengthStringsComeFromTheirHeapObjects) {
   const Bytes file = collection(64, {{1, "cell0"}, {2, std::string("gene\0xx", 7)}, {7, ""}});
-  EXPECT_EQ(strings_from(file, {descriptor(5, 64, 1), descriptor(7, 64, 2), descriptor(0, 64, 7), descriptor(0, 0, 0)}),
-            (std::vector<std::string>{"cell0", "gene", "", ""}));  // a NUL ends a string, as in HDF5
+  // A NUL ends a string and address 0 is a null sequence whatever its length, as in HDF5.
+  EXPECT_EQ(strings_from(file, {descriptor(5, 64, 1), descriptor(7, 64, 2), descriptor(0, 64, 7), descriptor(0, 0, 0),
+                                descriptor(9, 0, 3)}),
+            (std::vector<std::string>{"cell0", "gene", "", "", ""}));
 }
 
 TEST(Hdf5Format, CorruptStringReferencesAndCollectionsAreErrors) {
