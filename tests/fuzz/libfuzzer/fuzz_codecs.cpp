@@ -1,0 +1,56 @@
+// libFuzzer target: the chunk decoders (zlib, gzip, zstd, blosc, HDF5
+// scale-offset) and the size checks that run before a chunk's buffer is
+// allocated. Input: a selector byte, a 3-byte output size (at most 16 MiB),
+// then the encoded bytes. Every input must decode to exactly that size or
+// throw std::runtime_error; nothing else (no crash, no sanitizer report, no
+// allocation the header did not justify).
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "codecs.h"
+
+using namespace torch_shards::io::codecs;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 4) return 0;
+  const uint8_t selector = data[0];
+  const size_t out_size = (size_t{data[1]} | size_t{data[2]} << 8 | size_t{data[3]} << 16);
+  const uint8_t* in = data + 4;
+  const size_t in_size = size - 4;
+  try {
+    if (selector % 5 == 4) {
+      ScaleOffsetParameters parameters;
+      const size_t sizes[] = {1, 2, 4, 8};
+      parameters.size = sizes[(selector >> 3) & 3];
+      parameters.count = out_size / parameters.size;
+      parameters.big_endian = selector & 0x20;
+      parameters.fill_defined = selector & 0x40;
+      parameters.fill = 0x5a5a5a5a5a5a5a5aull;
+      std::vector<uint8_t> out(parameters.count * parameters.size);
+      decode_scaleoffset(in, in_size, out.data(), parameters);
+      return 0;
+    }
+    const Codec codec = static_cast<Codec>(selector % 4);
+    // As the readers do: the size check first, the buffer after.
+    check_decoded_size(codec, in, in_size, out_size);
+    std::vector<uint8_t> out(out_size);
+    switch (codec) {
+      case Codec::kZlib:
+        inflate_zlib(in, in_size, out.data(), out_size);
+        break;
+      case Codec::kGzip:
+        inflate_gzip(in, in_size, out.data(), out_size);
+        break;
+      case Codec::kZstd:
+        decompress_zstd(in, in_size, out.data(), out_size);
+        break;
+      case Codec::kBlosc:
+        decompress_blosc(in, in_size, out.data(), out_size);
+        break;
+    }
+  } catch (const std::runtime_error&) {
+  }
+  return 0;
+}
