@@ -63,3 +63,30 @@ bench: setup
 
 clean:
 	rm -rf build tests/cpp/build $(VENV) torch_shards/_C*.so torch_shards/_build_info.py *.egg-info
+
+# Robustness (see README, Development): the GoogleTest suites and the libFuzzer
+# targets built with AddressSanitizer + UndefinedBehaviorSanitizer (clang from
+# Debian), and the fuzzing harness's long run against the reference libraries.
+SANITIZE_PACKAGES := clang-14 libclang-rt-14-dev
+SANITIZE_CXX ?= clang++-14
+SANITIZE_BUILD := tests/cpp/build/sanitize
+FUZZ_CASES ?= 3400
+FUZZ_SEED ?= 0
+
+.PHONY: sanitize fuzz-long
+
+sanitize: system
+	@missing=$$(for p in $(SANITIZE_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		sudo=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+		echo "installing system packages:" $$missing; \
+		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq $$missing; \
+	fi
+	cmake -S tests/cpp -B $(SANITIZE_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+		-DCMAKE_CXX_COMPILER=$(SANITIZE_CXX) -DTORCH_SHARDS_SANITIZE=ON
+	cmake --build $(SANITIZE_BUILD)
+	UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir $(SANITIZE_BUILD) --output-on-failure
+
+fuzz-long: setup
+	mkdir -p build
+	$(PY) tests/fuzz/run.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) --report build/fuzz-report.json

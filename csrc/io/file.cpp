@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "../core/errors.h"
 
@@ -78,15 +79,33 @@ bool mapping_enabled() {
   return enabled;
 }
 
-}  // namespace
+// Storage that is never destroyed: the atfork handler may run at any time.
+alignas(std::mutex) unsigned char first_use_storage[sizeof(std::mutex)];
+std::mutex* first_use = new (first_use_storage) std::mutex;
 
-int current_process_id() {
+void reset_after_fork_in_child() {
+  refresh_pid_after_fork();
+  first_use = new (first_use_storage) std::mutex;  // the only thread now: a fresh, unlocked mutex
+}
+
+void install_fork_handler() {
   static std::once_flag once;
   std::call_once(once, [] {
     refresh_pid_after_fork();
-    pthread_atfork(nullptr, nullptr, refresh_pid_after_fork);
+    pthread_atfork(nullptr, nullptr, reset_after_fork_in_child);
   });
+}
+
+}  // namespace
+
+int current_process_id() {
+  install_fork_handler();
   return cached_pid.load(std::memory_order_relaxed);
+}
+
+std::mutex& first_use_mutex() {
+  install_fork_handler();
+  return *first_use;
 }
 
 File::File(std::string path, Access access)
@@ -107,7 +126,7 @@ const uint8_t* File::mapping() const {
   if (!map_ || size_ == 0) return nullptr;
   if (const uint8_t* mapped = mapped_.load(std::memory_order_acquire)) return mapped;
   const int fd = descriptor();  // before the lock: descriptor() takes it to reopen in a new process
-  std::lock_guard<std::mutex> lock(open_mutex_);
+  std::lock_guard<std::mutex> lock(first_use_mutex());
   if (mapping_failed_) return nullptr;
   if (mapped_.load() == nullptr) {
     void* address = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd, 0);
@@ -124,7 +143,7 @@ const uint8_t* File::mapping() const {
 int File::descriptor() const {
   const int pid = current_process_id();
   if (owner_pid_.load(std::memory_order_acquire) == pid) return fd_.load(std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(open_mutex_);
+  std::lock_guard<std::mutex> lock(first_use_mutex());
   if (owner_pid_.load(std::memory_order_relaxed) != pid) {
     const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw ReadError(concat(path_, ": cannot open: ", std::strerror(errno)));

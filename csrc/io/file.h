@@ -44,7 +44,6 @@ class File {
   std::string path_;
   int64_t size_ = 0;
   bool map_ = false;
-  mutable std::mutex open_mutex_;
   mutable std::atomic<int> fd_{-1};
   mutable std::atomic<int> owner_pid_{0};
   mutable std::atomic<const uint8_t*> mapped_{nullptr};
@@ -53,6 +52,13 @@ class File {
 
 // This process's id, cached (getpid is a system call) and refreshed after fork.
 int current_process_id();
+
+// Guards the first use, in a process, of state kept per process (a file's
+// descriptor and mapping, a store's cache of shard indexes). A forked child
+// gets it unlocked whatever the parent's threads were doing: a mutex of the
+// objects themselves could be held by a parent thread that does not exist in
+// the child, and the child's first read would wait forever.
+std::mutex& first_use_mutex();
 
 // Reads a whole (small) file; throws ReadError naming it.
 std::vector<uint8_t> read_whole_file(const std::string& path);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 
 #include "../core/errors.h"
 #include "file.h"
@@ -224,7 +223,7 @@ class Hdf5Group : public Group {
     auto lock = hdf5_lock();
     Hid file = open_hdf5_file(file_);
     if (hdf5_object_type(file.get(), path) != H5O_TYPE_DATASET) throw ReadError(concat(where, ": no such dataset"));
-    const Hdf5NativeFile& native = native_file();
+    const Hdf5NativeFile native = native_file();
     const Hdf5DatasetHeader header =
         read_hdf5_dataset_header(native, hdf5_object_address(file.get(), path, where), where);
     if (!is_string_type(header.type)) throw ReadError(concat(where, ": is not an array of strings"));
@@ -243,11 +242,9 @@ class Hdf5Group : public Group {
     return hdf5_object_type(file.get(), child_path(name));
   }
 
-  const Hdf5NativeFile& native_file() const {
-    std::lock_guard<std::mutex> guard(native_mutex_);
-    if (!native_) native_ = std::make_unique<Hdf5NativeFile>(open_hdf5_native(file_));
-    return *native_;
-  }
+  // Opened per call (open and fstat; the mapping on first read), like the
+  // libhdf5 handle beside it: nothing to lock, nothing to cross a fork.
+  Hdf5NativeFile native_file() const { return open_hdf5_native(file_); }
 
   // Attribute messages decoded natively from the object header; attributes
   // in dense storage (more than 8 on objects of files written with
@@ -257,7 +254,7 @@ class Hdf5Group : public Group {
     auto lock = hdf5_lock();
     Hid file = open_hdf5_file(file_);
     if (hdf5_object_type(file.get(), path) == H5O_TYPE_UNKNOWN) throw ReadError(concat(where, ": no such object"));
-    const Hdf5NativeFile& native = native_file();
+    const Hdf5NativeFile native = native_file();
     std::vector<hdf5::Message> messages;
     try {
       messages = hdf5::read_object_header(*native.file, native.format, hdf5_object_address(file.get(), path, where));
@@ -299,8 +296,6 @@ class Hdf5Group : public Group {
 
   std::string file_;
   std::string path_;
-  mutable std::mutex native_mutex_;
-  mutable std::unique_ptr<Hdf5NativeFile> native_;
 };
 
 }  // namespace

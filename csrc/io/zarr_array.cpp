@@ -3,6 +3,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -1054,11 +1055,34 @@ class ShardedChunkStore : public ChunkStore {
     std::shared_ptr<const ShardIndex> index;
   };
 
+  struct Cache {
+    std::mutex mutex;  // guards slots
+    std::map<std::string, std::shared_ptr<Slot>> slots;
+  };
+
+  // This process's cache of shard indexes. A forked child starts its own: a
+  // thread of the parent may have held one of the old cache's mutexes at the
+  // fork, and would never release it in the child. The inherited cache is
+  // left alone (a few bytes per fork), not destroyed while perhaps locked.
+  Cache& cache() const {
+    const int pid = current_process_id();
+    if (cache_pid_.load(std::memory_order_acquire) != pid) {
+      std::lock_guard<std::mutex> lock(first_use_mutex());
+      if (cache_pid_.load(std::memory_order_relaxed) != pid) {
+        if (cache_pid_.load(std::memory_order_relaxed) != 0) (void)cache_.release();
+        cache_ = std::make_unique<Cache>();
+        cache_pid_.store(pid, std::memory_order_release);
+      }
+    }
+    return *cache_;
+  }
+
   std::shared_ptr<const ShardIndex> shard_index(const std::string& key) const {
+    Cache& cache = this->cache();
     std::shared_ptr<Slot> slot;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      std::shared_ptr<Slot>& entry = slots_[key];
+      std::lock_guard<std::mutex> lock(cache.mutex);
+      std::shared_ptr<Slot>& entry = cache.slots[key];
       if (!entry) entry = std::make_shared<Slot>();
       slot = entry;
     }
@@ -1116,8 +1140,8 @@ class ShardedChunkStore : public ChunkStore {
   std::vector<int64_t> chunks_per_shard_;
   ShardLayout layout_;
   int64_t inner_chunks_ = 1;
-  mutable std::mutex mutex_;  // guards slots_
-  mutable std::map<std::string, std::shared_ptr<Slot>> slots_;
+  mutable std::unique_ptr<Cache> cache_;
+  mutable std::atomic<int> cache_pid_{0};
 };
 
 std::shared_ptr<const ChunkStore> make_chunk_store(const ZarrMetadata& meta) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -125,4 +126,25 @@ TEST(File, ArrayShapesOfTwoToTheSixtyThreeBytesAreReadErrors) {
   EXPECT_THROW(MemoryArray(rows, {}), ReadError);  // empty, but its rows overflow
   ArrayInfo negative{"f.h5", "/x", DType::kInt32, {3, -1}};
   EXPECT_THROW(MemoryArray(negative, {}), ReadError);
+}
+
+TEST(File, AForkWhileAnotherThreadOpensFilesLeavesTheChildFree) {
+  // A parent thread inside first use (opening a descriptor, mapping a file)
+  // at the fork holds a lock no thread of the child will release.
+  const std::string path = write_file("first_use.bin", 1 << 16);
+  const File inherited(path, File::Access::kMapped);
+  const auto expected = read(inherited, 1000, 64);
+  std::mutex& mutex = torch_shards::io::first_use_mutex();
+  mutex.lock();  // as if this thread were opening a file
+  const pid_t child = fork();
+  if (child == 0) {
+    alarm(10);  // a deadlock ends in SIGALRM
+    const File fresh(path);
+    const bool same = read(inherited, 1000, 64) == expected && read(fresh, 1000, 64) == expected;
+    _exit(same ? 0 : 1);
+  }
+  mutex.unlock();
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
 }

@@ -5,6 +5,8 @@
 #include <blosc.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -863,6 +865,27 @@ TEST(ZarrV3, ConcurrentReadsShareShardIndexes) {
 
 // ---------------------------------------------------------------------------
 // Errors
+
+TEST(ZarrV3, ForkedChildReadsShardsThroughItsOwnIndexCache) {
+  TempStore store;
+  const std::string s = store.path();
+  const Shape shape{16}, shard{8}, inner{2};
+  const auto values = sample_values<int32_t>(16);
+  write_json(s + "/zarr.json", v3_metadata(shape, shard, "int32",
+                                           json::array({sharding_codec(inner, json::array({bytes_codec()}), false)})));
+  write_shards(s, to_bytes(values), shape, shard, inner, 4, kRaw, ShardOptions{});
+  const auto array = open_zarr_array(s, "/");
+  ASSERT_EQ(read_all<int32_t>(*array), values);  // the parent's cache holds both shard indexes
+  const pid_t child = fork();
+  if (child == 0) {
+    alarm(10);
+    _exit(read_all<int32_t>(*array) == values ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  EXPECT_EQ(read_all<int32_t>(*array), values);
+}
 
 TEST(ZarrErrors, Metadata) {
   TempStore store;
