@@ -515,10 +515,8 @@ Layout decode_layout(const std::vector<uint8_t>& message, const FormatInfo& form
     if (rank < 1 || rank > 33) corrupt(concat("layout of ", int{rank}, " dimensions"));
     std::vector<uint64_t> dims;
     for (int d = 0; d < rank; ++d) dims.push_back(reader.u32());
-    if (layout.kind == Layout::kChunked) {
-      layout.chunk.assign(dims.begin(), dims.end() - 1);
-      reader.skip(4);  // element size
-    }
+    // Chunked: the last "dimension" is the element size.
+    if (layout.kind == Layout::kChunked) layout.chunk.assign(dims.begin(), dims.end() - 1);
     if (layout.kind == Layout::kCompact) layout.compact = reader.bytes(reader.u32());
     return layout;
   }

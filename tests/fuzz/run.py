@@ -94,6 +94,11 @@ KNOWN_REFUSALS = [
         "a chunk index entry pointing outside the file or into another chunk: the reference returns other bytes",
     ),
     (
+        r"shard index entry \d+ \(offset \d+, nbytes \d+\) lies outside the shard",
+        "altered",
+        "a shard index entry pointing outside its shard: zarr-python reads that inner chunk as never written",
+    ),
+    (
         r"scale-offset chunk (holds \d+ bytes, too few|packs \d+ bits into)",
         "altered",
         "a scale-offset chunk that cannot hold its values: HDF5 unpacks them from past the chunk's end",

@@ -1,6 +1,6 @@
 // libFuzzer target: the chunk decoders (zlib, gzip, zstd, blosc, HDF5
 // scale-offset) and the size checks that run before a chunk's buffer is
-// allocated. Input: a selector byte, a 3-byte output size (at most 16 MiB),
+// allocated. Input: a selector byte, a 20-bit output size (under 1 MiB),
 // then the encoded bytes. Every input must decode to exactly that size or
 // throw std::runtime_error; nothing else (no crash, no sanitizer report, no
 // allocation the header did not justify).
@@ -16,7 +16,7 @@ using namespace torch_shards::io::codecs;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 4) return 0;
   const uint8_t selector = data[0];
-  const size_t out_size = (size_t{data[1]} | size_t{data[2]} << 8 | size_t{data[3]} << 16);
+  const size_t out_size = (size_t{data[1]} | size_t{data[2]} << 8 | size_t{data[3] & 0x0f} << 16);
   const uint8_t* in = data + 4;
   const size_t in_size = size - 4;
   try {
