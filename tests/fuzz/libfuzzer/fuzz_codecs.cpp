@@ -16,7 +16,7 @@ using namespace torch_shards::io::codecs;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 4) return 0;
   const uint8_t selector = data[0];
-  const size_t out_size = (size_t{data[1]} | size_t{data[2]} << 8 | size_t{data[3] & 0x0f} << 16);
+  const size_t out_size = (size_t{data[1]} | size_t{data[2]} << 8 | static_cast<size_t>(data[3] & 0x0f) << 16);
   const uint8_t* in = data + 4;
   const size_t in_size = size - 4;
   try {
