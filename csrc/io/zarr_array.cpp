@@ -350,7 +350,8 @@ void parse_v2(const json& zarray, ZarrMetadata& meta) {
   } else if (order != "C") {
     reader.fail(concat("invalid order '", order, "'"));
   }
-  meta.fill_value = zarray.contains("fill_value") ? zarray["fill_value"] : json();
+  // Required by the specification (null allowed): without it, a reader cannot know what never-written chunks hold.
+  meta.fill_value = reader.member(zarray, "fill_value");
   meta.keys.v3_default = false;
   meta.keys.separator = '.';
   if (zarray.contains("dimension_separator") && !zarray["dimension_separator"].is_null()) {
@@ -562,7 +563,7 @@ void parse_v3(const json& zarr_json, ZarrMetadata& meta) {
     throw ReadError(concat(meta.where, ": unsupported zarr storage_transformers"));
   }
   parse_v3_codecs(reader.member(zarr_json, "codecs"), meta, meta.chain, /*inside_shard=*/false, reader);
-  meta.fill_value = zarr_json.contains("fill_value") ? zarr_json["fill_value"] : json();
+  meta.fill_value = reader.member(zarr_json, "fill_value");  // required by the specification
 }
 
 ZarrMetadata read_metadata(const std::string& store, const std::string& path) {

@@ -1085,6 +1085,15 @@ TEST(ZarrErrors, MetadataTypesAndSizesAreCheckedBeforeUse) {
     write_json(s + "/fixed/.zarray", v2_metadata({4}, {2}, dtype));
     expect_read_error([&] { read_zarr_strings(s, "/fixed"); }, s, "/fixed", "dtype");
   }
+  // fill_value is required (in v2 it may be null): without it, missing chunks have no value.
+  json no_fill = v2_metadata({4}, {2}, "<i4");
+  no_fill.erase("fill_value");
+  write_json(s + "/nofill/.zarray", no_fill);
+  expect_read_error(open("/nofill"), s, "/nofill", "missing \"fill_value\"");
+  json v3_no_fill = v3_metadata({4}, {2}, "int32", json::array({bytes_codec()}));
+  v3_no_fill.erase("fill_value");
+  write_json(s + "/v3nofill/zarr.json", v3_no_fill);
+  expect_read_error(open("/v3nofill"), s, "/v3nofill", "missing \"fill_value\"");
   // Metadata that is not UTF-8: the message escapes the bytes.
   write_text(s + "/binary/.zarray", "{\"shape\": [4], \"chunks\": [2], \"dtype\": \"<i4\xff\xfe\"}");
   try {

@@ -1,11 +1,18 @@
 """The two readers the harness compares: torch_shards, and the reference
 library that wrote the seed (h5py, anndata, zarr). Both return the same
-canonical result, so results compare with `same_result`:
+canonical result, compared part by part with `difference`:
 
   {"rows": N, "read": [row, ...],              rows read (all, or both ends of a huge array)
    "fields": {name: {"dtype": str, "shape": [...], "values": ndarray}}   dense rows read, in row order
    "csr": {"lengths": ndarray, "indices": ndarray, "data": ndarray, "dtype": str, "columns": int}
-   "names": {"obs": [...], "var": [...], "categories/<column>": [...]}}
+   "names": {"obs": [...], "var": [...], "categories/<column>": [...]},
+   "refused": {part: message}}
+
+The reference reads each part (a dataset, an array, X, an obs column, the
+obs or var names) on its own, so that a part it refuses does not hide the
+others: "refused" lists those parts ("field/<name>", "csr", "names/<key>").
+A result with refused parts means the reference refuses the file; the parts
+it did read still tell whether torch_shards' values are the file's.
 
 Rows read: every row when there are at most MAX_ROWS (seeds have <= 64),
 else the first and last MAX_ROWS // 2: a mutated shape may claim 2**60 rows,
@@ -99,7 +106,7 @@ def read_ours(seed, path, rng):
             if name not in dense:
                 dense[name] = np.empty((len(rows),) + array.shape[1:], dtype=array.dtype)
             dense[name][positions] = array
-    result = {"rows": num_rows, "read": rows.tolist(), "fields": {}, "names": {}}
+    result = {"rows": num_rows, "read": rows.tolist(), "fields": {}, "names": {}, "refused": {}}
     for name, values in dense.items():
         result["fields"][name] = _dense_field(values)
     if csr_parts:
@@ -171,41 +178,72 @@ def _read_rows(array, num_rows, rows):
     return np.concatenate([np.asarray(array[start:stop]) for start, stop in _ranges(rows)])
 
 
+def _message(error):
+    return f"{type(error).__name__}: {error}"
+
+
+def _assemble(num_rows, parts, refused):
+    """A canonical result from parts read one by one: {part: (kind, value)}."""
+    if num_rows is None:
+        raise ValueError(f"the reference reads no part: {refused}")
+    result = {"rows": num_rows, "read": rows_to_read(num_rows).tolist(), "fields": {}, "names": {}, "refused": refused}
+    for part, value in parts.items():
+        kind, _, name = part.partition("/")
+        if kind == "field":
+            result["fields"][name] = value
+        elif kind == "names":
+            result["names"][name] = value
+        else:
+            result["csr"] = value
+    return result
+
+
+def _read_arrays(seed, open_array):
+    """Each field of an HDF5 or zarr seed on its own; the rows of those that open."""
+    parts, refused, counts = {}, {}, {}
+    for name, inner in seed["fields"].items():
+        try:
+            array = open_array(inner)
+            if not array.shape:
+                raise ValueError("a scalar")
+            counts[name] = array.shape[0]
+        except Exception as error:  # noqa: BLE001 - a part the reference refuses
+            refused[f"field/{name}"] = _message(error)
+    if len(set(counts.values())) > 1:
+        raise ValueError(f"fields disagree on their rows: {counts}")
+    num_rows = next(iter(counts.values()), None)
+    if num_rows is not None:
+        rows = rows_to_read(num_rows)
+        for name, inner in seed["fields"].items():
+            if name not in counts:
+                continue
+            try:
+                parts[f"field/{name}"] = _dense_field(_read_rows(open_array(inner), num_rows, rows))
+            except Exception as error:  # noqa: BLE001
+                refused[f"field/{name}"] = _message(error)
+    return _assemble(num_rows, parts, refused)
+
+
 def _read_h5py(seed, path):
     import h5py
     import hdf5plugin  # noqa: F401  (registers blosc and zstd with h5py's HDF5)
 
     with h5py.File(path, "r") as f:
-        datasets = {name: f[inner] for name, inner in seed["fields"].items()}
-        counts = {d.shape[0] if d.ndim else None for d in datasets.values()}
-        if len(counts) != 1 or None in counts:
-            raise ValueError(f"datasets disagree on rows or are scalars: {counts}")
-        num_rows = counts.pop()
-        rows = rows_to_read(num_rows)
-        fields = {name: _dense_field(_read_rows(d, num_rows, rows)) for name, d in datasets.items()}
-    return {"rows": num_rows, "read": rows.tolist(), "fields": fields, "names": {}}
+        return _read_arrays(seed, lambda inner: f[inner])
 
 
 def _read_zarr(seed, path):
     import zarr
 
-    arrays = {
-        name: zarr.open_array(os.path.join(path, inner.strip("/")), mode="r") for name, inner in seed["fields"].items()
-    }
-    counts = {a.shape[0] if a.ndim else None for a in arrays.values()}
-    if len(counts) != 1 or None in counts:
-        raise ValueError(f"arrays disagree on rows or are scalars: {counts}")
-    num_rows = counts.pop()
-    rows = rows_to_read(num_rows)
-    fields = {name: _dense_field(_read_rows(a, num_rows, rows)) for name, a in arrays.items()}
-    return {"rows": num_rows, "read": rows.tolist(), "fields": fields, "names": {}}
+    return _read_arrays(seed, lambda inner: zarr.open_array(os.path.join(path, inner.strip("/")), mode="r"))
 
 
 def _read_anndata(seed, path):
-    """anndata's readers for the elements torch_shards reads (X, obs, var),
-    assembled into an AnnData (which checks their shapes agree). zarr stores
-    are read without their consolidated metadata: torch_shards reads each
-    array's own metadata, which the zarr specification makes authoritative."""
+    """anndata's element readers, one element at a time: X, each obs column,
+    the obs and var names. When every one reads, they are assembled into an
+    AnnData, which checks that their shapes agree. zarr stores are read
+    without their consolidated metadata: torch_shards reads each array's own
+    metadata, which the zarr specification makes authoritative."""
     import anndata as ad
     import h5py
     import pandas as pd
@@ -217,35 +255,70 @@ def _read_anndata(seed, path):
         root = h5py.File(path, "r")
     else:
         root = zarr.open_group(path, mode="r", use_consolidated=False)
-    adata = ad.AnnData(X=read_elem(root["X"]), obs=read_elem(root["obs"]), var=read_elem(root["var"]))
-    num_rows = adata.n_obs
-    rows = rows_to_read(num_rows)
-    result = {"rows": num_rows, "read": rows.tolist(), "fields": {}, "names": {}}
-    x = adata.X
-    if sp.issparse(x):
-        if x.format != "csr":
-            raise ValueError(f"X is {x.format}, not csr")
-        x.check_format(full_check=True)  # scipy's own validation: indices in range, indptr monotone
-        lengths, indices, data = _split_csr(np.asarray(x.indptr), x.indices, x.data, rows)
-        result["csr"] = {
-            "lengths": lengths,
-            "indices": indices,
-            "data": data,
-            "dtype": _native(data).dtype.str,
-            "columns": int(x.shape[1]),
-        }
-    else:
-        result["fields"]["X"] = _dense_field(np.asarray(x)[rows])
+    elements, refused = {}, {}
+
+    def attempt(part, read):
+        try:
+            elements[part] = read()
+        except Exception as error:  # noqa: BLE001 - a part the reference refuses
+            refused[part] = _message(error)
+
+    def index_of(frame):
+        group = root[frame]
+        name = group.attrs.get("_index", "_index")
+        return pd.Index(read_elem(group[name])).astype(str)
+
+    attempt("x", lambda: read_elem(root["X"]))
+    attempt("names/obs", lambda: index_of("obs"))
+    attempt("names/var", lambda: index_of("var"))
     for column in seed["obs"]:
-        values = adata.obs[column]
-        if isinstance(values.dtype, pd.CategoricalDtype):
-            result["fields"][column] = _dense_field(values.cat.codes.to_numpy().astype(np.int64)[rows])
-            result["names"]["categories/" + column] = [_normal_category(c) for c in values.cat.categories]
-        else:
-            result["fields"][column] = _dense_field(values.to_numpy()[rows])
-    result["names"]["obs"] = [str(name) for name in adata.obs_names]
-    result["names"]["var"] = [str(name) for name in adata.var_names]
-    return result
+        attempt(f"field/{column}", lambda column=column: read_elem(root["obs"][column]))
+    if not refused:  # the whole AnnData checks its parts agree
+        try:
+            obs = pd.DataFrame({c: elements[f"field/{c}"] for c in seed["obs"]}, index=elements["names/obs"])
+            ad.AnnData(X=elements["x"], obs=obs, var=pd.DataFrame(index=elements["names/var"]))
+        except Exception as error:  # noqa: BLE001
+            raise ValueError(f"the parts do not make an AnnData: {_message(error)}") from error
+    num_rows = None
+    if "names/obs" in elements:
+        num_rows = len(elements["names/obs"])
+    elif "x" in elements:
+        num_rows = elements["x"].shape[0]
+    parts = {}
+    if num_rows is not None:
+        rows = rows_to_read(num_rows)
+        for part, value in elements.items():
+            try:
+                if part == "x":
+                    x = value
+                    if sp.issparse(x):
+                        if x.format != "csr":
+                            raise ValueError(f"X is {x.format}, not csr")
+                        x.check_format(full_check=True)  # scipy's own validation
+                        lengths, indices, data = _split_csr(np.asarray(x.indptr), x.indices, x.data, rows)
+                        parts["csr"] = {
+                            "lengths": lengths,
+                            "indices": indices,
+                            "data": data,
+                            "dtype": _native(data).dtype.str,
+                            "columns": int(x.shape[1]),
+                        }
+                    else:
+                        parts["field/X"] = _dense_field(np.asarray(x)[rows])
+                elif part.startswith("names/"):
+                    parts[part] = [str(name) for name in value]
+                elif isinstance(value, pd.Categorical) or isinstance(
+                    getattr(value, "dtype", None), pd.CategoricalDtype
+                ):
+                    categorical = pd.Categorical(value)
+                    parts[part] = _dense_field(np.asarray(categorical.codes).astype(np.int64)[rows])
+                    column = part.partition("/")[2]
+                    parts["names/categories/" + column] = [_normal_category(c) for c in categorical.categories]
+                else:
+                    parts[part] = _dense_field(np.asarray(value)[rows])
+            except Exception as error:  # noqa: BLE001
+                refused["csr" if part == "x" else part] = _message(error)
+    return _assemble(num_rows, parts, refused)
 
 
 # -------------------------------------------------------------------- compare
@@ -259,30 +332,43 @@ def _same_values(a, b):
     return bool(np.array_equal(a, b))
 
 
-def difference(a, b):
-    """None if two canonical results hold the same data, else what differs."""
+def parts_of(result):
+    """The part names of a result (see the module's docstring)."""
+    parts = {f"field/{name}" for name in result["fields"]} | {f"names/{key}" for key in result["names"]}
+    return parts | ({"csr"} if "csr" in result else set())
+
+
+def _part(result, part):
+    kind, _, name = part.partition("/")
+    if kind == "field":
+        return result["fields"].get(name)
+    if kind == "names":
+        return result["names"].get(name)
+    return result.get("csr")
+
+
+def difference(a, b, parts=None):
+    """None if two canonical results hold the same data (in `parts`, default
+    all of both, and the rows read), else what differs."""
     if a["rows"] != b["rows"]:
         return f"rows {a['rows']} != {b['rows']}"
     if a["read"] != b["read"]:
         return "different rows read"
-    if sorted(a["fields"]) != sorted(b["fields"]):
-        return f"fields {sorted(a['fields'])} != {sorted(b['fields'])}"
-    for name, field in a["fields"].items():
-        other = b["fields"][name]
-        if field["shape"] != other["shape"] or field["dtype"] != other["dtype"]:
-            return f"field {name}: {field['dtype']}{field['shape']} != {other['dtype']}{other['shape']}"
-        if not _same_values(field["values"], other["values"]):
-            return f"field {name}: values differ"
-    if ("csr" in a) != ("csr" in b):
-        return "one is CSR, the other not"
-    if "csr" in a:
-        x, y = a["csr"], b["csr"]
-        if x["columns"] != y["columns"] or x["dtype"] != y["dtype"]:
-            return f"CSR {x['dtype']} x {x['columns']} != {y['dtype']} x {y['columns']}"
-        for key in ("lengths", "indices", "data"):
-            if not _same_values(np.asarray(x[key]), np.asarray(y[key])):
-                return f"CSR {key} differ"
-    for key in sorted(set(a["names"]) | set(b["names"])):
-        if a["names"].get(key) != b["names"].get(key):
-            return f"{key} differ"
+    for part in sorted(parts if parts is not None else parts_of(a) | parts_of(b)):
+        x, y = _part(a, part), _part(b, part)
+        if x is None or y is None:
+            return f"{part} only in one"
+        if part.startswith("field/"):
+            if x["shape"] != y["shape"] or x["dtype"] != y["dtype"]:
+                return f"{part}: {x['dtype']}{x['shape']} != {y['dtype']}{y['shape']}"
+            if not _same_values(x["values"], y["values"]):
+                return f"{part}: values differ"
+        elif part == "csr":
+            if x["columns"] != y["columns"] or x["dtype"] != y["dtype"]:
+                return f"CSR {x['dtype']} x {x['columns']} != {y['dtype']} x {y['columns']}"
+            for key in ("lengths", "indices", "data"):
+                if not _same_values(np.asarray(x[key]), np.asarray(y[key])):
+                    return f"CSR {key} differ"
+        elif x != y:
+            return f"{part} differ"
     return None

@@ -303,7 +303,9 @@ class Runner:
                 problems.append(f"{seed['name']}: ours {_brief(ours)}; reference {_brief(reference)}")
                 continue
             difference = readers.difference(ours["result"], reference["result"])
-            if difference:
+            if reference["result"]["refused"]:
+                problems.append(f"{seed['name']}: the reference refuses parts: {reference['result']['refused']}")
+            elif difference:
                 problems.append(f"{seed['name']}: pristine seed read differently: {difference}")
             self.originals[seed["name"]] = reference["result"]
             shutil.rmtree(os.path.join(self.work_dir, "pristine-" + seed["name"]), ignore_errors=True)
@@ -326,7 +328,7 @@ class Runner:
             named = os.path.join(case_dir, seed["path"])
             if ours["error"] not in ("ValueError", "RuntimeError") or named not in message:
                 return "unclear error", f"{ours['error']}: {message}"
-            if not reference_reads:
+            if not reference_reads or reference["result"]["refused"]:
                 return "both refuse", message
             altered = readers.difference(reference["result"], original) is not None
             for pattern, when, reason in KNOWN_REFUSALS:
@@ -334,7 +336,8 @@ class Runner:
                     return "refused, listed", f"{message} [{reason}]"
             return "refused", f"{message} (the reference reads {'altered' if altered else 'the original'} data)"
         result = ours["result"]
-        if reference_reads:
+        refused = reference["result"]["refused"] if reference_reads else {}
+        if reference_reads and not refused:
             difference = readers.difference(result, reference["result"])
             if difference is None:
                 return "same data", ""
@@ -343,6 +346,16 @@ class Runner:
             return "silent difference", f"from the reference: {difference}"
         if readers.difference(result, original) is None:
             return "original data", f"the reference refuses: {_brief(reference)}"
+        if refused:
+            # The reference refuses some parts: torch_shards must read the
+            # others as the reference does, and those as they were written.
+            read = readers.parts_of(reference["result"])
+            elsewhere = readers.parts_of(result) - read
+            as_reference = readers.difference(result, reference["result"], read)
+            as_written = readers.difference(result, original, elsewhere)
+            if as_reference is None and as_written is None:
+                return "original data", f"the reference refuses {sorted(refused)}; the rest reads alike"
+            return "silent difference", f"the reference refuses {refused}; {as_reference or as_written}"
         return "silent difference", f"the reference refuses ({_brief(reference)}) but torch_shards returns altered data"
 
     def run(self, indices):
@@ -380,7 +393,8 @@ class Runner:
 
 def _brief(outcome):
     if "result" in outcome:
-        return "reads"
+        refused = outcome["result"]["refused"]
+        return f"refuses {'; '.join(f'{k}: {v[:120]}' for k, v in refused.items())}" if refused else "reads"
     if "signal" in outcome:
         return f"crash ({outcome['signal']})"
     if outcome.get("hang"):
