@@ -263,16 +263,22 @@ def _read_anndata(seed, path):
         except Exception as error:  # noqa: BLE001 - a part the reference refuses
             refused[part] = _message(error)
 
+    def element(node):
+        # Every attribute of the node is read, as torch_shards reads them all
+        # (anndata itself reads only those it needs).
+        dict(node.attrs)
+        return read_elem(node)
+
     def index_of(frame):
         group = root[frame]
-        name = group.attrs.get("_index", "_index")
+        name = dict(group.attrs).get("_index", "_index")
         return pd.Index(read_elem(group[name])).astype(str)
 
-    attempt("x", lambda: read_elem(root["X"]))
+    attempt("x", lambda: element(root["X"]))
     attempt("names/obs", lambda: index_of("obs"))
     attempt("names/var", lambda: index_of("var"))
     for column in seed["obs"]:
-        attempt(f"field/{column}", lambda column=column: read_elem(root["obs"][column]))
+        attempt(f"field/{column}", lambda column=column: element(root["obs"][column]))
     if not refused:  # the whole AnnData checks its parts agree
         try:
             obs = pd.DataFrame({c: elements[f"field/{c}"] for c in seed["obs"]}, index=elements["names/obs"])
