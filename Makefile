@@ -1,13 +1,13 @@
 # Everything the project needs, from a fresh Debian machine:
 #   make demo   system packages + venv + torch + build, then a 2-rank torchrun DDP run on CPU
-#   make test   the same setup, then lint, pytest and the GoogleTest suite
+#   make test   the same setup, then lint, pytest and the GoogleTest suites
 
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
 SYSTEM_PACKAGES := build-essential pkg-config cmake ninja-build ccache clang-format libgtest-dev \
-	libhdf5-dev libblosc-dev libzstd-dev zlib1g-dev nlohmann-json3-dev
+	libhdf5-dev libblosc-dev libzstd-dev zlib1g-dev nlohmann-json3-dev libgloo-dev
 PYTHON_PACKAGES := numpy pytest pytest-timeout scipy pandas h5py hdf5plugin anndata zarr ruff
 
 # ccache's compiler links first: rebuilds only recompile what changed.
@@ -43,15 +43,17 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check torch_shards tests examples benchmarks setup.py
 	$(VENV)/bin/ruff format --check torch_shards tests examples benchmarks setup.py
-	clang-format --dry-run -Werror $$(find csrc tests/cpp -name '*.cpp' -o -name '*.h' | grep -v /build/)
+	clang-format --dry-run -Werror $$(find csrc include tests/cpp examples -name '*.cpp' -o -name '*.h' | grep -v /build/)
 
 test-python: setup
 	$(PY) -m pytest -q tests
 
-test-cpp: system
-	cmake -S tests/cpp -B tests/cpp/build -G Ninja -DCMAKE_BUILD_TYPE=Release
-	cmake --build tests/cpp/build
-	ctest --test-dir tests/cpp/build --output-on-failure
+# The GoogleTest suites build in the same build directory as the library
+# (build/native, configured by setup): nothing is compiled twice.
+test-cpp: setup
+	cmake -S . -B build/native -DTORCH_SHARDS_TESTS=ON
+	cmake --build build/native
+	ctest --test-dir build/native --output-on-failure
 
 test: lint test-python test-cpp
 
@@ -62,4 +64,4 @@ bench: setup
 	$(PY) benchmarks/storage_throughput.py | tee benchmarks/results/storage_throughput.txt
 
 clean:
-	rm -rf build tests/cpp/build $(VENV) torch_shards/_C*.so torch_shards/_build_info.py *.egg-info
+	rm -rf build $(VENV) torch_shards/lib torch_shards/include torch_shards/share torch_shards/_build_info.py *.egg-info
