@@ -47,14 +47,14 @@ struct DatasetOptions {
   // "pad": short ranks repeat one batch; "drop": long ranks drop one; nullopt: uneven.
   std::optional<std::string> even_batches = "pad";
   // nullopt: drawn (rank 0's, broadcast over process_group when there is one).
-  std::optional<int64_t> seed;
+  std::optional<int64_t> seed{};
   // Explicit, else from process_group, else the RANK / WORLD_SIZE environment variables, else 0 and 1.
-  std::optional<int64_t> rank;
-  std::optional<int64_t> world_size;
+  std::optional<int64_t> rank{};
+  std::optional<int64_t> world_size{};
   // The group of the ranks: seed agreement and the consistency check run over it, once.
-  c10::intrusive_ptr<c10d::ProcessGroup> process_group;
+  c10::intrusive_ptr<c10d::ProcessGroup> process_group{};
   // Native threads reading in this process (default: its CPUs shared among the DataLoader workers).
-  std::optional<int64_t> num_threads;
+  std::optional<int64_t> num_threads{};
   int64_t prefetch = 2;                       // units read ahead; 0 reads on demand
   int64_t prefetch_bytes = int64_t{1} << 30;  // queued bytes beyond which no new unit starts
   bool pin_memory = false;                    // batches in recycled pinned host memory (needs CUDA)

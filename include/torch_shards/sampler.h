@@ -32,13 +32,13 @@ class SamplerIteratorImpl;
 
 // The arguments of DistributedSampler, with torch's names and defaults.
 struct SamplerOptions {
-  std::optional<int64_t> num_replicas;  // default: process_group, else WORLD_SIZE, else 1
-  std::optional<int64_t> rank;          // default: process_group, else RANK, else 0
+  std::optional<int64_t> num_replicas{};  // default: process_group, else WORLD_SIZE, else 1
+  std::optional<int64_t> rank{};          // default: process_group, else RANK, else 0
   bool shuffle = true;
   int64_t seed = 0;
   bool drop_last = false;
-  std::optional<Strategy> strategy;  // any strategy's plan instead of range / permutation
-  c10::intrusive_ptr<c10d::ProcessGroup> process_group;
+  std::optional<Strategy> strategy{};  // any strategy's plan instead of range / permutation
+  c10::intrusive_ptr<c10d::ProcessGroup> process_group{};
 };
 
 // torch.classes.torch_shards.DistributedSampler.

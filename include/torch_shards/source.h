@@ -141,9 +141,9 @@ class TORCH_SHARDS_API ZarrSource : public Source {
 };
 
 struct AnnDataSourceOptions {
-  std::vector<std::string> obs;      // obs columns to deliver with X
-  std::optional<std::string> layer;  // layers/<layer> instead of X
-  bool dense = false;                // densify a CSR matrix
+  std::vector<std::string> obs{};      // obs columns to deliver with X
+  std::optional<std::string> layer{};  // layers/<layer> instead of X
+  bool dense = false;                  // densify a CSR matrix
 };
 
 class TORCH_SHARDS_API AnnDataSource : public Source {

@@ -92,9 +92,9 @@ class TORCH_SHARDS_API BlockShuffling : public Strategy {
 };
 
 struct BlockWeightedSamplingOptions {
-  std::optional<int64_t> total_size;  // draws per epoch (default: the rows sampled from)
+  std::optional<int64_t> total_size{};  // draws per epoch (default: the rows sampled from)
   int64_t block_size = 1;
-  std::optional<at::Tensor> indices;
+  std::optional<at::Tensor> indices{};
   bool replacement = true;
 };
 
@@ -105,9 +105,9 @@ class TORCH_SHARDS_API BlockWeightedSampling : public Strategy {
 };
 
 struct ClassBalancedSamplingOptions {
-  std::optional<int64_t> total_size;
+  std::optional<int64_t> total_size{};
   int64_t block_size = 1;
-  std::optional<at::Tensor> indices;
+  std::optional<at::Tensor> indices{};
 };
 
 // Weights inversely proportional to class frequency (labels: int64 class codes).
