@@ -62,6 +62,7 @@ bench: setup
 	$(PY) -m pip install -q $(BENCH_PACKAGES)
 	$(PY) benchmarks/plan_throughput.py --json benchmarks/results/plan_throughput.json | tee benchmarks/results/plan_throughput.txt
 	$(PY) benchmarks/storage_throughput.py | tee benchmarks/results/storage_throughput.txt
+	$(PY) benchmarks/cpp_iteration.py
 
 clean:
 	rm -rf build $(VENV) torch_shards/lib torch_shards/include torch_shards/share torch_shards/_build_info.py *.egg-info

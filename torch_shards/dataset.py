@@ -205,15 +205,18 @@ class ShardedDataset(IterableDataset, NativeBacked):
         fetch_transform, batch_transform = self.fetch_transform, self.batch_transform
         try:
             while True:
-                _wait(iterator)
                 if fetch_transform is not None and iterator.pending() == 0:
+                    _wait(iterator)
                     unit = iterator.next_unit()
                     if unit is None:
                         return
                     iterator.push_unit(_as_unit(fetch_transform(unit)))
-                batch = iterator.next()
+                # Short waits: Ctrl-C is handled between them.
+                batch = iterator.poll(_POLL_MS)
                 if batch is None:
-                    return
+                    if iterator.finished():
+                        return
+                    continue
                 yield batch if batch_transform is None else batch_transform(batch)
         finally:
             # Ended, broken out of, deleted or interrupted: stop the reader threads now.

@@ -84,6 +84,8 @@ TORCH_LIBRARY(torch_shards, m) {
   m.class_<BatchIteratorImpl>("BatchIterator")
       .def("next", &BatchIteratorImpl::next)
       .def("wait", &BatchIteratorImpl::wait)
+      .def("poll", &BatchIteratorImpl::poll)
+      .def("finished", &BatchIteratorImpl::finished)
       .def("next_unit", &BatchIteratorImpl::next_unit)
       .def("push_unit", &BatchIteratorImpl::push_unit)
       .def("pending", &BatchIteratorImpl::pending)

@@ -272,7 +272,10 @@ std::optional<Batch> BatchIteratorImpl::next() {
       pending_.clear();
       next_pending_ = 0;
       std::optional<EpochReader::Unit> unit = reader_->next();
-      if (!unit) return std::nullopt;
+      if (!unit) {
+        finished_ = true;
+        return std::nullopt;
+      }
       cut(unit->batch, unit->padding);
     }
     Batch batch = pending_[next_pending_];
@@ -288,13 +291,21 @@ bool BatchIteratorImpl::wait(int64_t timeout_ms) {
   return translate_errors([&] { return next_pending_ < pending_.size() || reader_->wait(timeout_ms); });
 }
 
+std::optional<Batch> BatchIteratorImpl::poll(int64_t timeout_ms) {
+  if (!wait(timeout_ms)) return std::nullopt;
+  return next();
+}
+
 std::optional<Batch> BatchIteratorImpl::next_unit() {
   return translate_errors([&]() -> std::optional<Batch> {
     TORCH_CHECK(next_pending_ >= pending_.size(), "BatchIterator: next_unit() while ", pending_.size() - next_pending_,
                 " batches of the previous unit are pending");
     TORCH_CHECK(unit_rows_ < 0, "BatchIterator: push_unit() must follow next_unit()");
     std::optional<EpochReader::Unit> unit = reader_->next();
-    if (!unit) return std::nullopt;
+    if (!unit) {
+      finished_ = true;
+      return std::nullopt;
+    }
     unit_rows_ = rows_of(unit->batch, "BatchIterator");
     unit_padding_ = unit->padding;
     return unit->batch;

@@ -156,6 +156,12 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   std::optional<Batch> next();
   // Waits at most timeout_ms; true once next() will not block (a batch, the end, or an error is ready).
   bool wait(int64_t timeout_ms);
+  // The next batch if one is ready within timeout_ms, else nullopt: the end
+  // of the epoch (finished() is then true) or not ready yet. One call per
+  // batch for doors that must wake up now and then (Ctrl-C in Python).
+  std::optional<Batch> poll(int64_t timeout_ms);
+  // Whether next() reached the end of the epoch.
+  bool finished() const { return finished_; }
   // For a per-unit (fetch) transform: the next unit of rows read at once, or
   // nullopt at the end. Only when no batch of the previous unit is pending.
   std::optional<Batch> next_unit();
@@ -192,6 +198,7 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   bool unit_padding_ = false;
   int64_t delivered_ = 0;
   bool last_padding_ = false;
+  bool finished_ = false;
 };
 
 // An input iterator over one epoch's batches (a range-for over ShardedDataset).
