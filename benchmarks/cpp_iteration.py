@@ -77,7 +77,7 @@ def main():
         "csr.h5ad": ("h5ad", os.path.join(data, f"csr_{args.rows}.h5ad"), write_csr_h5ad, args.rows),
         "dense.h5": ("hdf5", os.path.join(data, f"dense_{args.dense_rows}.h5"), write_dense_h5, args.dense_rows),
     }
-    for kind, path, write, rows in files.values():
+    for _, path, write, rows in files.values():
         if not os.path.exists(path):
             write(path + ".partial", rows)
             os.replace(path + ".partial", path)
