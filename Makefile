@@ -43,7 +43,7 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check torch_shards tests examples benchmarks setup.py
 	$(VENV)/bin/ruff format --check torch_shards tests examples benchmarks setup.py
-	clang-format --dry-run -Werror $$(find csrc include tests/cpp examples -name '*.cpp' -o -name '*.h' | grep -v /build/)
+	clang-format --dry-run -Werror $$(find csrc include tests/cpp tests/cpp_package examples benchmarks -name '*.cpp' -o -name '*.h' | grep -v /build/)
 
 test-python: setup
 	$(PY) -m pytest -q tests
