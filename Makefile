@@ -32,6 +32,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q $(PYTHON_PACKAGES)
+	# torchdata's StatefulDataLoader, for the checkpoint tests: --no-deps, so it cannot pull another torch.
+	$(PY) -m pip install -q --no-deps torchdata
 	touch $@
 
 setup: system $(VENV)/.installed

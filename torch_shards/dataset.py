@@ -48,6 +48,54 @@ def _as_unit(result):
     return result
 
 
+def _python_state(native):
+    """The native checkpoint with its segments as one list of
+    [world_size, num_workers, consumed...] entries, so that its keys never
+    change (torch.distributed.checkpoint loads into the keys a fresh
+    state_dict() has)."""
+    flat = dict(native)
+    segments = []
+    for i in range(flat.pop("segments")):
+        prefix = f"segment.{i}."
+        world_size, num_workers = flat.pop(prefix + "world_size"), flat.pop(prefix + "num_workers")
+        if prefix + "consumed" in flat:
+            consumed = [flat.pop(prefix + "consumed")]
+        else:
+            consumed = [flat.pop(f"{prefix}consumed.{rank}") for rank in range(world_size)]
+        segments.append([world_size, num_workers, *consumed])
+    flat["segments"] = segments
+    return flat
+
+
+def _native_state(state):
+    if not isinstance(state, dict) or not isinstance(state.get("segments"), (list, tuple)):
+        raise TypeError(
+            f"ShardedDataset.load_state_dict: expected a dict from state_dict(), got {type(state).__name__}"
+        )
+    flat = {}
+    for key, value in state.items():
+        if key == "segments":
+            continue
+        flat[key] = _convert.check_int(f"ShardedDataset.load_state_dict: {key}", value)
+    flat["segments"] = len(state["segments"])
+    for i, segment in enumerate(state["segments"]):
+        if not isinstance(segment, (list, tuple)) or len(segment) < 3:
+            raise ValueError(
+                f"ShardedDataset.load_state_dict: segments[{i}] must be [world_size, num_workers, consumed...], "
+                f"got {segment!r}"
+            )
+        world_size, num_workers, *consumed = (
+            _convert.check_int(f"ShardedDataset.load_state_dict: segments[{i}]", value) for value in segment
+        )
+        flat[f"segment.{i}.world_size"], flat[f"segment.{i}.num_workers"] = world_size, num_workers
+        if len(consumed) == 1:
+            flat[f"segment.{i}.consumed"] = consumed[0]
+        else:
+            for rank, count in enumerate(consumed):
+                flat[f"segment.{i}.consumed.{rank}"] = count
+    return flat
+
+
 class ShardedDataset(IterableDataset, NativeBacked):
     """Batches of ``source`` rows in the order ``strategy`` plans, each rank and
     DataLoader worker delivering its own share exactly once per epoch.
@@ -91,6 +139,8 @@ class ShardedDataset(IterableDataset, NativeBacked):
 
     The epoch advances at every new iteration, also inside DataLoader workers
     (persistent or not, fork or spawn); ``set_epoch(e)`` pins the next one.
+    ``state_dict()`` / ``load_state_dict()`` checkpoint and resume mid-epoch,
+    on any topology (see their docs).
     ``ds.native`` is the script object (torch.classes.torch_shards.ShardedDataset)
     for TorchScript.
     """
@@ -221,6 +271,34 @@ class ShardedDataset(IterableDataset, NativeBacked):
         finally:
             # Ended, broken out of, deleted or interrupted: stop the reader threads now.
             iterator.close()
+
+    def state_dict(self, consumed_batches=None):
+        """A checkpoint of this rank's position: a small dict of ints (epoch,
+        seed, the segments the epoch ran on, the topology it was taken on, and
+        fingerprints of the data, strategy and batch arguments).
+
+        Iterated in this process, the batches the loop consumed are counted.
+        With DataLoader workers, pass ``consumed_batches`` (the batches the loop
+        consumed this epoch: it always knows its step), or use torchdata's
+        ``StatefulDataLoader``, which asks each worker for its own state.
+        Under DDP, ranks step in lockstep: any one rank's state is enough."""
+        consumed = _convert.optional_int("ShardedDataset.state_dict: consumed_batches", consumed_batches)
+        return _python_state(self.native.state_dict(consumed))
+
+    def load_state_dict(self, state):
+        """Resumes from ``state_dict()`` on this dataset's topology, whatever
+        the number of ranks and workers it was taken on: the next iteration
+        delivers each batch of the epoch not consumed yet exactly once across
+        the ranks, then epochs go on. The dataset takes the state's seed. For
+        ranks not in lockstep (``even_batches=None``), pass the list of every
+        rank's state. Raises ValueError naming what differs if the state was
+        taken on other data, another strategy or other batch arguments."""
+        if isinstance(state, (list, tuple)):
+            native = ops.merge_state_dicts([_native_state(part) for part in state])
+        else:
+            native = _native_state(state)
+        self.native.load_state_dict(native)
+        self.seed = self.native.seed()  # copies rebuilt in worker processes use it
 
     def reader_stats(self):
         """Counters of this process's active iterations, one dict each: units,

@@ -30,8 +30,11 @@ class DistributedSampler(Sampler, NativeBacked):
     in O(1) memory (``shuffle=True``). With ``strategy=`` the plan is that
     strategy's (``shuffle`` is then unused).
 
-    The epoch advances at every ``__iter__``; ``set_epoch(e)`` pins the next one
-    (so code that calls it every epoch, as torch requires, keeps working).
+    The epoch advances by itself once an iteration was exhausted (an
+    iteration broken out of, or restarted by a ``StatefulDataLoader``, replays
+    its epoch); ``set_epoch(e)`` pins the next one, so code that calls it every
+    epoch, as torch requires, keeps working. That is the one intended
+    difference from torch's sampler, which repeats epoch 0 without set_epoch.
     ``num_replicas``/``rank`` default to the process group, then the
     RANK/WORLD_SIZE environment variables, then 1 and 0. With a process group
     (``process_group=``, default: the default group) the ranks check at
@@ -62,6 +65,7 @@ class DistributedSampler(Sampler, NativeBacked):
         self.seed = _convert.check_int("DistributedSampler: seed", seed)
         self.drop_last = bool(drop_last)
         self.strategy = strategy
+        self._progress = None
         native = self._native_object = self._build(process_group=resolve_group(process_group))
         self.num_replicas, self.rank = native.num_replicas(), native.rank()
         self.num_samples = native.num_samples()
@@ -90,17 +94,56 @@ class DistributedSampler(Sampler, NativeBacked):
         self.set_epoch(epoch)
 
     def __iter__(self):
-        iterator = self.native.iter()
+        progress = self._progress = _Progress(self.native.iter())
         # Chained list iterators: the per-index cost is C-level, like iterating a list.
-        return itertools.chain.from_iterable(iter(lambda: _chunk(iterator), None))
+        return itertools.chain.from_iterable(progress.chunks())
 
     def __len__(self):
-        return self.num_samples
+        """Indices the next iteration yields (a loaded checkpoint's rest, or a whole epoch)."""
+        return self.native.length()
+
+    def state_dict(self, consumed_samples=None):
+        """A checkpoint (a dict of ints): epoch, seed and the plan entries all
+        ranks consumed this epoch. ``consumed_samples``: the indices this rank's
+        loop consumed in the current iteration (default: those its iterator
+        yielded; with DataLoader workers they run ahead by the prefetched
+        batches, so pass the loop's count). Under DDP any one rank's state is
+        enough: ranks consume in lockstep."""
+        if consumed_samples is None:
+            consumed_samples = 0 if self._progress is None else self._progress.yielded()
+        consumed = _convert.check_int("DistributedSampler.state_dict: consumed_samples", consumed_samples)
+        return dict(self.native.state_dict(consumed))
+
+    def load_state_dict(self, state):
+        """Resumes from ``state_dict()`` with any ``num_replicas``: the next
+        iteration yields the plan entries not consumed yet, in torch's layout
+        over them. The sampler takes the state's seed."""
+        if not isinstance(state, dict):
+            raise TypeError(f"DistributedSampler.load_state_dict: expected a dict, got {type(state).__name__}")
+        who = "DistributedSampler.load_state_dict"
+        self.native.load_state_dict({key: _convert.check_int(f"{who}: {key}", value) for key, value in state.items()})
+        self.seed = self.native.seed()
+        self._progress = None
 
     def set_epoch(self, epoch):
         self.native.set_epoch(_convert.check_int("DistributedSampler: epoch", epoch))
 
 
-def _chunk(iterator):
-    indices = iterator.next(_CHUNK)
-    return None if indices is None else indices.tolist()
+class _Progress:
+    """An iteration's chunks, and how many indices of them were taken."""
+
+    def __init__(self, iterator):
+        self.iterator = iterator
+        self.before = 0  # indices of the chunks before the current one
+        self.current = iter(())
+        self.length = 0
+
+    def chunks(self):
+        while (indices := self.iterator.next(_CHUNK)) is not None:
+            self.before += self.length
+            chunk = indices.tolist()
+            self.current, self.length = iter(chunk), len(chunk)
+            yield self.current
+
+    def yielded(self):
+        return self.before + self.length - self.current.__length_hint__()

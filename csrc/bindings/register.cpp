@@ -133,13 +133,16 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("shared_state", &ShardedDatasetImpl::shared_state)
       .def("delivery_counts", &ShardedDatasetImpl::delivery_counts)
       .def("reader_stats", &ShardedDatasetImpl::reader_stats)
+      .def("state_dict", &ShardedDatasetImpl::state_dict, "", {torch::arg("consumed_batches") = torch::arg::none()})
+      .def("load_state_dict", &ShardedDatasetImpl::load_state_dict)
       .def_pickle([](const c10::intrusive_ptr<ShardedDatasetImpl>& self) { return self->state(); },
                   [](ShardedDatasetImpl::State state) { return ShardedDatasetImpl::from_state(state); });
 
   m.class_<SamplerIteratorImpl>("SamplerIterator")
       .def("next", &SamplerIteratorImpl::next)
       .def("epoch", &SamplerIteratorImpl::epoch)
-      .def("position", &SamplerIteratorImpl::position);
+      .def("position", &SamplerIteratorImpl::position)
+      .def("length", &SamplerIteratorImpl::length);
 
   m.class_<DistributedSamplerImpl>("DistributedSampler")
       .def(torch::init(&make_sampler), "",
@@ -160,7 +163,11 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("total_size", &DistributedSamplerImpl::total_size)
       .def("plan_size", &DistributedSamplerImpl::plan_size)
       .def("strategy", &DistributedSamplerImpl::strategy)
-      .def("indices", &DistributedSamplerImpl::indices)
+      .def("indices", &DistributedSamplerImpl::indices, "",
+           {torch::arg("epoch"), torch::arg("first"), torch::arg("count"), torch::arg("offset") = 0})
+      .def("length", &DistributedSamplerImpl::length)
+      .def("state_dict", &DistributedSamplerImpl::state_dict, "", {torch::arg("consumed") = 0})
+      .def("load_state_dict", &DistributedSamplerImpl::load_state_dict)
       .def("fingerprint", &DistributedSamplerImpl::fingerprint)
       .def_pickle([](const c10::intrusive_ptr<DistributedSamplerImpl>& self) { return self->state(); },
                   [](DistributedSamplerImpl::State state) { return DistributedSamplerImpl::from_state(state); });
@@ -196,6 +203,7 @@ TORCH_LIBRARY(torch_shards, m) {
       "collection(__torch__.torch.classes.torch_shards.Source[] parts) -> __torch__.torch.classes.torch_shards.Source",
       &SourceImpl::collection);
   m.def("probe(str path) -> str", &probe);
+  m.def("merge_state_dicts(Dict(str, int)[] states) -> Dict(str, int)", &ShardedDatasetImpl::merge_state_dicts);
   m.def(
       "sharded_dataset(__torch__.torch.classes.torch_shards.Source source, "
       "__torch__.torch.classes.torch_shards.Strategy strategy, int batch_size, int fetch_factor=16, "

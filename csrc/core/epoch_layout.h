@@ -37,6 +37,7 @@ class EpochLayout : public Dealing {
   EpochLayout(int64_t plan_size, const LoaderOptions& options, int64_t world_size);
 
   int64_t plan_size() const { return plan_size_; }
+  const LoaderOptions& options() const { return options_; }
   int64_t batch_size() const { return options_.batch_size; }
   int64_t fetch_size() const { return fetch_size_; }
   int64_t fetch_factor() const { return options_.fetch_factor; }

@@ -189,22 +189,23 @@ std::vector<std::pair<int64_t, int64_t>> delivered_batches(const Dealing& dealin
 
 }  // namespace
 
-Resumption::Resumption(const EpochLayout& layout, const std::vector<ResumeSegment>& segments, int64_t world_size,
-                       int64_t num_workers)
-    : layout_(layout),
+Resumption::Resumption(int64_t plan_size, const LoaderOptions& options, const std::vector<ResumeSegment>& segments,
+                       int64_t world_size, int64_t num_workers)
+    : fresh_(std::make_shared<const EpochLayout>(plan_size, options,
+                                                 segments.empty() ? world_size : segments.front().world_size)),
       world_size_(world_size),
       num_workers_(num_workers),
-      remaining_(BatchSet::all(layout.num_global_batches())) {
+      remaining_(BatchSet::all(fresh_->num_global_batches())) {
   check_argument(world_size >= 1, "world_size must be >= 1, got ", world_size);
   check_argument(num_workers >= 1, "num_workers must be >= 1, got ", num_workers);
-  const int64_t fetch_factor = layout_.fetch_factor();
+  const int64_t fetch_factor = options.fetch_factor;
   // The dealing that follows a run on (world, workers) that left `skips`, for the next topology.
   const auto next_dealing = [&](const std::shared_ptr<const Dealing>& base, int64_t world, int64_t workers,
                                 const Skips& skips, int64_t next_world) -> std::shared_ptr<const Dealing> {
     if (base && world == next_world) return std::make_shared<RankRemainingLayout>(base, workers, skips);
-    return std::make_shared<RemainingLayout>(remaining_, fetch_factor, next_world, layout_.even_batches());
+    return std::make_shared<RemainingLayout>(remaining_, fetch_factor, next_world, options.even_batches);
   };
-  std::shared_ptr<const Dealing> base(&layout_, [](const Dealing*) {});  // the fresh epoch's dealing
+  std::shared_ptr<const Dealing> base = fresh_;  // the fresh epoch's dealing
   int64_t world = 0, workers = 0;
   Skips skips;
   for (size_t start = 0; start < segments.size();) {

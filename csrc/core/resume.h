@@ -117,10 +117,14 @@ class RankRemainingLayout : public Dealing {
 // What a resumed epoch deals, on the topology resuming it.
 class Resumption {
  public:
-  // layout: the epoch's fresh layout (which must outlive this object);
-  // segments: as saved, the first one on the fresh layout.
+  // The epoch of `plan_size` entries cut as `options` say; segments: as
+  // saved (the first one ran the fresh epoch on its topology);
+  // (world_size, num_workers): the topology resuming now.
+  Resumption(int64_t plan_size, const LoaderOptions& options, const std::vector<ResumeSegment>& segments,
+             int64_t world_size, int64_t num_workers);
   Resumption(const EpochLayout& layout, const std::vector<ResumeSegment>& segments, int64_t world_size,
-             int64_t num_workers);
+             int64_t num_workers)
+      : Resumption(layout.plan_size(), layout.options(), segments, world_size, num_workers) {}
 
   // The dealing the resumed segment continues or starts.
   const Dealing& dealing() const { return *dealing_; }
@@ -133,7 +137,7 @@ class Resumption {
   int64_t remaining() const { return remaining_.size(); }
 
  private:
-  const EpochLayout& layout_;
+  std::shared_ptr<const EpochLayout> fresh_;  // the epoch on the first segment's topology
   int64_t world_size_, num_workers_;
   BatchSet remaining_;
   std::shared_ptr<const Dealing> dealing_;

@@ -35,9 +35,22 @@ namespace torch_shards {
 
 namespace core {
 class Planner;
+struct ResumeSegment;
 }  // namespace core
 class EpochReader;
 class BatchIteratorImpl;
+struct Iteration;
+struct IterationProgress;
+
+// A checkpoint of a dataset's position (state_dict / load_state_dict): a few
+// integers, whatever the number of rows. Keys: version, epoch, seed; the
+// topology it was taken on (rank, world_size, num_workers; worker and
+// worker_consumed for a DataLoader worker's own state, else -1 and 0); the
+// segments the epoch ran on so far (segments, then segment.<i>.world_size,
+// .num_workers and .consumed, or .consumed.<rank> for ranks not in lockstep);
+// and what must not change for it to apply (rows, plan_size, batch_size,
+// fetch_factor, drop_last, even_batches, source_hash, strategy_hash).
+using StateDict = c10::Dict<std::string, int64_t>;
 
 // The arguments of ShardedDataset, with the Python door's names and defaults.
 struct DatasetOptions {
@@ -117,6 +130,23 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   // Counters of this process's unfinished iterations, one dict each.
   std::vector<c10::Dict<std::string, int64_t>> reader_stats() const;
 
+  // A checkpoint of where this rank stands (StateDict above). In the process
+  // iterating in place, the batches its loop consumed are counted; when
+  // DataLoader workers ran the epoch, pass consumed_batches (the batches the
+  // loop consumed this epoch); inside a DataLoader worker (torchdata's
+  // StatefulDataLoader asks there) it is that worker's own state.
+  StateDict state_dict(std::optional<int64_t> consumed_batches = std::nullopt) const;
+  // Resumes from a checkpoint, on this dataset's topology (any number of
+  // ranks and workers): the next iteration delivers every global batch of
+  // the epoch not consumed yet, exactly once across the ranks, then epochs
+  // go on as usual. The dataset takes the checkpoint's seed. Throws
+  // c10::ValueError naming what differs if the checkpoint was taken on other
+  // data, another strategy or other batch arguments.
+  void load_state_dict(const StateDict& state);
+  // The per-rank checkpoints of ranks that do not step in lockstep
+  // (even_batches=None) merged into one.
+  static StateDict merge_state_dicts(const std::vector<StateDict>& states);
+
   // Pickling (TorchScript): the source, the strategy, the arguments (the
   // seed as resolved; rank and world size only if given explicitly) and the
   // next epoch.
@@ -126,8 +156,11 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   static c10::intrusive_ptr<ShardedDatasetImpl> from_state(const State& state);
 
  private:
-  c10::intrusive_ptr<BatchIteratorImpl> start(int64_t epoch, int64_t worker, int64_t num_workers, int64_t slot,
-                                              bool shared_memory);
+  c10::intrusive_ptr<BatchIteratorImpl> start(Iteration iteration, int64_t slot, bool shared_memory);
+  // The segments `epoch` ran before, if the shared resume record is for it (and its seed, taken on).
+  std::vector<core::ResumeSegment> prior_segments(int64_t epoch);
+  StateDict make_state(const Iteration& iteration, int64_t consumed) const;
+  int64_t rank_batches_after(const std::vector<core::ResumeSegment>& prior, int64_t num_workers) const;
 
   c10::intrusive_ptr<SourceImpl> source_;
   c10::intrusive_ptr<StrategyImpl> strategy_;
@@ -140,6 +173,10 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   int64_t local_iterations_ = 0;  // worker iterations started by this process's copy
   mutable std::mutex iterators_mutex_;
   mutable std::vector<c10::weak_intrusive_ptr<BatchIteratorImpl>> iterators_;
+  // The iteration started last in this process (not by iter_epoch), for state_dict.
+  std::shared_ptr<IterationProgress> current_;
+  // A DataLoader worker's own state, loaded in that worker (StatefulDataLoader): its next iteration resumes it.
+  std::shared_ptr<const Iteration> worker_resume_;
 };
 
 // torch.classes.torch_shards.BatchIterator: one epoch of one rank's (or
@@ -148,8 +185,8 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
 class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
  public:
   // Made by ShardedDatasetImpl.
-  BatchIteratorImpl(std::unique_ptr<EpochReader> reader, int64_t epoch, int64_t batch_size, int64_t num_batches,
-                    at::Tensor shared_state, int64_t slot);
+  BatchIteratorImpl(std::unique_ptr<EpochReader> reader, std::shared_ptr<IterationProgress> progress,
+                    int64_t batch_size, int64_t num_batches, at::Tensor shared_state, int64_t slot);
   ~BatchIteratorImpl() override;
 
   // The next batch, or nullopt at the end of the epoch.
@@ -174,6 +211,7 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   void close();
 
   int64_t epoch() const { return epoch_; }
+  const Iteration& iteration() const;
   // Batches this iterator delivers in all, and those delivered so far.
   int64_t num_batches() const { return num_batches_; }
   int64_t batches_delivered() const { return delivered_; }
@@ -187,6 +225,7 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   void cut(const Batch& unit, bool padding);
 
   std::unique_ptr<EpochReader> reader_;
+  std::shared_ptr<IterationProgress> progress_;
   int64_t epoch_;
   int64_t batch_size_;
   int64_t num_batches_;

@@ -48,11 +48,28 @@ class TORCH_SHARDS_API DistributedSamplerImpl : public torch::CustomClassHolder 
                          std::optional<int64_t> num_replicas, std::optional<int64_t> rank, bool shuffle, int64_t seed,
                          bool drop_last, const c10::intrusive_ptr<c10d::ProcessGroup>& process_group);
 
-  // Starts the next epoch (or the pinned one).
+  // Starts an iteration: the next epoch (or the pinned one) once the last
+  // iteration was exhausted, else that iteration's epoch again from its
+  // start (a loop broken out of, or a StatefulDataLoader restoring, does not
+  // skip an epoch).
   c10::intrusive_ptr<SamplerIteratorImpl> iter();
+  // Pins the epoch of the next iteration; later ones count on from it.
   void set_epoch(int64_t epoch);
   // The epoch of the current (or last) iteration.
   int64_t epoch() const { return epoch_; }
+  // Indices this rank yields in the next iteration (a loaded checkpoint's rest, or a whole epoch).
+  int64_t length() const;
+
+  // A checkpoint (a few integers): epoch, seed and offset, the plan entries
+  // all ranks consumed so far this epoch, and what must not change (rows,
+  // plan_size, drop_last, strategy_hash). consumed: the indices this rank's
+  // loop consumed in the current iteration.
+  c10::Dict<std::string, int64_t> state_dict(int64_t consumed) const;
+  // Resumes from a checkpoint on any number of replicas: the next iteration
+  // yields the plan entries not consumed yet, in torch's layout over them.
+  void load_state_dict(const c10::Dict<std::string, int64_t>& state);
+  // Called by an iterator that reached the end of its epoch.
+  void finished(int64_t epoch);
 
   int64_t num_rows() const { return num_rows_; }
   int64_t num_replicas() const { return num_replicas_; }
@@ -65,8 +82,11 @@ class TORCH_SHARDS_API DistributedSamplerImpl : public torch::CustomClassHolder 
   int64_t total_size() const { return num_samples_ * num_replicas_; }
   int64_t plan_size() const { return plan_size_; }
   const c10::intrusive_ptr<StrategyImpl>& strategy() const { return strategy_; }
-  // This rank's indices of an epoch from position `first`, at most `count` of them.
-  at::Tensor indices(int64_t epoch, int64_t first, int64_t count) const;
+  // This rank's indices of an epoch whose first `offset` plan entries were
+  // consumed before, from its position `first`, at most `count` of them.
+  at::Tensor indices(int64_t epoch, int64_t first, int64_t count, int64_t offset = 0) const;
+  // Indices this rank yields in an epoch after the first `offset` plan entries.
+  int64_t samples_after(int64_t offset) const;
   std::string fingerprint() const;
 
   using State = std::tuple<int64_t, std::optional<c10::intrusive_ptr<StrategyImpl>>, c10::Dict<std::string, int64_t>>;
@@ -86,20 +106,29 @@ class TORCH_SHARDS_API DistributedSamplerImpl : public torch::CustomClassHolder 
   int64_t num_samples_ = 0;
   int64_t epoch_ = 0;
   int64_t next_epoch_ = 0;
+  bool last_exhausted_ = true;  // the last iteration reached its end (or none started)
+  bool started_ = false;
+  int64_t current_offset_ = 0;  // of the current (or last) iteration
+  int64_t resume_epoch_ = -1;   // a loaded checkpoint's epoch and offset
+  int64_t resume_offset_ = 0;
 };
 
 // torch.classes.torch_shards.SamplerIterator: one epoch of one rank's indices.
 class TORCH_SHARDS_API SamplerIteratorImpl : public torch::CustomClassHolder {
  public:
-  SamplerIteratorImpl(c10::intrusive_ptr<DistributedSamplerImpl> sampler, int64_t epoch);
+  SamplerIteratorImpl(c10::intrusive_ptr<DistributedSamplerImpl> sampler, int64_t epoch, int64_t offset);
   // The next indices (at most max_count, int64), or nullopt at the end.
   std::optional<at::Tensor> next(int64_t max_count);
   int64_t epoch() const { return epoch_; }
   int64_t position() const { return position_; }
+  // Indices this iterator yields in all.
+  int64_t length() const { return length_; }
 
  private:
   c10::intrusive_ptr<DistributedSamplerImpl> sampler_;
   int64_t epoch_;
+  int64_t offset_;
+  int64_t length_;
   int64_t position_ = 0;
 };
 
@@ -117,29 +146,39 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
       impl_->set_epoch(next_epoch);
     }
     iterator_ = impl_->iter();
+    returned_ = 0;
   }
 
   std::optional<std::vector<size_t>> next(size_t batch_size) override {
-    if (!iterator_) iterator_ = impl_->iter();
+    if (!iterator_) reset();
     const std::optional<at::Tensor> chunk = iterator_->next(static_cast<int64_t>(batch_size));
     if (!chunk) return std::nullopt;
     const int64_t* data = chunk->data_ptr<int64_t>();
+    returned_ += chunk->numel();
     return std::vector<size_t>(data, data + chunk->numel());
   }
 
+  // The checkpoint (DistributedSamplerImpl::state_dict) after the indices returned so far.
+  c10::Dict<std::string, int64_t> state_dict() const { return impl_->state_dict(iterator_ ? returned_ : 0); }
+  void load_state_dict(const c10::Dict<std::string, int64_t>& state) {
+    impl_->load_state_dict(state);
+    iterator_.reset();
+  }
+
   void save(torch::serialize::OutputArchive& archive) const override {
-    archive.write("epoch", at::scalar_tensor(impl_->epoch(), at::kLong), /*is_buffer=*/true);
-    archive.write("seed", at::scalar_tensor(impl_->seed(), at::kLong), /*is_buffer=*/true);
+    for (const auto& item : state_dict()) {
+      archive.write(item.key(), at::scalar_tensor(item.value(), at::kLong), /*is_buffer=*/true);
+    }
   }
 
   void load(torch::serialize::InputArchive& archive) override {
-    at::Tensor epoch, seed;
-    archive.read("epoch", epoch, /*is_buffer=*/true);
-    archive.read("seed", seed, /*is_buffer=*/true);
-    TORCH_CHECK_VALUE(seed.item<int64_t>() == impl_->seed(), "DistributedSampler: the archive was saved with seed ",
-                      seed.item<int64_t>(), ", this sampler has seed ", impl_->seed());
-    impl_->set_epoch(epoch.item<int64_t>());
-    iterator_.reset();
+    c10::Dict<std::string, int64_t> state;
+    for (const std::string& key : archive.keys()) {
+      at::Tensor value;
+      archive.read(key, value, /*is_buffer=*/true);
+      state.insert(key, value.item<int64_t>());
+    }
+    load_state_dict(state);
   }
 
   void set_epoch(int64_t epoch) { impl_->set_epoch(epoch); }
@@ -160,6 +199,7 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   SamplerOptions options_;
   c10::intrusive_ptr<DistributedSamplerImpl> impl_;
   c10::intrusive_ptr<SamplerIteratorImpl> iterator_;
+  int64_t returned_ = 0;  // indices next() returned in the current iteration
 };
 
 }  // namespace torch_shards

@@ -288,3 +288,38 @@ TEST(Dataset, FetchTransformMustKeepItsRows) {
   EXPECT_EQ(it->pending(), 2);
   EXPECT_EQ(it->next()->at("index").size(0), 4);
 }
+
+TEST(Dataset, CheckpointsResumeExactlyOnceOnAnotherTopology) {
+  const auto make = [](int64_t rank, int64_t world_size) {
+    return ts::ShardedDataset(rows_source(97), ts::BlockShuffling(3),
+                              {.batch_size = 4, .fetch_factor = 3, .seed = 3, .rank = rank, .world_size = world_size});
+  };
+  std::vector<std::vector<int64_t>> delivered;
+  ts::StateDict state;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    auto dataset = make(rank, 2);
+    int64_t taken = 0;
+    for (const auto& batch : dataset) {
+      const at::Tensor index = batch.at("index");
+      delivered.emplace_back(index.data_ptr<int64_t>(), index.data_ptr<int64_t>() + index.numel());
+      if (++taken == 5) break;
+    }
+    if (rank == 0) state = dataset->state_dict();  // the loop consumed 5 batches
+  }
+  EXPECT_EQ(state.at("epoch"), 0);
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    auto dataset = make(rank, 3);
+    dataset->load_state_dict(state);
+    const int64_t expected = dataset.size();
+    const auto rest = epoch_batches(dataset);
+    EXPECT_EQ(static_cast<int64_t>(rest.size()), expected);
+    delivered.insert(delivered.end(), rest.begin(), rest.end());
+  }
+  std::vector<int64_t> rows = sorted_rows(delivered);
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());  // padding repeats aside
+  EXPECT_EQ(rows, iota(97));
+  auto other = ts::ShardedDataset(rows_source(97), ts::BlockShuffling(3), {.batch_size = 5, .fetch_factor = 3});
+  EXPECT_EQ(error_of<c10::ValueError>([&] { other->load_state_dict(state); }),
+            "ShardedDataset.load_state_dict: the state was taken on another dataset: its batch_size is 4, this "
+            "dataset's is 5");
+}

@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 #include <set>
 #include <tuple>
-#include <random>
 #include <vector>
 
 #include "epoch_layout.h"
@@ -99,8 +99,14 @@ TEST(Resume, BatchSetRemovesRanges) {
 TEST(Resume, NoSegmentsIsTheFreshEpoch) {
   const EpochLayout layout(100, LoaderOptions{7, 3, false, EvenBatches::kPad}, 3);
   const Resumption resumption(layout, {}, 3, 2);
-  EXPECT_EQ(&resumption.dealing(), static_cast<const Dealing*>(&layout));
-  for (int64_t rank = 0; rank < 3; ++rank) EXPECT_EQ(resumption.rank_batches(rank), layout.rank_batches(rank));
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(resumption.rank_batches(rank), layout.rank_batches(rank));
+    for (int64_t unit = 0; unit < layout.rank_units(rank); ++unit) {
+      const WorkUnit a = resumption.dealing().rank_unit(rank, unit), b = layout.rank_unit(rank, unit);
+      EXPECT_EQ(std::tie(a.fetch, a.first_batch, a.num_batches, a.padding),
+                std::tie(b.fetch, b.first_batch, b.num_batches, b.padding));
+    }
+  }
 }
 
 // Runs an epoch interrupted after random numbers of batches on random
@@ -195,8 +201,8 @@ TEST(Resume, WhatARankDeliversDoesNotDependOnItsWorkers) {
   std::mt19937_64 random(11);
   const EvenBatches evens[] = {EvenBatches::kPad, EvenBatches::kDrop, EvenBatches::kNone};
   for (int trial = 0; trial < 200; ++trial) {
-    const LoaderOptions options{1 + static_cast<int64_t>(random() % 5), 1 + static_cast<int64_t>(random() % 4),
-                                false, evens[random() % 3]};
+    const LoaderOptions options{1 + static_cast<int64_t>(random() % 5), 1 + static_cast<int64_t>(random() % 4), false,
+                                evens[random() % 3]};
     const int64_t world = 1 + static_cast<int64_t>(random() % 4), workers = 1 + static_cast<int64_t>(random() % 4);
     const EpochLayout layout(1 + static_cast<int64_t>(random() % 150), options, world);
     const Resumption fresh(layout, {}, world, workers);

@@ -93,19 +93,36 @@ TEST(Sampler, AnyStrategyIsPartitioned) {
   EXPECT_TRUE(std::all_of(all.begin(), all.end(), [](int64_t i) { return i >= 0 && i < 60; }));
 }
 
-TEST(Sampler, SavesAndLoadsItsEpoch) {
+TEST(Sampler, SavesAndLoadsItsPositionInAnArchive) {
+  ts::DistributedSampler reference(30, {.num_replicas = 1, .rank = 0, .seed = 4});
+  const auto first = one_epoch(reference), second = one_epoch(reference);
+  const auto archived = [](const ts::DistributedSampler& sampler) {
+    torch::serialize::OutputArchive archive;
+    sampler.save(archive);
+    std::stringstream stream;
+    archive.save_to(stream);
+    ts::DistributedSampler restored(30, {.num_replicas = 1, .rank = 0, .seed = 4});
+    torch::serialize::InputArchive input;
+    input.load_from(stream);
+    restored.load(input);
+    return restored;
+  };
+  // Mid-epoch: the rest of the epoch, then the next one.
   ts::DistributedSampler sampler(30, {.num_replicas = 1, .rank = 0, .seed = 4});
-  one_epoch(sampler);
-  const auto second = one_epoch(sampler);
-  torch::serialize::OutputArchive archive;
-  sampler.save(archive);
-  std::stringstream stream;
-  archive.save_to(stream);
-  ts::DistributedSampler restored(30, {.num_replicas = 1, .rank = 0, .seed = 4});
-  torch::serialize::InputArchive input;
-  input.load_from(stream);
-  restored.load(input);
+  sampler.reset();
+  std::vector<int64_t> taken;
+  for (int i = 0; i < 2; ++i) {
+    const auto indices = sampler.next(7);
+    taken.insert(taken.end(), indices->begin(), indices->end());
+  }
+  auto restored = archived(sampler);
+  const auto rest = one_epoch(restored);
+  taken.insert(taken.end(), rest.begin(), rest.end());
+  EXPECT_EQ(taken, first);
   EXPECT_EQ(one_epoch(restored), second);
+  // After a finished epoch: the next one.
+  auto after = archived(restored);
+  EXPECT_EQ(one_epoch(after), one_epoch(reference));
 }
 
 TEST(Sampler, BadArgumentsThrowValueErrors) {
