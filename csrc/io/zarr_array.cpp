@@ -1237,6 +1237,10 @@ bool is_zarr_array(const std::string& dir) { return file_exists(dir + "/.zarray"
 
 bool is_zarr_group(const std::string& dir) { return file_exists(dir + "/.zgroup") || node_type_of(dir) == "group"; }
 
+bool is_zarr_string_array(const std::string& store, const std::string& path) {
+  return read_metadata(store, path).kind != ElementKind::kNumeric;
+}
+
 std::shared_ptr<const Array> open_zarr_array(const std::string& store, const std::string& path) {
   const ZarrMetadata meta = read_metadata(store, path);
   if (meta.kind != ElementKind::kNumeric) {
