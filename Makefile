@@ -16,7 +16,7 @@ export MAX_JOBS ?= $(shell nproc)
 
 BENCH_PACKAGES := scdataset matplotlib
 
-.PHONY: setup demo test system lint test-python test-cpp bench clean
+.PHONY: setup demo test system lint test-python test-cpp bench fixtures clean
 
 system:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -60,6 +60,13 @@ bench: setup
 	$(PY) -m pip install -q $(BENCH_PACKAGES)
 	$(PY) benchmarks/plan_throughput.py --json benchmarks/results/plan_throughput.json | tee benchmarks/results/plan_throughput.txt
 	$(PY) benchmarks/storage_throughput.py | tee benchmarks/results/storage_throughput.txt
+
+# The AnnData fixtures (tests/data/anndata): the script runs once per Python listed, each with its
+# own anndata (the environments are in the script's docstring), e.g.
+#   make fixtures FIXTURE_PYTHONS="/work/venv313/bin/python .venv/bin/python /work/venv-ad07/bin/python"
+FIXTURE_PYTHONS ?= $(PY)
+fixtures:
+	for python in $(FIXTURE_PYTHONS); do $$python -W ignore tests/data/make_anndata_fixtures.py || exit 1; done
 
 clean:
 	rm -rf build tests/cpp/build $(VENV) torch_shards/_C*.so torch_shards/_build_info.py *.egg-info
