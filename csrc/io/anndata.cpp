@@ -1,10 +1,13 @@
 #include "anndata.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
+#include <mutex>
 
 #include "../core/errors.h"
+#include "chunked_array.h"
 
 namespace torch_shards::io {
 
@@ -274,6 +277,90 @@ class MaskedValues : public Array {
   std::shared_ptr<const Array> values_, mask_;
 };
 
+// The decoded chunks of a CSR indptr, kept once read. A block of rows needs a
+// few dozen of its entries, but a compressed chunk (annbatch writes indptr in
+// the chunks of data, thousands of entries) must be decoded whole: without
+// this each block decodes an indptr chunk as large as its data. Decoded
+// indptr is small beside the matrix (one entry per row); what all stores of
+// the process keep is capped at kIndptrCacheBytes, beyond which chunks are
+// decoded on every read as before.
+constexpr int64_t kIndptrCacheBytes = int64_t{256} << 20;
+std::atomic<int64_t> indptr_cache_bytes{0};
+
+class DecodedChunkCache : public Array {
+ public:
+  DecodedChunkCache(std::shared_ptr<const Array> inner, int64_t chunk_rows)
+      : Array(native_info(*inner)),
+        inner_(std::move(inner)),
+        chunk_rows_(chunk_rows),
+        chunks_(static_cast<size_t>((num_rows() + chunk_rows - 1) / chunk_rows)) {}
+
+  ~DecodedChunkCache() override { indptr_cache_bytes -= held_bytes_; }
+
+ protected:
+  void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override {
+    const size_t row_size = row_bytes();
+    std::shared_ptr<const std::vector<uint8_t>> chunk;
+    int64_t chunk_index = -1;
+    for (const Segment& segment : segments) {
+      for (int64_t row = segment.source; row < segment.source + segment.length;) {
+        if (row / chunk_rows_ != chunk_index) {
+          chunk_index = row / chunk_rows_;
+          chunk = decoded(chunk_index, pool);
+        }
+        const int64_t first = chunk_index * chunk_rows_;
+        const int64_t end = std::min(segment.source + segment.length, first + chunk_rows_);
+        std::memcpy(out + (segment.dest + row - segment.source) * row_size, chunk->data() + (row - first) * row_size,
+                    static_cast<size_t>(end - row) * row_size);
+        row = end;
+      }
+    }
+  }
+
+ private:
+  static ArrayInfo native_info(const Array& inner) {
+    ArrayInfo info = inner.info();
+    info.big_endian = false;  // inner_->read() already returns native order
+    return info;
+  }
+
+  std::shared_ptr<const std::vector<uint8_t>> decoded(int64_t index, core::ThreadPool& pool) const {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (chunks_[index]) return chunks_[index];
+    }
+    const int64_t first = index * chunk_rows_;
+    const int64_t rows = std::min(chunk_rows_, num_rows() - first);
+    auto chunk = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(rows) * row_bytes());
+    inner_->read({Segment{first, rows, 0}}, chunk->data(), pool);
+    const auto size = static_cast<int64_t>(chunk->size());
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (chunks_[index]) return chunks_[index];  // another thread decoded it meanwhile
+    if (indptr_cache_bytes.fetch_add(size) + size <= kIndptrCacheBytes) {
+      chunks_[index] = chunk;
+      held_bytes_ += size;
+    } else {
+      indptr_cache_bytes -= size;
+    }
+    return chunk;
+  }
+
+  std::shared_ptr<const Array> inner_;
+  int64_t chunk_rows_;
+  mutable std::mutex mutex_;  // guards chunks_ and held_bytes_
+  mutable std::vector<std::shared_ptr<const std::vector<uint8_t>>> chunks_;
+  mutable int64_t held_bytes_ = 0;
+};
+
+// indptr as read: compressed chunks cached decoded (see DecodedChunkCache),
+// anything else (contiguous, one-row chunks) as it is.
+std::shared_ptr<const Array> cached_indptr(std::shared_ptr<const Array> indptr) {
+  const auto* chunked = dynamic_cast<const ChunkedArray*>(indptr.get());
+  if (chunked == nullptr || indptr->info().shape.size() != 1 || chunked->chunk_shape()[0] < 2) return indptr;
+  const int64_t chunk_rows = chunked->chunk_shape()[0];
+  return std::make_shared<DecodedChunkCache>(std::move(indptr), chunk_rows);
+}
+
 // A string column as int64 codes into its sorted unique values (-1: missing).
 void encode_strings(const StringValues& strings, const Group& obs, const std::string& name, ObsColumn& column) {
   std::vector<std::string> unique;
@@ -385,8 +472,8 @@ MatrixData AnnDataStore::matrix_in(const Group& parent, const std::string& name)
     const auto shape = shape_attribute(attributes, encoding == "csr_matrix" ? "shape" : "h5sparse_shape", where);
     matrix.rows = shape[0];
     matrix.cols = shape[1];
-    matrix.csr = std::make_shared<CsrMatrix>(group->array("indptr"), group->array("indices"), group->array("data"),
-                                             shape[0], shape[1]);
+    matrix.csr = std::make_shared<CsrMatrix>(cached_indptr(group->array("indptr")), group->array("indices"),
+                                             group->array("data"), shape[0], shape[1]);
   } else {
     throw ReadError(concat(where, ": no such matrix"));
   }

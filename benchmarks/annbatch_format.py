@@ -1,0 +1,225 @@
+"""Reading annbatch's own format side by side with annbatch, against the decode limit.
+
+    python benchmarks/annbatch_format.py                          # 1e6 x 2000 CSR, ~5% non-zeros
+    python benchmarks/annbatch_format.py --rows 200000 --rounds 2 # quicker
+
+The file: a CSR .h5ad (benchmarks/storage_throughput.py writes it) turned into an annbatch
+DatasetCollection by annbatch's own add_adatas with its defaults (zarr v3, sharded, blosc lz4
+clevel 3 with byte shuffle, 64-row chunks), in --data-dir (benchmarks/data). Writing it and
+reading with annbatch need a Python with annbatch (>= 3.12, no torch): --annbatch-python (default:
+/work/venv313/bin/python when it exists); without one, annbatch is reported as not installed and
+the collection must exist already.
+
+Measured, rows/s, every method on the same --cores (the process pinned to them), page cache warm,
+batch 256, epoch after epoch for --seconds each, in alternated rounds (median reported):
+
+  decode limit          every chunk of X (data, indices, indptr) decoded in order by --cores threads
+                        from the page cache, nothing else (benchmarks/decode_limit.cpp, the same io
+                        code): what no read of these chunks can beat on these cores
+  torch_shards          ShardedDataset(ts.open(collection), BlockShuffling(block)), sparse CSR
+                        batches, native threads; fetch_factor = chunk x preload / batch (annbatch's
+                        rows in memory at once)
+  torch_shards dense    the same with dense=True
+  annbatch              annbatch's Loader(chunk_size, preload_nchunks, batch_size=256, shuffle=True)
+                        over the collection (scipy CSR batches), in its own process
+
+Configurations: block 64 with fetch_factor 8 against annbatch's chunk 64 x preload 32, and annbatch's
+default 512-row chunks (block 512, fetch_factor 64 against chunk 512 x preload 32).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BATCH_SIZE = 256
+PRELOAD_NCHUNKS = 32
+CONFIGS = [64, 512]  # chunk size (annbatch) = block size (torch_shards)
+
+
+def default_annbatch_python():
+    candidate = "/work/venv313/bin/python"
+    return candidate if os.path.exists(candidate) else None
+
+
+def ensure_collection(args):
+    import storage_throughput
+
+    h5ad = os.path.join(args.data_dir, f"csr_{args.rows}.h5ad")
+    collection = os.path.join(args.data_dir, f"annbatch_{args.rows}.zarr")
+    if os.path.exists(os.path.join(collection, "zarr.json")):
+        return collection
+    if not args.annbatch_python:
+        sys.exit(f"{collection} does not exist and no --annbatch-python to write it with")
+    if not os.path.exists(h5ad):
+        print(f"writing {h5ad} ...", flush=True)
+        storage_throughput.write_csr_h5ad(h5ad, args.rows)
+    print(f"writing {collection} with annbatch's add_adatas ...", flush=True)
+    shutil.rmtree(collection, ignore_errors=True)
+    subprocess.run(
+        [args.annbatch_python, os.path.join(HERE, "annbatch_side.py"), "write", h5ad, collection], check=True
+    )
+    return collection
+
+
+def x_arrays(collection):
+    """STORE:ARRAY specs of every array of X in the collection, dataset by dataset."""
+    import torch_shards as ts
+
+    specs = []
+    for source in ts.open(collection).sources:
+        for part in ("data", "indices", "indptr"):
+            specs.append(f"{collection}:/{os.path.relpath(source.path, collection)}/X/{part}")
+    return specs
+
+
+def build_decode_limit(args):
+    build = os.path.join(args.data_dir, "build")
+    subprocess.run(
+        ["cmake", "-S", os.path.join(ROOT, "tests", "cpp"), "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    subprocess.run(["cmake", "--build", build, "--target", "decode_limit"], check=True, stdout=subprocess.DEVNULL)
+    return os.path.join(build, "decode_limit")
+
+
+def warm(collection):
+    for directory, _, files in os.walk(collection):
+        for name in files:
+            with open(os.path.join(directory, name), "rb") as f:
+                while f.read(64 << 20):
+                    pass
+
+
+def decode_limit(binary, specs, rows, args):
+    done = subprocess.run(
+        ["taskset", "-c", args.cpu_list, binary, "--threads", str(args.cores), "--seconds", str(args.seconds)]
+        + specs,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result = json.loads(done.stdout)
+    return rows * result["passes"] / result["seconds"]
+
+
+def torch_shards_rate(collection, block, dense, args):
+    import torch_shards as ts
+
+    dataset = ts.ShardedDataset(
+        ts.open(collection, dense=dense),
+        ts.BlockShuffling(block),
+        batch_size=BATCH_SIZE,
+        fetch_factor=block * PRELOAD_NCHUNKS // BATCH_SIZE,
+        seed=0,
+        num_threads=args.cores,
+        rank=0,
+        world_size=1,
+    )
+    rows, start = 0, None
+    while True:
+        for batch in dataset:
+            if start is None:
+                start = time.perf_counter()
+                continue
+            rows += batch["index"].shape[0]
+            if time.perf_counter() - start > args.seconds:
+                return rows / (time.perf_counter() - start)
+
+
+def annbatch_rate(collection, block, args):
+    done = subprocess.run(
+        ["taskset", "-c", args.cpu_list, args.annbatch_python, os.path.join(HERE, "annbatch_side.py"), "read"]
+        + [collection, "--chunk-size", str(block), "--preload-nchunks", str(PRELOAD_NCHUNKS)]
+        + ["--batch-size", str(BATCH_SIZE), "--seconds", str(args.seconds)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return result["rows"] / result["seconds"]
+
+
+def annbatch_status(python):
+    if not python:
+        return "not installed (needs a Python >= 3.12 with annbatch: --annbatch-python)"
+    done = subprocess.run(
+        [python, "-c", "import annbatch, importlib.metadata as m; print(m.version('annbatch'))"],
+        capture_output=True,
+        text=True,
+    )
+    return None if done.returncode == 0 else f"not importable by {python}"
+
+
+def main():
+    warnings.filterwarnings("ignore", message=".*[Ss]parse")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=3, help="alternated rounds; medians are reported")
+    parser.add_argument("--data-dir", default=os.path.join(HERE, "data"))
+    parser.add_argument("--annbatch-python", default=default_annbatch_python())
+    parser.add_argument("--skip", default="", help="comma-separated methods to leave out")
+    parser.add_argument("--json", default=os.path.join(HERE, "results", "annbatch_format.json"))
+    args = parser.parse_args()
+    sys.path.insert(0, HERE)
+    os.makedirs(args.data_dir, exist_ok=True)
+    cpus = sorted(os.sched_getaffinity(0))[: args.cores]
+    args.cpu_list = ",".join(map(str, cpus))
+    os.sched_setaffinity(0, cpus)  # torch_shards runs in this process: the same cores as the others
+
+    status = annbatch_status(args.annbatch_python)
+    collection = ensure_collection(args)
+    binary = build_decode_limit(args)
+    specs = x_arrays(collection)
+    warm(collection)
+    import torch_shards as ts
+
+    rows = len(ts.open(collection))
+    skip = set(filter(None, args.skip.split(",")))
+    methods = [("decode limit", None, lambda: decode_limit(binary, specs, rows, args))]
+    for block in CONFIGS:
+        ff = block * PRELOAD_NCHUNKS // BATCH_SIZE
+        methods.append((f"torch_shards block {block} ff {ff}", block, lambda b=block: torch_shards_rate(collection, b, False, args)))
+        methods.append((f"torch_shards dense block {block}", block, lambda b=block: torch_shards_rate(collection, b, True, args)))
+        if status is None:
+            methods.append((f"annbatch chunk {block} x {PRELOAD_NCHUNKS}", block, lambda b=block: annbatch_rate(collection, b, args)))
+    methods = [m for m in methods if m[0].split(" block")[0].split(" chunk")[0] not in skip]
+    print(
+        f"{collection}: {rows} rows; {args.cores} cores (cpus {args.cpu_list}); batch {BATCH_SIZE}; "
+        f"{args.seconds:.0f} s per measurement, {args.rounds} alternated rounds (median)"
+    )
+    if status:
+        print(f"annbatch: {status}")
+    rates = {name: [] for name, _, _ in methods}
+    for round_ in range(args.rounds):
+        for name, _, measure in methods:
+            rates[name].append(measure())
+            print(f"  round {round_ + 1}: {name:<36} {rates[name][-1]:>12,.0f} rows/s", flush=True)
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    limit = median["decode limit"]
+    header = f"{'method':<36} {'rows/s':>12} {'of decode limit':>16} {'vs annbatch':>12}"
+    print("\n" + header + "\n" + "-" * len(header))
+    results = []
+    for name, block, _ in methods:
+        annbatch = median.get(f"annbatch chunk {block} x {PRELOAD_NCHUNKS}")
+        ratio = f"{median[name] / annbatch:.2f}x" if annbatch and not name.startswith("annbatch") else ""
+        print(f"{name:<36} {median[name]:>12,.0f} {median[name] / limit:>16.2f} {ratio:>12}")
+        results.append({"method": name, "rows_per_s": median[name], "rounds": rates[name], "of_limit": median[name] / limit})
+    if args.json:
+        os.makedirs(os.path.dirname(args.json), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "cores": args.cores, "batch_size": BATCH_SIZE, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The annbatch half of benchmarks/annbatch_format.py, run by a Python that has annbatch
+(annbatch needs Python >= 3.12 and no torch; the project's environment may be older):
+
+    python annbatch_side.py write INPUT.h5ad COLLECTION.zarr      # annbatch's add_adatas, its defaults
+    python annbatch_side.py read COLLECTION.zarr --chunk-size 64 --preload-nchunks 32 --seconds 8
+
+`read` prints one JSON line: rows, seconds, batches. It reads X only (annbatch's documented
+load_adata for X), epoch after epoch as a training loop would, with annbatch's RandomSampler
+(shuffle=True), batches of --batch-size, no GPU preload.
+"""
+
+import argparse
+import json
+import sys
+import time
+import warnings
+
+
+def write(args):
+    import numpy as np
+    import zarr
+    from annbatch import DatasetCollection
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        DatasetCollection(zarr.open_group(args.collection, mode="w")).add_adatas(
+            [args.input], rng=np.random.default_rng(0)
+        )
+
+
+def read(args):
+    import anndata as ad
+    import zarr
+    from annbatch import DatasetCollection, Loader
+
+    warnings.filterwarnings("ignore")
+    collection = DatasetCollection(zarr.open_group(args.collection, mode="r"))
+    loader = Loader(
+        chunk_size=args.chunk_size,
+        preload_nchunks=args.preload_nchunks,
+        batch_size=args.batch_size,
+        shuffle=True,
+        preload_to_gpu=False,
+    ).use_collection(collection, load_adata=lambda group: ad.AnnData(X=ad.io.sparse_dataset(group["X"])))
+    rows = batches = 0
+    start = None
+    while True:
+        for batch in loader:
+            if start is None:  # the clock starts at the first batch: start-up is not counted
+                start = time.perf_counter()
+                continue
+            rows += batch["X"].shape[0]
+            batches += 1
+            if time.perf_counter() - start > args.seconds:
+                print(json.dumps({"rows": rows, "seconds": time.perf_counter() - start, "batches": batches}))
+                return
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    writing = commands.add_parser("write")
+    writing.add_argument("input")
+    writing.add_argument("collection")
+    reading = commands.add_parser("read")
+    reading.add_argument("collection")
+    reading.add_argument("--chunk-size", type=int, default=64)
+    reading.add_argument("--preload-nchunks", type=int, default=32)
+    reading.add_argument("--batch-size", type=int, default=256)
+    reading.add_argument("--seconds", type=float, default=8.0)
+    args = parser.parse_args()
+    {"write": write, "read": read}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
