@@ -6,7 +6,8 @@
 
 `read` prints one JSON line: rows, seconds, batches. It reads X only (annbatch's documented
 load_adata for X), epoch after epoch as a training loop would, with annbatch's RandomSampler
-(shuffle=True), batches of --batch-size, no GPU preload.
+(shuffle=True), batches of --batch-size, no GPU preload, and zarrs' codec pipeline when zarrs is
+installed (annbatch's documented configuration; --no-zarrs for zarr-python's own).
 """
 
 import argparse
@@ -28,12 +29,25 @@ def write(args):
         )
 
 
+def use_zarrs():
+    """annbatch's documented setup: zarrs' codec pipeline when it is installed."""
+    import zarr
+
+    try:
+        import zarrs  # noqa: F401
+    except ImportError:
+        return False
+    zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
+    return True
+
+
 def read(args):
     import anndata as ad
     import zarr
     from annbatch import DatasetCollection, Loader
 
     warnings.filterwarnings("ignore")
+    zarrs = use_zarrs() if args.zarrs else False
     collection = DatasetCollection(zarr.open_group(args.collection, mode="r"))
     loader = Loader(
         chunk_size=args.chunk_size,
@@ -52,7 +66,8 @@ def read(args):
             rows += batch["X"].shape[0]
             batches += 1
             if time.perf_counter() - start > args.seconds:
-                print(json.dumps({"rows": rows, "seconds": time.perf_counter() - start, "batches": batches}))
+                elapsed = time.perf_counter() - start
+                print(json.dumps({"rows": rows, "seconds": elapsed, "batches": batches, "zarrs": zarrs}))
                 return
 
 
@@ -68,6 +83,7 @@ def main():
     reading.add_argument("--preload-nchunks", type=int, default=32)
     reading.add_argument("--batch-size", type=int, default=256)
     reading.add_argument("--seconds", type=float, default=8.0)
+    reading.add_argument("--no-zarrs", dest="zarrs", action="store_false", help="zarr-python's own codec pipeline")
     args = parser.parse_args()
     {"write": write, "read": read}[args.command](args)
 

@@ -51,7 +51,9 @@ std::vector<FieldSpec> AnnDataSource::fields() const {
 
 Batch AnnDataSource::read(const std::vector<int64_t>& rows, ReadContext& context) const {
   const int64_t count = static_cast<int64_t>(rows.size());
-  const std::vector<io::Segment> segments = io::segments_in_delivery_order(rows);
+  // Segments (a sort of the rows) only for dense arrays: CSR plans its own reads.
+  std::vector<io::Segment> segments;
+  if (!matrix_.csr || !obs_.empty()) segments = io::segments_in_delivery_order(rows);
   Batch batch;
   batch.insert("X", matrix_.csr ? read_csr(*matrix_.csr, rows, dense_, context)
                                 : read_dense(*matrix_.dense, segments, count, context));
