@@ -55,11 +55,13 @@ test-cpp: system
 
 test: lint test-python test-cpp
 
-# Side-by-side benchmarks (tables in benchmarks/results/, see the README).
+# Side-by-side benchmarks (tables in benchmarks/results/, see the README). annbatch runs in its own
+# Python (>= 3.12, no torch): ANNBATCH_PYTHON=/path/to/venv/bin/python.
 bench: setup
 	$(PY) -m pip install -q $(BENCH_PACKAGES)
 	$(PY) benchmarks/plan_throughput.py --json benchmarks/results/plan_throughput.json | tee benchmarks/results/plan_throughput.txt
 	$(PY) benchmarks/storage_throughput.py | tee benchmarks/results/storage_throughput.txt
+	$(PY) benchmarks/annbatch_format.py $(if $(ANNBATCH_PYTHON),--annbatch-python $(ANNBATCH_PYTHON)) | tee benchmarks/results/annbatch_format.txt
 
 # The AnnData fixtures (tests/data/anndata): the script runs once per Python listed, each with its
 # own anndata (the environments are in the script's docstring), e.g.

@@ -57,7 +57,7 @@ def ensure_collection(args):
     if os.path.exists(os.path.join(collection, "zarr.json")):
         return collection
     if not args.annbatch_python:
-        sys.exit(f"{collection} does not exist and no --annbatch-python to write it with")
+        return None
     if not os.path.exists(h5ad):
         print(f"writing {h5ad} ...", flush=True)
         storage_throughput.write_csr_h5ad(h5ad, args.rows)
@@ -207,6 +207,9 @@ def main():
 
     status = annbatch_status(args.annbatch_python)
     collection = ensure_collection(args)
+    if collection is None:
+        print(f"annbatch: {status}; no collection in {args.data_dir} to read, nothing measured")
+        return
     binary = build_decode_limit(args)
     specs = x_arrays(collection)
     warm(collection)
