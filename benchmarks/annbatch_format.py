@@ -10,8 +10,9 @@ reading with annbatch need a Python with annbatch (>= 3.12, no torch): --annbatc
 /work/venv313/bin/python when it exists); without one, annbatch is reported as not installed and
 the collection must exist already.
 
-Measured, rows/s, every method on the same --cores (the process pinned to them), page cache warm,
-batch 256, epoch after epoch for --seconds each, in alternated rounds (median reported):
+Measured, rows/s and rows per CPU-second (of the measuring process, every thread: steadier where
+other work shares the cores), every method on the same --cores (each process pinned to them), page
+cache warm, batch 256, epoch after epoch for --seconds each, in alternated rounds (medians):
 
   decode limit          every chunk of X (data, indices, indptr) decoded in order by --cores threads
                         from the page cache, nothing else (benchmarks/decode_limit.cpp, the same io
@@ -30,6 +31,7 @@ default 512-row chunks (block 512, fetch_factor 64 against chunk 512 x preload 3
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -136,7 +138,12 @@ def decode_limit(binary, specs, rows, args):
         text=True,
     )
     result = json.loads(done.stdout)
-    return rows * result["passes"] / result["seconds"]
+    return rows * result["passes"] / result["seconds"], rows * result["passes"] / result["cpu_seconds"]
+
+
+def cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
+    return usage.ru_utime + usage.ru_stime
 
 
 def torch_shards_rate(collection, block, dense, args):
@@ -152,15 +159,15 @@ def torch_shards_rate(collection, block, dense, args):
         rank=0,
         world_size=1,
     )
-    rows, start = 0, None
+    rows, start, cpu_start = 0, None, None
     while True:
         for batch in dataset:
             if start is None:
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), cpu_seconds()
                 continue
             rows += batch["index"].shape[0]
             if time.perf_counter() - start > args.seconds:
-                return rows / (time.perf_counter() - start)
+                return rows / (time.perf_counter() - start), rows / (cpu_seconds() - cpu_start)
 
 
 def annbatch_rate(collection, block, args):
@@ -173,7 +180,7 @@ def annbatch_rate(collection, block, args):
         text=True,
     )
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return result["rows"] / result["seconds"]
+    return result["rows"] / result["seconds"], result["rows"] / result["cpu_seconds"]
 
 
 def annbatch_status(python):
@@ -246,33 +253,50 @@ def main():
     )
     if status:
         print(f"annbatch: {status}")
-    rates = {name: [] for name, _, _ in methods}
+    walls = {name: [] for name, _, _ in methods}
+    cpus = {name: [] for name, _, _ in methods}
     for round_ in range(args.rounds):
         for name, _, measure in methods:
-            rates[name].append(measure())
-            print(f"  round {round_ + 1}: {name:<36} {rates[name][-1]:>12,.0f} rows/s", flush=True)
-    median = {name: statistics.median(values) for name, values in rates.items()}
-    limit = median["decode limit"]
-    header = f"{'method':<36} {'rows/s':>12} {'of decode limit':>16} {'ceiling':>8} {'vs annbatch':>12}"
+            wall, cpu = measure()
+            walls[name].append(wall)
+            cpus[name].append(cpu)
+            print(f"  round {round_ + 1}: {name:<36} {wall:>12,.0f} rows/s {cpu:>12,.0f} rows/CPU-s", flush=True)
+    wall = {name: statistics.median(values) for name, values in walls.items()}
+    cpu = {name: statistics.median(values) for name, values in cpus.items()}
+    header = (
+        f"{'method':<36} {'rows/s':>11} {'of limit':>9} {'vs annbatch':>12} {'rows/CPU-s':>11} {'of limit':>9} "
+        f"{'vs annbatch':>12} {'ceiling':>8}"
+    )
     print("\n" + header + "\n" + "-" * len(header))
     results = []
     for name, block, _ in methods:
-        annbatch = median.get(f"annbatch chunk {block} x {PRELOAD_NCHUNKS}")
-        ratio = f"{median[name] / annbatch:.2f}x" if annbatch and not name.startswith("annbatch") else ""
-        ceiling = f"{ceilings[block]:.2f}" if block and not name.startswith("annbatch") else ""
-        print(f"{name:<36} {median[name]:>12,.0f} {median[name] / limit:>16.2f} {ceiling:>8} {ratio:>12}")
+        reference = f"annbatch chunk {block} x {PRELOAD_NCHUNKS}"
+        ours = not name.startswith("annbatch") and block is not None
+
+        def versus(values, name=name, reference=reference, ours=ours):
+            return f"{values[name] / values[reference]:.2f}x" if ours and reference in values else ""
+
+        ceiling = f"{ceilings[block]:.2f}" if ours else ""
+        print(
+            f"{name:<36} {wall[name]:>11,.0f} {wall[name] / wall['decode limit']:>9.2f} {versus(wall):>12} "
+            f"{cpu[name]:>11,.0f} {cpu[name] / cpu['decode limit']:>9.2f} {versus(cpu):>12} {ceiling:>8}"
+        )
         results.append(
             {
                 "method": name,
-                "rows_per_s": median[name],
-                "rounds": rates[name],
-                "of_limit": median[name] / limit,
+                "rows_per_s": wall[name],
+                "rows_per_cpu_s": cpu[name],
+                "rounds_rows_per_s": walls[name],
+                "rounds_rows_per_cpu_s": cpus[name],
+                "of_limit": wall[name] / wall["decode limit"],
+                "of_limit_cpu": cpu[name] / cpu["decode limit"],
                 "ceiling": ceilings.get(block),
             }
         )
     print(
-        "\nceiling: the share of the decode limit reads of random blocks can reach at best, each block "
-        "decoding every chunk it touches whole"
+        "\nrows/CPU-s: rows per second of the process's CPU time (all its threads), steadier than rows/s where "
+        "other work shares the cores.\nceiling: the share of the decode limit reads of random blocks can reach "
+        "at best, each block decoding every chunk it touches whole."
     )
     if args.json:
         os.makedirs(os.path.dirname(args.json), exist_ok=True)

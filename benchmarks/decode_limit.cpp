@@ -7,7 +7,10 @@
 //   decode_limit --threads 2 --seconds 8 store.zarr:/X/data store.zarr:/X/indices ...
 //
 // Prints one JSON line: {"passes": full passes over all arrays, "seconds": their
-// time, "decoded_bytes": bytes one pass decodes, "arrays": [...]}.
+// time, "cpu_seconds": the process's CPU time meanwhile, "decoded_bytes": bytes
+// one pass decodes, "arrays": [...]}.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -28,6 +31,12 @@
 namespace io = torch_shards::io;
 
 namespace {
+
+double cpu_seconds() {  // of the whole process, every thread
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec + 1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
 
 struct Piece {
   const io::Array* array;
@@ -91,6 +100,7 @@ int main(int argc, char** argv) {
     }
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
+    const double cpu_start = cpu_seconds();
     int passes = 0;
     double elapsed = 0;
     while (passes == 0 || elapsed < seconds) {
@@ -118,7 +128,9 @@ int main(int argc, char** argv) {
       ++passes;
       elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     }
-    std::cout << "{\"passes\": " << passes << ", \"seconds\": " << elapsed << ", \"decoded_bytes\": " << decoded_bytes
+    const double cpu = cpu_seconds() - cpu_start;
+    std::cout << "{\"passes\": " << passes << ", \"seconds\": " << elapsed << ", \"cpu_seconds\": " << cpu
+              << ", \"decoded_bytes\": " << decoded_bytes
               << ", \"threads\": " << threads << ", \"arrays\": [" << names << "]}" << std::endl;
   } catch (const std::exception& error) {
     std::cerr << "decode_limit: " << error.what() << "\n";
