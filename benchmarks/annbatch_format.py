@@ -248,7 +248,8 @@ def main():
     methods = [m for m in methods if m[0].split(" block")[0].split(" chunk")[0] not in skip]
     ceilings = {block: decode_ceiling(collection, block) for block in CONFIGS}
     print(
-        f"{collection}: {rows} rows; {args.cores} cores (cpus {args.cpu_list}); batch {BATCH_SIZE}; "
+        f"{os.path.relpath(collection, ROOT)}: {rows} rows; {args.cores} cores (cpus {args.cpu_list}); "
+        f"batch {BATCH_SIZE}; "
         f"{args.seconds:.0f} s per measurement, {args.rounds} alternated rounds (median)"
     )
     if status:
