@@ -438,7 +438,7 @@ def write_annbatch(out_root):
         from annbatch import DatasetCollection
     except ImportError:
         return None
-    directory = os.path.join(out_root, f"annbatch-{package_version('annbatch')}")
+    directory = os.path.abspath(os.path.join(out_root, f"annbatch-{package_version('annbatch')}"))
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
     rng = np.random.default_rng(21)
@@ -455,12 +455,16 @@ def write_annbatch(out_root):
     )
     source = ad.AnnData(X=sp.csr_matrix(dense), obs=obs, var=pd.DataFrame(index=[f"g{j}" for j in range(N_VARS)]))
     scratch = tempfile.mkdtemp()
+    cwd = os.getcwd()
     try:
-        input_path = os.path.join(scratch, "input.h5ad")
+        # annbatch records the input's path in obs["src_path"]: a relative one keeps the files the same
+        # from run to run.
+        os.chdir(scratch)
+        input_path = "input.h5ad"
         source.write_h5ad(input_path)
         manifest = {"annbatch": package_version("annbatch"), "writer": versions(), "collections": {}}
         for name, h5ad in (("collection.zarr", False), ("collection-h5ad", True)):
-            path = os.path.join(directory, name)
+            path = os.path.abspath(os.path.join(directory, name))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 target = zarr.open_group(path, mode="w") if not h5ad else path
@@ -487,6 +491,7 @@ def write_annbatch(out_root):
         with open(os.path.join(directory, "manifest.json"), "w") as out:
             json.dump(manifest, out, indent=1, sort_keys=True)
     finally:
+        os.chdir(cwd)
         shutil.rmtree(scratch)
     del annbatch
     return directory
