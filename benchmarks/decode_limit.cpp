@@ -130,8 +130,8 @@ int main(int argc, char** argv) {
     }
     const double cpu = cpu_seconds() - cpu_start;
     std::cout << "{\"passes\": " << passes << ", \"seconds\": " << elapsed << ", \"cpu_seconds\": " << cpu
-              << ", \"decoded_bytes\": " << decoded_bytes
-              << ", \"threads\": " << threads << ", \"arrays\": [" << names << "]}" << std::endl;
+              << ", \"decoded_bytes\": " << decoded_bytes << ", \"threads\": " << threads << ", \"arrays\": [" << names
+              << "]}" << std::endl;
   } catch (const std::exception& error) {
     std::cerr << "decode_limit: " << error.what() << "\n";
     return 1;
