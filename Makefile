@@ -16,7 +16,7 @@ export MAX_JOBS ?= $(shell nproc)
 
 BENCH_PACKAGES := scdataset matplotlib
 
-.PHONY: setup demo test system lint test-python test-cpp bench clean
+.PHONY: setup demo test system lint test-python test-cpp bench fixtures clean
 
 system:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -59,12 +59,21 @@ test-cpp: setup
 
 test: lint test-python test-cpp
 
-# Side-by-side benchmarks (tables in benchmarks/results/, see the README).
+# Side-by-side benchmarks (tables in benchmarks/results/, see the README). annbatch runs in its own
+# Python (>= 3.12, no torch): ANNBATCH_PYTHON=/path/to/venv/bin/python.
 bench: setup
 	$(PY) -m pip install -q $(BENCH_PACKAGES)
 	$(PY) benchmarks/plan_throughput.py --json benchmarks/results/plan_throughput.json | tee benchmarks/results/plan_throughput.txt
 	$(PY) benchmarks/storage_throughput.py | tee benchmarks/results/storage_throughput.txt
 	$(PY) benchmarks/cpp_iteration.py
+	$(PY) benchmarks/annbatch_format.py $(if $(ANNBATCH_PYTHON),--annbatch-python $(ANNBATCH_PYTHON)) | tee benchmarks/results/annbatch_format.txt
+
+# The AnnData fixtures (tests/data/anndata): the script runs once per Python listed, each with its
+# own anndata (the environments are in the script's docstring), e.g.
+#   make fixtures FIXTURE_PYTHONS="/work/venv313/bin/python .venv/bin/python /work/venv-ad07/bin/python"
+FIXTURE_PYTHONS ?= $(PY)
+fixtures:
+	for python in $(FIXTURE_PYTHONS); do $$python -W ignore tests/data/make_anndata_fixtures.py || exit 1; done
 
 clean:
 	rm -rf build $(VENV) torch_shards/lib torch_shards/include torch_shards/share torch_shards/_build_info.py *.egg-info

@@ -129,6 +129,17 @@ class Hdf5Group : public Group {
   bool has_group(const std::string& name) const override { return child_type(name) == H5O_TYPE_GROUP; }
   bool has_array(const std::string& name) const override { return child_type(name) == H5O_TYPE_DATASET; }
 
+  bool has_string_array(const std::string& name) const override {
+    const std::string path = child_path(name);
+    auto lock = hdf5_lock();
+    Hid file = open_hdf5_file(file_);
+    if (object_type(file.get(), path) != H5O_TYPE_DATASET) return false;
+    Hid dataset(H5Dopen2(file.get(), path.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!dataset.valid()) throw ReadError(concat(file_, ":", path, ": cannot open dataset: ", hdf5_error_detail()));
+    Hid type(H5Dget_type(dataset.get()), H5Tclose);
+    return H5Tget_class(type.get()) == H5T_STRING;
+  }
+
   std::shared_ptr<const Group> group(const std::string& name) const override {
     if (!has_group(name)) throw ReadError(concat(file_, ":", child_path(name), ": no such group"));
     return std::make_shared<Hdf5Group>(file_, child_path(name));

@@ -3,6 +3,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -970,60 +971,89 @@ struct ShardIndex {
 };
 
 // Inner chunks of v3 shards: inner grid coordinates -> shard file -> index
-// entry. Each shard's index is read once (only its bytes) and kept.
+// entry. Each shard's index is read once (only its bytes) and kept. Shards
+// are found by their position in the shard grid (no key string, no shared
+// lookup per chunk) when the grid is of a reasonable size, by key otherwise.
 class ShardedChunkStore : public ChunkStore {
  public:
-  ShardedChunkStore(std::string dir, ChunkKeys keys, std::vector<int64_t> chunks_per_shard, ShardLayout layout)
-      : dir_(std::move(dir)), keys_(keys), chunks_per_shard_(std::move(chunks_per_shard)), layout_(std::move(layout)) {
+  ShardedChunkStore(std::string dir, ChunkKeys keys, std::vector<int64_t> chunks_per_shard,
+                    std::vector<int64_t> shard_grid, ShardLayout layout)
+      : dir_(std::move(dir)),
+        keys_(keys),
+        chunks_per_shard_(std::move(chunks_per_shard)),
+        shard_grid_(std::move(shard_grid)),
+        layout_(std::move(layout)) {
     for (int64_t count : chunks_per_shard_) inner_chunks_ *= count;
+    int64_t shards = 1;
+    for (int64_t count : shard_grid_) shards = count > 0 && shards <= kMaxIndexedShards / count ? shards * count : -1;
+    if (shards >= 0) {
+      for (int64_t i = 0; i < shards; ++i) indexed_.push_back(std::make_shared<Slot>());
+    }
   }
 
   std::optional<std::vector<uint8_t>> read_chunk(const std::vector<int64_t>& coords) const override {
     const std::optional<ChunkLocation> location = locate(coords);
     if (!location) return std::nullopt;
     return location->file->read_at(location->offset, static_cast<size_t>(location->size),
-                                   concat("inner chunk ", format_coords(coords)));
+                                   "inner chunk " + format_coords(coords));
   }
 
   bool can_locate() const override { return true; }
   std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const override {
-    std::vector<int64_t> shard(coords.size());
-    int64_t entry = 0;
+    int64_t entry = 0, shard = 0;
+    bool in_grid = true;
     for (size_t d = 0; d < coords.size(); ++d) {
-      shard[d] = coords[d] / chunks_per_shard_[d];
+      const int64_t position = coords[d] / chunks_per_shard_[d];
+      in_grid = in_grid && position < shard_grid_[d];
+      shard = shard * shard_grid_[d] + position;
       entry = entry * chunks_per_shard_[d] + coords[d] % chunks_per_shard_[d];
     }
-    const std::string key = keys_.key(shard);
-    const std::shared_ptr<const ShardIndex> index = shard_index(key);
-    if (!index->shard_exists) return std::nullopt;
-    const auto [offset, nbytes] = index->entries[entry];
+    const ShardIndex& index = shard_index(coords, in_grid ? shard : -1);
+    if (!index.shard_exists) return std::nullopt;
+    const auto [offset, nbytes] = index.entries[entry];
     if (offset == kMissingEntry) return std::nullopt;
-    return ChunkLocation{index->file, static_cast<int64_t>(offset), static_cast<int64_t>(nbytes)};
+    return ChunkLocation{index.file, static_cast<int64_t>(offset), static_cast<int64_t>(nbytes)};
   }
 
   std::string describe_chunk(const std::vector<int64_t>& coords) const override {
-    std::vector<int64_t> shard(coords.size());
-    for (size_t d = 0; d < coords.size(); ++d) shard[d] = coords[d] / chunks_per_shard_[d];
-    return concat("inner chunk ", format_coords(coords), " of shard ", keys_.key(shard));
+    return concat("inner chunk ", format_coords(coords), " of shard ", keys_.key(shard_of(coords)));
   }
 
  private:
+  static constexpr int64_t kMaxIndexedShards = int64_t{1} << 16;
+
   struct Slot {
     std::mutex mutex;  // held while the index loads, so each loads once
     std::shared_ptr<const ShardIndex> index;
+    std::atomic<const ShardIndex*> loaded{nullptr};  // index, once set: read without the lock
   };
 
-  std::shared_ptr<const ShardIndex> shard_index(const std::string& key) const {
-    std::shared_ptr<Slot> slot;
-    {
+  std::vector<int64_t> shard_of(const std::vector<int64_t>& coords) const {
+    std::vector<int64_t> shard(coords.size());
+    for (size_t d = 0; d < coords.size(); ++d) shard[d] = coords[d] / chunks_per_shard_[d];
+    return shard;
+  }
+
+  // `position`: the shard's place in the grid, or -1 to look it up by key.
+  // The index of the shard holding `coords`; valid while the store lives.
+  const ShardIndex& shard_index(const std::vector<int64_t>& coords, int64_t position) const {
+    Slot* slot = nullptr;
+    if (position >= 0 && !indexed_.empty()) {
+      slot = indexed_[static_cast<size_t>(position)].get();
+      if (const ShardIndex* loaded = slot->loaded.load(std::memory_order_acquire)) return *loaded;
+    } else {
       std::lock_guard<std::mutex> lock(mutex_);
-      std::shared_ptr<Slot>& entry = slots_[key];
+      std::shared_ptr<Slot>& entry = slots_[keys_.key(shard_of(coords))];
       if (!entry) entry = std::make_shared<Slot>();
-      slot = entry;
+      slot = entry.get();  // slots are never removed
     }
     std::lock_guard<std::mutex> lock(slot->mutex);
-    if (!slot->index) slot->index = load_index(key);  // a failed load leaves the slot empty: later reads retry
-    return slot->index;
+    // A failed load leaves the slot empty: later reads retry.
+    if (!slot->index) {
+      slot->index = load_index(keys_.key(shard_of(coords)));
+      slot->loaded.store(slot->index.get(), std::memory_order_release);
+    }
+    return *slot->index;
   }
 
   std::shared_ptr<const ShardIndex> load_index(const std::string& key) const {
@@ -1073,19 +1103,23 @@ class ShardedChunkStore : public ChunkStore {
   std::string dir_;
   ChunkKeys keys_;
   std::vector<int64_t> chunks_per_shard_;
+  std::vector<int64_t> shard_grid_;  // shards along each dimension
   ShardLayout layout_;
   int64_t inner_chunks_ = 1;
-  mutable std::mutex mutex_;  // guards slots_
+  std::vector<std::shared_ptr<Slot>> indexed_;  // by position in the shard grid (empty: too many shards)
+  mutable std::mutex mutex_;                    // guards slots_
   mutable std::map<std::string, std::shared_ptr<Slot>> slots_;
 };
 
 std::shared_ptr<const ChunkStore> make_chunk_store(const ZarrMetadata& meta) {
   if (!meta.sharding) return std::make_shared<ChunkFiles>(meta.dir, meta.keys);
-  std::vector<int64_t> chunks_per_shard(meta.shape.size());
+  std::vector<int64_t> chunks_per_shard(meta.shape.size()), shard_grid(meta.shape.size());
   for (size_t d = 0; d < chunks_per_shard.size(); ++d) {
     chunks_per_shard[d] = meta.chunk_shape[d] / meta.sharding->inner_chunk_shape[d];
+    shard_grid[d] = (meta.shape[d] + meta.chunk_shape[d] - 1) / meta.chunk_shape[d];
   }
-  return std::make_shared<ShardedChunkStore>(meta.dir, meta.keys, std::move(chunks_per_shard), *meta.sharding);
+  return std::make_shared<ShardedChunkStore>(meta.dir, meta.keys, std::move(chunks_per_shard), std::move(shard_grid),
+                                             *meta.sharding);
 }
 
 // ---------------------------------------------------------------------------
@@ -1236,6 +1270,10 @@ std::string normalize_zarr_path(const std::string& path) {
 bool is_zarr_array(const std::string& dir) { return file_exists(dir + "/.zarray") || node_type_of(dir) == "array"; }
 
 bool is_zarr_group(const std::string& dir) { return file_exists(dir + "/.zgroup") || node_type_of(dir) == "group"; }
+
+bool is_zarr_string_array(const std::string& store, const std::string& path) {
+  return read_metadata(store, path).kind != ElementKind::kNumeric;
+}
 
 std::shared_ptr<const Array> open_zarr_array(const std::string& store, const std::string& path) {
   const ZarrMetadata meta = read_metadata(store, path);

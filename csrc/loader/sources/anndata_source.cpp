@@ -1,6 +1,8 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "loader/sources/anndata_source.h"
 
+#include <set>
+
 #include "core/errors.h"
 #include "loader/sources/array_source.h"
 #include "loader/sources/array_tensors.h"
@@ -9,15 +11,27 @@ namespace torch_shards::sources {
 
 using core::check_argument;
 
+namespace {
+std::string mask_field(const std::string& column) { return column + "_mask"; }
+}  // namespace
+
 AnnDataSource::AnnDataSource(std::shared_ptr<const io::AnnDataStore> store, const std::optional<std::string>& layer,
                              const std::vector<std::string>& obs, bool dense)
     : store_(std::move(store)), layer_(layer), matrix_(store_->matrix(layer)), dense_(dense) {
   check_argument(store_->n_obs() >= 1, "AnnDataSource: ", store_->root().where(),
                  " has no observations (an empty source)");
+  std::set<std::string> names;
   for (const std::string& name : obs) {
     check_argument(name != "X" && name != "index", "AnnDataSource: obs column '", name,
                    "' clashes with a field name (X, index)");
+    check_argument(names.insert(name).second, "AnnDataSource: obs column '", name, "' is asked for twice");
     obs_.push_back(store_->obs_column(name));
+  }
+  for (const io::ObsColumn& column : obs_) {
+    const std::string mask = mask_field(column.name);
+    check_argument(!column.mask || (names.insert(mask).second && mask != "X" && mask != "index"),
+                   "AnnDataSource: the mask field '", mask, "' of nullable obs column '", column.name,
+                   "' clashes with another field of the same name");
   }
 }
 
@@ -29,21 +43,23 @@ std::vector<FieldSpec> AnnDataSource::fields() const {
     specs.push_back(FieldSpec{"X", to_scalar_type(matrix_.dense->info().dtype), {matrix_.cols}, false});
   }
   for (const io::ObsColumn& column : obs_) {
-    specs.push_back(FieldSpec{
-        column.name, column.categorical ? at::kLong : to_scalar_type(column.values->info().dtype), {}, false});
+    specs.push_back(FieldSpec{column.name, to_scalar_type(column.values->info().dtype), {}, false});
+    if (column.mask) specs.push_back(FieldSpec{mask_field(column.name), at::kBool, {}, false});
   }
   return specs;
 }
 
 Batch AnnDataSource::read(const std::vector<int64_t>& rows, ReadContext& context) const {
   const int64_t count = static_cast<int64_t>(rows.size());
-  const std::vector<io::Segment> segments = io::segments_in_delivery_order(rows);
+  // Segments (a sort of the rows) only for dense arrays: CSR plans its own reads.
+  std::vector<io::Segment> segments;
+  if (!matrix_.csr || !obs_.empty()) segments = io::segments_in_delivery_order(rows);
   Batch batch;
   batch.insert("X", matrix_.csr ? read_csr(*matrix_.csr, rows, dense_, context)
                                 : read_dense(*matrix_.dense, segments, count, context));
   for (const io::ObsColumn& column : obs_) {
-    at::Tensor values = read_dense(*column.values, segments, count, context);
-    batch.insert(column.name, column.categorical ? values.to(at::kLong) : values);
+    batch.insert(column.name, read_dense(*column.values, segments, count, context));
+    if (column.mask) batch.insert(mask_field(column.name), read_dense(*column.mask, segments, count, context));
   }
   return batch;
 }

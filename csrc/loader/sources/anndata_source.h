@@ -1,6 +1,6 @@
 // AnnData (.h5ad or zarr store) as a source: "X" (or a layer) dense or CSR,
-// plus the requested obs columns (numeric as they are stored, categorical as
-// int64 codes).
+// plus the requested obs columns: numeric as stored, categorical and string
+// columns as int64 codes, nullable columns as values plus "<name>_mask".
 #pragma once
 
 #include <memory>
