@@ -30,6 +30,12 @@ def _shares_by_descriptor():
     return torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
 
 
+def _is_sub_group(group):
+    import torch.distributed as dist
+
+    return dist.get_world_size(group) < dist.get_world_size()
+
+
 def _wait(iterator):
     """Waits for the iterator's next batch in short steps, so that Ctrl-C is
     handled between them."""
@@ -199,8 +205,18 @@ class ShardedDataset(IterableDataset, NativeBacked):
         # The native object resolves rank, world size and seed (agreeing over
         # the group) and checks everything; copies in worker processes are
         # rebuilt from the resolved values and share its epoch state.
-        native = self._native_object = self._build(process_group=resolve_group(process_group))
-        self.seed, self.rank, self.world_size = native.seed(), native.rank(), native.world_size()
+        group = resolve_group(process_group)
+        if group is not None and seed is None and _is_sub_group(group):
+            raise ValueError(
+                "ShardedDataset: process_group is a part of the job's processes and seed=None: each such group would "
+                "agree on its own seed, and processes of different groups that read the same rank (tensor-parallel "
+                "peers) would read different rows. Pass seed= (the same on every process)"
+            )
+        native = self._native_object = self._build(process_group=group)
+        self.rank, self.world_size = native.rank(), native.world_size()
+        # The seed the ranks agreed on; with seed=None and no process group yet, this process's
+        # draw, which the first iteration replaces by the ranks' agreed one (or refuses, see __iter__).
+        self.seed = native.seed()
         self._shared_state = native.shared_state()
         if pin_memory and not native.pin_memory():
             warnings.warn(
@@ -246,6 +262,13 @@ class ShardedDataset(IterableDataset, NativeBacked):
         # worker calls iter() once per generation, at start-up.
         info = get_worker_info()
         if info is None:
+            # A process group initialised after this dataset was built: agree on the seed and check
+            # the ranks' claims now (a single rank has nothing to agree on).
+            if self.world_size > 1 and not self.native.synchronized():
+                group = resolve_group(None)
+                if group is not None:
+                    self.native.synchronize(boxed(group))
+                    self.seed = self.native.seed()
             iterator = self.native.iter()
         else:
             iterator = self.native.iter_worker(info.id, info.num_workers, info.seed - info.id, _shares_by_descriptor())

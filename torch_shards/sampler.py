@@ -6,6 +6,7 @@ which produces the indices natively, in chunks.
 """
 
 import itertools
+import warnings
 
 from torch.utils.data import Sampler
 
@@ -68,6 +69,8 @@ class DistributedSampler(Sampler, NativeBacked):
         self._progress = None
         native = self._native_object = self._build(process_group=resolve_group(process_group))
         self.num_replicas, self.rank = native.num_replicas(), native.rank()
+        if native.topology_source() == "environment" and self.num_replicas > 1:
+            _warn_once_without_group(self.num_replicas)
         self.num_samples = native.num_samples()
         self.total_size = native.total_size()
         self.plan_size = native.plan_size()
@@ -127,6 +130,23 @@ class DistributedSampler(Sampler, NativeBacked):
 
     def set_epoch(self, epoch):
         self.native.set_epoch(_convert.check_int("DistributedSampler: epoch", epoch))
+
+
+_warned_without_group = False
+
+
+def _warn_once_without_group(num_replicas):
+    """torch's sampler raises without a process group; this one reads RANK / WORLD_SIZE, and says so once."""
+    global _warned_without_group
+    if not _warned_without_group:
+        _warned_without_group = True
+        warnings.warn(
+            f"DistributedSampler: num_replicas={num_replicas} and rank come from the RANK / WORLD_SIZE environment "
+            "variables, but no torch.distributed process group is initialised, so the ranks cannot check that they "
+            "sample the same dataset with the same arguments (torch's DistributedSampler raises here). Initialise "
+            "the process group first, or pass num_replicas and rank.",
+            stacklevel=3,
+        )
 
 
 class _Progress:

@@ -130,6 +130,9 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("strategy", &ShardedDatasetImpl::strategy)
       .def("describe", &ShardedDatasetImpl::describe)
       .def("fingerprint", &ShardedDatasetImpl::fingerprint)
+      .def("synchronize", &ShardedDatasetImpl::synchronize)
+      .def("synchronized", &ShardedDatasetImpl::synchronized)
+      .def("topology_source", &ShardedDatasetImpl::topology_source)
       .def("shared_state", &ShardedDatasetImpl::shared_state)
       .def("delivery_counts", &ShardedDatasetImpl::delivery_counts)
       .def("reader_stats", &ShardedDatasetImpl::reader_stats)
@@ -169,6 +172,7 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("state_dict", &DistributedSamplerImpl::state_dict, "", {torch::arg("consumed") = 0})
       .def("load_state_dict", &DistributedSamplerImpl::load_state_dict)
       .def("fingerprint", &DistributedSamplerImpl::fingerprint)
+      .def("topology_source", &DistributedSamplerImpl::topology_source)
       .def_pickle([](const c10::intrusive_ptr<DistributedSamplerImpl>& self) { return self->state(); },
                   [](DistributedSamplerImpl::State state) { return DistributedSamplerImpl::from_state(state); });
 
