@@ -1,22 +1,29 @@
-"""Builds torch_shards._C, the native library, against the installed torch.
+"""Builds torch_shards' native library with the project's CMake build, against the installed torch.
 
     pip install --no-build-isolation .        (or -e . for development)
 
-The library registers torch.classes.torch_shards.* and torch.ops.torch_shards.*
-and is loaded with torch.ops.load_library, so it carries no pybind module.
+CMakeLists.txt is the one build description of the native code; this file
+only drives it: configure (once) in build/native, build the library, and
+install it into the package, which then holds
+
+    torch_shards/lib/libtorch_shards.so          loaded by Python (torch.ops.load_library)
+    torch_shards/include/torch_shards/*.h        the C++ API
+    torch_shards/share/cmake/TorchShards/        find_package(TorchShards) for C++ programs
+
+TORCH_SHARDS_CMAKE_ARGS adds arguments to the configure step.
 """
 
-import glob
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 
-from setuptools import setup
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 try:
     import torch
-    from torch.utils.cpp_extension import BuildExtension, CppExtension
 except ImportError:
     sys.exit(
         "torch_shards builds against an installed torch: install it first "
@@ -25,13 +32,7 @@ except ImportError:
     )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def native_sources():
-    return sorted(
-        os.path.relpath(path, HERE) for path in glob.glob(os.path.join(HERE, "csrc", "**", "*.cpp"), recursive=True)
-    )
-
+BUILD_DIR = os.path.join(HERE, "build", "native")
 
 # pkg-config name -> (a header that proves it is installed, the Debian package providing it)
 SYSTEM_LIBRARIES = {
@@ -41,54 +42,70 @@ SYSTEM_LIBRARIES = {
     "zlib": ("zlib.h", "zlib1g-dev"),
     "nlohmann_json": ("nlohmann/json.hpp", "nlohmann-json3-dev"),
 }
+TOOLS = {"cmake": "cmake", "ninja": "ninja-build", "pkg-config": "pkg-config"}
 
 
-def pkg_config(name, flag):
-    if shutil.which("pkg-config") is None:
-        return None
-    done = subprocess.run(["pkg-config", flag, name], capture_output=True, text=True)
-    return done.stdout.split() if done.returncode == 0 else None
-
-
-def system_library_flags():
-    """Include dirs, library dirs and libraries of the C libraries the readers use;
-    stops with the Debian package to install when one is missing."""
-    include_dirs, library_dirs, libraries, missing = [], [], [], []
-    for name, (header, package) in SYSTEM_LIBRARIES.items():
-        cflags, libs = pkg_config(name, "--cflags"), pkg_config(name, "--libs")
-        if cflags is None or libs is None:
-            missing.append(f"{name} ({header}): apt-get install {package}")
-            continue
-        include_dirs += [flag[2:] for flag in cflags if flag.startswith("-I")]
-        library_dirs += [flag[2:] for flag in libs if flag.startswith("-L")]
-        libraries += [flag[2:] for flag in libs if flag.startswith("-l")]
+def check_prerequisites():
+    """Stops with the Debian packages to install when a build tool or library is missing."""
+    missing = [f"{tool}: apt-get install {package}" for tool, package in TOOLS.items() if shutil.which(tool) is None]
+    if shutil.which("pkg-config") is not None:
+        for name, (header, package) in SYSTEM_LIBRARIES.items():
+            if subprocess.run(["pkg-config", "--exists", name]).returncode != 0:
+                missing.append(f"{name} ({header}): apt-get install {package}")
     if missing:
-        sys.exit("torch_shards needs these system libraries to build:\n  " + "\n  ".join(missing))
-    return sorted(set(include_dirs)), sorted(set(library_dirs)), libraries
+        sys.exit("torch_shards needs these to build:\n  " + "\n  ".join(missing))
 
 
-def write_build_info():
-    # Checked at import: a library built against another torch fails with a clear message.
-    with open(os.path.join(HERE, "torch_shards", "_build_info.py"), "w") as out:
-        out.write(f'TORCH_VERSION = "{torch.__version__}"\n')
+def run(command):
+    print(" ".join(shlex.quote(part) for part in command), flush=True)
+    subprocess.run(command, check=True)
 
 
-write_build_info()
+class CMakeBuild(build_ext):
+    """Builds the library once in build/native and installs it into the package
+    (build_lib for a wheel, the source tree for an editable install)."""
 
-include_dirs, library_dirs, libraries = system_library_flags()
-extension = CppExtension(
-    "torch_shards._C",
-    native_sources(),
-    include_dirs=include_dirs,
-    library_dirs=library_dirs,
-    libraries=libraries + ["dl"],  # dlsym (python_gil.cpp); part of libc from glibc 2.34 on
-    extra_compile_args={
-        # No FMA contraction: plans must be bit-identical on every platform.
-        "cxx": ["-O3", "-Wall", "-Wno-unused-parameter", "-fvisibility=hidden", "-ffp-contract=off"]
-    },
-)
+    def build_extension(self, ext):
+        check_prerequisites()
+        configure = [
+            "cmake",
+            "-S",
+            HERE,
+            "-B",
+            BUILD_DIR,
+            "-G",
+            "Ninja",
+            f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+        ]
+        if "CMAKE_BUILD_TYPE" not in os.environ.get("TORCH_SHARDS_CMAKE_ARGS", ""):
+            configure.append("-DCMAKE_BUILD_TYPE=Release")
+        if shutil.which("ccache"):  # rebuilds only recompile what changed
+            configure.append("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
+        configure += shlex.split(os.environ.get("TORCH_SHARDS_CMAKE_ARGS", ""))
+        run(configure)
+        jobs = os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)
+        run(["cmake", "--build", BUILD_DIR, "--target", "torch_shards", "--parallel", jobs])
+        if not self.editable_mode and not self.inplace:
+            self.install_into(os.path.join(self.build_lib, "torch_shards"))
+
+    def copy_extensions_to_source(self):
+        # Editable install: the package is the source tree.
+        self.install_into(os.path.join(HERE, "torch_shards"))
+
+    def install_into(self, package_dir):
+        run(["cmake", "--install", BUILD_DIR, "--prefix", package_dir])
+        # Checked at import: a library built against another torch fails with a clear message.
+        with open(os.path.join(package_dir, "_build_info.py"), "w") as out:
+            out.write(f'TORCH_VERSION = "{torch.__version__}"\n')
+
+    def get_outputs(self):
+        return []
+
+    def get_output_mapping(self):
+        return {}
+
 
 setup(
-    ext_modules=[extension],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    ext_modules=[Extension("torch_shards._native", sources=[])],
+    cmdclass={"build_ext": CMakeBuild},
 )

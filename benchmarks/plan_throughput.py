@@ -89,9 +89,10 @@ def child(method, strategy_name, num_rows, world_size):
                 world_size=world_size,
             )
             if method == "torch_shards planner":
-                reader = dataset.native.reader(0, 0, 1, 1, 0, 0, "pageable")
-                for unit in iter(reader.next, None):
-                    count += unit["index"].shape[0]
+                # The native iterator alone, no Python per batch beyond next().
+                iterator = dataset.native.iter_epoch(0, 0, 1)
+                for batch in iter(iterator.next, None):
+                    count += batch["index"].shape[0]
             else:
                 for batch in dataset:
                     count += batch["index"].shape[0]

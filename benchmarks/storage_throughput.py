@@ -22,7 +22,9 @@ For each block size, every method reads --seconds worth of batches of 256 rows, 
 
 Every method gets the same cores: threads for "torch_shards threads", DataLoader worker
 processes otherwise.
-annbatch needs Python >= 3.12 and is reported as not installed where it cannot be.
+annbatch needs Python >= 3.12 and is reported as not installed where it cannot be; annbatch's own
+format (a DatasetCollection), annbatch itself and the decode limit of its chunks are measured by
+benchmarks/annbatch_format.py.
 """
 
 import argparse
@@ -245,7 +247,11 @@ def annbatch_status():
     try:
         import annbatch  # noqa: F401
     except ImportError:
-        return "not installed" + (" (needs Python >= 3.12)" if sys.version_info < (3, 12) else "")
+        return "not installed" + (
+            " (needs Python >= 3.12; benchmarks/annbatch_format.py runs it in its own Python)"
+            if sys.version_info < (3, 12)
+            else ""
+        )
     return None
 
 

@@ -18,29 +18,11 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from synthetic import write_h5ad
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 import torch_shards as ts
-
-
-def write_synthetic_h5ad(path, rows, genes, classes=5, seed=0):
-    import anndata as ad
-    import numpy as np
-    import pandas as pd
-    import scipy.sparse as sp
-
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, classes, size=rows)
-    # Each class over-expresses its own block of genes, so the model can learn something.
-    counts = sp.random(rows, genes, density=0.05, format="csr", dtype=np.float32, random_state=seed)
-    signal = sp.csr_matrix(
-        (np.full(rows, 5.0, np.float32), (np.arange(rows), labels * (genes // classes))), shape=(rows, genes)
-    )
-    obs = pd.DataFrame(
-        {"cell_type": pd.Categorical([f"type{c}" for c in labels])}, index=[f"cell{i}" for i in range(rows)]
-    )
-    ad.AnnData((counts + signal).tocsr(), obs=obs).write_h5ad(path)
 
 
 def main():
@@ -66,7 +48,7 @@ def main():
     if path is None:
         path = os.path.join(tempfile.gettempdir(), f"torch_shards_demo_{args.rows}x{args.genes}.h5ad")
         if rank == 0 and not os.path.exists(path):
-            write_synthetic_h5ad(path + ".partial", args.rows, args.genes)
+            write_h5ad(path + ".partial", args.rows, args.genes)
             os.replace(path + ".partial", path)
         dist.barrier()
 

@@ -65,11 +65,9 @@ def read_rank_by_workers(dataset, num_workers, epoch):
     workers = max(num_workers, 1)
     batches = []
     for worker in range(workers):
-        reader = dataset.native.reader(epoch, worker, workers, 1, 0, 0, "pageable")
-        for unit in iter(reader.next, None):
-            index = unit["index"]
-            for start in range(0, index.shape[0], dataset.batch_size):
-                batches.append(index[start : start + dataset.batch_size].tolist())
+        iterator = dataset.native.iter_epoch(epoch, worker, workers)
+        for batch in iter(iterator.next, None):
+            batches.append(batch["index"].tolist())
     return batches
 
 

@@ -149,11 +149,16 @@ def test_weighted_rows_repeat_within_a_fetch(tmp_path):
 # ---- bad input ------------------------------------------------------------------------------------------
 
 
-def test_string_obs_column_asks_to_be_made_categorical(tmp_path):
+def test_string_obs_column_reads_as_codes_into_its_sorted_values(tmp_path):
     adata, _ = make_adata("csr")
+    adata.obs["barcode"] = [f"AC{(i * 7) % N_OBS:04d}" for i in range(N_OBS)]  # unique, unsorted
     path = write(adata, tmp_path, "h5ad")
-    with pytest.raises(ValueError, match="data.h5ad:/obs/barcode: is a string column; make it categorical"):
-        ts.AnnDataSource(path, obs=["barcode"])
+    source = ts.AnnDataSource(path, obs=["barcode"])
+    values = sorted(adata.obs["barcode"])
+    assert source.categories("barcode") == values
+    codes = source.read(ROWS)["barcode"]
+    assert codes.dtype == torch.int64
+    assert [values[c] for c in codes.tolist()] == adata.obs["barcode"].iloc[ROWS].tolist()
 
 
 def test_unknown_obs_column_and_layer_are_named(tmp_path):
@@ -175,14 +180,15 @@ def test_csc_matrix_asks_for_csr(tmp_path):
         ts.AnnDataSource(path)
 
 
-def test_nullable_column_with_missing_values_is_rejected(tmp_path):
+def test_nullable_integer_column_reads_values_and_mask(tmp_path):
     adata, _ = make_adata("csr")
     adata.obs["age"] = pd.array([None] + list(range(1, N_OBS)), dtype="Int64")
     adata.obs["full"] = pd.array(range(N_OBS), dtype="Int64")
     path = write(adata, tmp_path, "h5ad")
-    assert ts.AnnDataSource(path, obs=["full"]).read([4, 9])["full"].tolist() == [4, 9]
-    with pytest.raises(ValueError, match=r"data.h5ad:/obs/age: has missing values \(row 0\)"):
-        ts.AnnDataSource(path, obs=["age"])
+    batch = ts.AnnDataSource(path, obs=["full", "age"]).read([4, 0, 9])
+    assert batch["full"].tolist() == [4, 0, 9] and batch["full_mask"].tolist() == [False, False, False]
+    assert batch["age"].dtype == torch.int64 and batch["age"].tolist() == [4, 0, 9]
+    assert batch["age_mask"].dtype == torch.bool and batch["age_mask"].tolist() == [False, True, False]
 
 
 def test_not_anndata_is_named(tmp_path):

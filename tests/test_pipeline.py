@@ -192,11 +192,11 @@ def test_keyboard_interrupt_while_waiting_stops_promptly(tmp_path):
 READERS_DROPPED_UNCLOSED = """
 import torch, torch_shards as ts
 source = ts.TensorSource(torch.zeros(4000, 256))
-ds = ts.ShardedDataset(source, ts.Streaming(), batch_size=16, fetch_factor=4, seed=0)
+ds = ts.ShardedDataset(source, ts.Streaming(), batch_size=16, fetch_factor=4, seed=0, num_threads=3, prefetch=3)
 for epoch in range(1500):
-    reader = ds.native.reader(epoch, 0, 1, 3, 3, 1 << 30, "pageable")  # the previous one is destroyed here, unclosed
-    while (unit := reader.next()) is not None:
-        unit["X"].sum()  # the unit's tensors get Python objects, then die
+    reader = ds.native.iter_epoch(epoch, 0, 1)  # the previous one is destroyed here, unclosed
+    while (batch := reader.next()) is not None:
+        batch["X"].sum()  # the batch's tensors get Python objects, then die
 print("done")
 """
 
@@ -280,12 +280,6 @@ print("done")
 
 def test_workers_under_the_file_system_sharing_strategy_use_plain_memory():
     run_script(FILE_SYSTEM_SHARING, timeout=120)
-
-
-def test_reader_memory_names_are_checked():
-    ds = dataset(rows_source(30), ts.Streaming())
-    with pytest.raises(ValueError, match="memory must be 'pageable', 'pinned' or 'shared', got 'gpu'"):
-        ds.native.reader(0, 0, 1, 1, 0, 0, "gpu")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -388,11 +382,11 @@ def test_monitor_rejects_bad_log_every():
 
 def test_reading_after_close_raises_instead_of_waiting():
     ds = dataset(rows_source(50), ts.Streaming(), prefetch=2, num_threads=2)
-    reader = ds.native.reader(0, 0, 1, 2, 2, 1 << 20, "pageable")
-    assert reader.poll_batches(1000)
-    reader.close()
+    iterator = ds.native.iter_epoch(0, 0, 1)
+    assert iterator.wait(1000)
+    iterator.close()
     with pytest.raises(RuntimeError, match=r"read after close\(\)"):
-        reader.next()
+        iterator.next()
 
 
 def test_an_iterator_never_advanced_holds_no_reader():

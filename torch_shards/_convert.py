@@ -23,6 +23,17 @@ def optional_int(name, value, minimum=None):
     return None if value is None else check_int(name, value, minimum)
 
 
+def optional_seed(name, value):
+    """A seed as the native int64: any int in [-2**63, 2**64), values from
+    2**63 on wrapping around (so unsigned 64-bit seeds work)."""
+    if value is None:
+        return None
+    value = check_int(name, value)
+    if not -(2**63) <= value < 2**64:
+        raise ValueError(f"{name} must fit in 64 bits, got {value}")
+    return value - 2**64 if value >= 2**63 else value
+
+
 def _as_array(name, values):
     if isinstance(values, torch.Tensor):
         return values.detach().cpu().numpy()

@@ -1,11 +1,11 @@
 """Loads the native library once and checks it was built for this torch."""
 
-import glob
 import os
 
 import torch
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+LIBRARY_PATH = os.path.join(PACKAGE_DIR, "lib", "libtorch_shards.so")
 
 
 def _load():
@@ -22,13 +22,11 @@ def _load():
             f"torch_shards was built against torch {TORCH_VERSION} but torch {torch.__version__} is "
             "installed: rebuild with `pip install --no-build-isolation .`"
         )
-    candidates = sorted(glob.glob(os.path.join(_HERE, "_C*.so")))
-    if not candidates:
-        raise ImportError(f"torch_shards: the native library _C*.so is missing from {_HERE}; rebuild the package")
-    torch.ops.load_library(candidates[0])
-    return candidates[0]
+    if not os.path.exists(LIBRARY_PATH):
+        raise ImportError(f"torch_shards: the native library {LIBRARY_PATH} is missing; rebuild the package")
+    torch.ops.load_library(LIBRARY_PATH)
 
 
-LIBRARY_PATH = _load()
+_load()
 ops = torch.ops.torch_shards
 classes = torch.classes.torch_shards

@@ -1,57 +1,105 @@
 """ShardedDataset: the IterableDataset that streams a source through a strategy,
-partitioned exactly once across ranks and DataLoader workers."""
+partitioned exactly once across ranks and DataLoader workers.
 
-import os
+A thin door onto torch.classes.torch_shards.ShardedDataset (``ds.native``),
+which decides everything: epochs, rank / world size / seed, the split among
+DataLoader workers, batching and read-ahead. This module only does what needs
+Python: DataLoader's worker info, Python transforms, interrupt-friendly
+waiting, and carrying the native object's shared state into worker processes.
+"""
+
 import warnings
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from . import _convert
-from ._library import classes
+from ._library import ops
 from ._native import NativeBacked
-from .distributed import covers, resolve_group, resolve_rank_and_world_size, resolve_seed
-from .epochs import EpochCounter
-from .monitor import DeliveryCounters
+from .distributed import boxed, resolve_group
 from .sources import Source, TensorSource
 from .strategies import Strategy
 
-_EVEN_BATCHES = {"pad": "pad", "drop": "drop", None: "none"}
 _POLL_MS = 100
 
 
-def _slice_rows(data, start, stop):
-    if isinstance(data, dict):
-        return {key: _slice_rows(value, start, stop) for key, value in data.items()}
-    if isinstance(data, torch.Tensor) and data.layout == torch.sparse_csr:
-        stop = min(stop, data.shape[0])
-        offsets = data.crow_indices()
-        first, last = int(offsets[start]), int(offsets[stop])
-        return torch.sparse_csr_tensor(
-            offsets[start : stop + 1] - first,
-            data.col_indices()[first:last],
-            data.values()[first:last],
-            (stop - start, data.shape[1]),
-            check_invariants=False,  # checked natively when read
+def _shares_by_descriptor():
+    """Whether torch sends a worker's shared-memory batches by file descriptor,
+    as they are (else, with the "file_system" strategy, it copies them into its
+    own segments, and batches are better assembled in plain memory)."""
+    return torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
+
+
+def _is_sub_group(group):
+    import torch.distributed as dist
+
+    return dist.get_world_size(group) < dist.get_world_size()
+
+
+def _wait(iterator):
+    """Waits for the iterator's next batch in short steps, so that Ctrl-C is
+    handled between them."""
+    while not iterator.wait(_POLL_MS):
+        pass
+
+
+def _as_unit(result):
+    if not isinstance(result, dict) or not all(
+        isinstance(key, str) and isinstance(value, torch.Tensor) for key, value in result.items()
+    ):
+        raise TypeError(
+            "ShardedDataset: fetch_transform must return a dict of tensors (field name -> tensor whose first "
+            f"dimension is the unit's rows), got {type(result).__name__}"
         )
-    return data[start:stop]
+    return result
 
 
-def _output_memory(in_worker, pin_memory):
-    """Where a reader assembles its batches. A DataLoader worker's batches go to
-    the main process: shared memory that torch sends by file descriptor as it is
-    (with the "file_system" strategy torch copies into its own segments, so plain
-    memory). In-process: pinned when asked for, else recycled pageable memory."""
-    if in_worker:
-        return "shared" if torch.multiprocessing.get_sharing_strategy() == "file_descriptor" else "pageable"
-    return "pinned" if pin_memory else "pageable"
+def _python_state(native):
+    """The native checkpoint with its segments as one list of
+    [world_size, num_workers, consumed...] entries, so that its keys never
+    change (torch.distributed.checkpoint loads into the keys a fresh
+    state_dict() has)."""
+    flat = dict(native)
+    segments = []
+    for i in range(flat.pop("segments")):
+        prefix = f"segment.{i}."
+        world_size, num_workers = flat.pop(prefix + "world_size"), flat.pop(prefix + "num_workers")
+        if prefix + "consumed" in flat:
+            consumed = [flat.pop(prefix + "consumed")]
+        else:
+            consumed = [flat.pop(f"{prefix}consumed.{rank}") for rank in range(world_size)]
+        segments.append([world_size, num_workers, *consumed])
+    flat["segments"] = segments
+    return flat
 
 
-def _available_cpus():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+def _native_state(state):
+    if not isinstance(state, dict) or not isinstance(state.get("segments"), (list, tuple)):
+        raise TypeError(
+            f"ShardedDataset.load_state_dict: expected a dict from state_dict(), got {type(state).__name__}"
+        )
+    flat = {}
+    for key, value in state.items():
+        if key == "segments":
+            continue
+        flat[key] = _convert.check_int(f"ShardedDataset.load_state_dict: {key}", value)
+    flat["segments"] = len(state["segments"])
+    for i, segment in enumerate(state["segments"]):
+        if not isinstance(segment, (list, tuple)) or len(segment) < 3:
+            raise ValueError(
+                f"ShardedDataset.load_state_dict: segments[{i}] must be [world_size, num_workers, consumed...], "
+                f"got {segment!r}"
+            )
+        world_size, num_workers, *consumed = (
+            _convert.check_int(f"ShardedDataset.load_state_dict: segments[{i}]", value) for value in segment
+        )
+        flat[f"segment.{i}.world_size"], flat[f"segment.{i}.num_workers"] = world_size, num_workers
+        if len(consumed) == 1:
+            flat[f"segment.{i}.consumed"] = consumed[0]
+        else:
+            for rank, count in enumerate(consumed):
+                flat[f"segment.{i}.consumed.{rank}"] = count
+    return flat
 
 
 class ShardedDataset(IterableDataset, NativeBacked):
@@ -91,12 +139,16 @@ class ShardedDataset(IterableDataset, NativeBacked):
             asynchronous copies to the GPU. In the process iterating the dataset
             (num_workers=0); a no-op, with a warning, when torch has no CUDA.
         fetch_transform: called on each unit read at once (a fetch, or a lone
-            batch at the epoch's tail) as a dict of tensors; must keep the rows
-            (their number and order) and return a dict or something sliceable.
+            batch at the epoch's tail) as a dict of tensors; must return a dict
+            of tensors with the same rows (their number and order).
         batch_transform: called on each batch before it is yielded.
 
     The epoch advances at every new iteration, also inside DataLoader workers
     (persistent or not, fork or spawn); ``set_epoch(e)`` pins the next one.
+    ``state_dict()`` / ``load_state_dict()`` checkpoint and resume mid-epoch,
+    on any topology (see their docs).
+    ``ds.native`` is the script object (torch.classes.torch_shards.ShardedDataset)
+    for TorchScript.
     """
 
     def __init__(
@@ -126,57 +178,70 @@ class ShardedDataset(IterableDataset, NativeBacked):
             raise TypeError(f"ShardedDataset: source must be a torch_shards source, got {type(source).__name__}")
         if not isinstance(strategy, Strategy):
             raise TypeError(f"ShardedDataset: strategy must be a torch_shards strategy, got {type(strategy).__name__}")
-        if even_batches not in _EVEN_BATCHES:
+        if even_batches is not None and not isinstance(even_batches, str):
             raise ValueError(f"ShardedDataset: even_batches must be 'pad', 'drop' or None, got {even_batches!r}")
-        if not isinstance(drop_last, bool):
-            raise TypeError(f"ShardedDataset: drop_last must be a bool, got {drop_last!r}")
+        for name, flag in (("drop_last", drop_last), ("pin_memory", pin_memory)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"ShardedDataset: {name} must be a bool, got {flag!r}")
         for name, function in (("fetch_transform", fetch_transform), ("batch_transform", batch_transform)):
             if function is not None and not callable(function):
                 raise TypeError(f"ShardedDataset: {name} must be callable, got {function!r}")
         self.source = source
         self.strategy = strategy
-        self.batch_size = _convert.check_int("ShardedDataset: batch_size", batch_size, 1)
-        self.fetch_factor = _convert.check_int("ShardedDataset: fetch_factor", fetch_factor, 1)
+        self.batch_size = _convert.check_int("ShardedDataset: batch_size", batch_size)
+        self.fetch_factor = _convert.check_int("ShardedDataset: fetch_factor", fetch_factor)
         self.drop_last = drop_last
         self.even_batches = even_batches
+        self.seed = _convert.optional_seed("ShardedDataset: seed", seed)
+        self.rank = _convert.optional_int("ShardedDataset: rank", rank)
+        self.world_size = _convert.optional_int("ShardedDataset: world_size", world_size)
+        self.num_threads = _convert.optional_int("ShardedDataset: num_threads", num_threads)
+        self.prefetch = _convert.check_int("ShardedDataset: prefetch", prefetch)
+        self.prefetch_bytes = _convert.check_int("ShardedDataset: prefetch_bytes", prefetch_bytes)
+        self.pin_memory = pin_memory
+        self.fetch_transform = fetch_transform
+        self.batch_transform = batch_transform
+        self._shared_state = None
+        # The native object resolves rank, world size and seed (agreeing over
+        # the group) and checks everything; copies in worker processes are
+        # rebuilt from the resolved values and share its epoch state.
         group = resolve_group(process_group)
-        self.rank, self.world_size = resolve_rank_and_world_size(rank, world_size, group=group)
-        self.num_threads = _convert.optional_int("ShardedDataset: num_threads", num_threads, 1)
-        self.prefetch = _convert.check_int("ShardedDataset: prefetch", prefetch, 0)
-        self.prefetch_bytes = _convert.check_int("ShardedDataset: prefetch_bytes", prefetch_bytes, 0)
-        if not isinstance(pin_memory, bool):
-            raise TypeError(f"ShardedDataset: pin_memory must be a bool, got {pin_memory!r}")
-        if pin_memory and not torch.cuda.is_available():
+        if group is not None and seed is None and _is_sub_group(group):
+            raise ValueError(
+                "ShardedDataset: process_group is a part of the job's processes and seed=None: each such group would "
+                "agree on its own seed, and processes of different groups that read the same rank (tensor-parallel "
+                "peers) would read different rows. Pass seed= (the same on every process)"
+            )
+        native = self._native_object = self._build(process_group=group)
+        self.rank, self.world_size = native.rank(), native.world_size()
+        # The seed the ranks agreed on; with seed=None and no process group yet, this process's
+        # draw, which the first iteration replaces by the ranks' agreed one (or refuses, see __iter__).
+        self.seed = native.seed()
+        self._shared_state = native.shared_state()
+        if pin_memory and not native.pin_memory():
             warnings.warn(
                 "ShardedDataset: pin_memory=True has no effect: this torch has no CUDA device, batches stay in "
                 "pageable memory",
                 stacklevel=2,
             )
-            pin_memory = False
-        self.pin_memory = pin_memory
-        self.fetch_transform = fetch_transform
-        self.batch_transform = batch_transform
-        # The ranks share the group only if it is exactly their set of ranks.
-        group = group if covers(group, self.rank, self.world_size) else None
-        self.seed = resolve_seed(seed, group)
-        self._epochs = EpochCounter()
-        self._counters = DeliveryCounters()
-        self._readers = []
-        self._build_now()  # validates the whole configuration here
-        if group is not None and self.world_size > 1:
-            self._native_object.check_consistency(group.group_name)
 
-    def _build(self):
-        return classes.ShardedDataset(
+    def _build(self, process_group=None):
+        return ops.sharded_dataset(
             self.source.native,
             self.strategy.native,
             self.batch_size,
-            self.fetch_factor,
-            self.drop_last,
-            _EVEN_BATCHES[self.even_batches],
-            self.seed,
-            self.rank,
-            self.world_size,
+            fetch_factor=self.fetch_factor,
+            drop_last=self.drop_last,
+            even_batches=self.even_batches,
+            seed=self.seed,
+            rank=self.rank,
+            world_size=self.world_size,
+            process_group=boxed(process_group),
+            num_threads=self.num_threads,
+            prefetch=self.prefetch,
+            prefetch_bytes=self.prefetch_bytes,
+            pin_memory=self.pin_memory,
+            shared_state=self._shared_state,
         )
 
     def __len__(self):
@@ -186,62 +251,88 @@ class ShardedDataset(IterableDataset, NativeBacked):
     @property
     def epoch(self):
         """The most recently started epoch (-1 before the first iteration)."""
-        return self._epochs.last
+        return self.native.epoch()
 
     def set_epoch(self, epoch):
         """Pins the epoch of the next iteration; later ones count on from it."""
-        self._epochs.set_next(epoch)
+        self.native.set_epoch(_convert.check_int("ShardedDataset: epoch", epoch))
 
     def __iter__(self):
-        # Claim the epoch now, not at the first next(): a DataLoader worker
-        # calls iter() once per generation, at start-up.
-        epoch = self._epochs.claim()
+        # The epoch is claimed now, not at the first next(): a DataLoader
+        # worker calls iter() once per generation, at start-up.
         info = get_worker_info()
-        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
-        threads = self.num_threads or max(1, _available_cpus() // num_workers)
-        memory = _output_memory(in_worker=info is not None, pin_memory=self.pin_memory)
-        reader = self.native.reader(epoch, worker, num_workers, threads, self.prefetch, self.prefetch_bytes, memory)
-        return self._batches(reader, DeliveryCounters.MAIN if info is None else worker)
+        if info is None:
+            # A process group initialised after this dataset was built: agree on the seed and check
+            # the ranks' claims now (a single rank has nothing to agree on).
+            if self.world_size > 1 and not self.native.synchronized():
+                group = resolve_group(None)
+                if group is not None:
+                    self.native.synchronize(boxed(group))
+                    self.seed = self.native.seed()
+            iterator = self.native.iter()
+        else:
+            iterator = self.native.iter_worker(info.id, info.num_workers, info.seed - info.id, _shares_by_descriptor())
+        return self._batches(iterator)
 
-    def _batches(self, reader, slot):
-        transform = self.batch_transform
-        counters = self._counters
-        self._readers.append(reader)  # from the first next(): a generator never started has no finally
+    def _batches(self, iterator):
+        fetch_transform, batch_transform = self.fetch_transform, self.batch_transform
         try:
-            if self.fetch_transform is None:  # batches cut natively
-                while True:
-                    # Short waits: a KeyboardInterrupt is handled between them.
-                    batches = reader.poll_batches(_POLL_MS)
-                    if batches is None:
-                        continue
-                    if not batches:
+            while True:
+                if fetch_transform is not None and iterator.pending() == 0:
+                    _wait(iterator)
+                    unit = iterator.next_unit()
+                    if unit is None:
                         return
-                    for batch in batches:
-                        counters.add(slot, batch["index"].shape[0])
-                        yield batch if transform is None else transform(batch)
-            batch_size = self.batch_size
-            while (unit := reader.next()) is not None:
-                rows = unit["index"].shape[0]
-                data = self.fetch_transform(unit)
-                for start in range(0, rows, batch_size):
-                    batch = _slice_rows(data, start, start + batch_size)
-                    counters.add(slot, min(batch_size, rows - start))
-                    yield batch if transform is None else transform(batch)
+                    iterator.push_unit(_as_unit(fetch_transform(unit)))
+                # Short waits: Ctrl-C is handled between them.
+                batch = iterator.poll(_POLL_MS)
+                if batch is None:
+                    if iterator.finished():
+                        return
+                    continue
+                yield batch if batch_transform is None else batch_transform(batch)
         finally:
             # Ended, broken out of, deleted or interrupted: stop the reader threads now.
-            reader.close()
-            self._readers = [active for active in self._readers if active is not reader]
+            iterator.close()
+
+    def state_dict(self, consumed_batches=None):
+        """A checkpoint of this rank's position: a small dict of ints (epoch,
+        seed, the segments the epoch ran on, the topology it was taken on, and
+        fingerprints of the data, strategy and batch arguments).
+
+        Iterated in this process, the batches the loop consumed are counted.
+        With DataLoader workers, pass ``consumed_batches`` (the batches the loop
+        consumed this epoch: it always knows its step), or use torchdata's
+        ``StatefulDataLoader``, which asks each worker for its own state.
+        Under DDP, ranks step in lockstep: any one rank's state is enough."""
+        consumed = _convert.optional_int("ShardedDataset.state_dict: consumed_batches", consumed_batches)
+        return _python_state(self.native.state_dict(consumed))
+
+    def load_state_dict(self, state):
+        """Resumes from ``state_dict()`` on this dataset's topology, whatever
+        the number of ranks and workers it was taken on: the next iteration
+        delivers each batch of the epoch not consumed yet exactly once across
+        the ranks, then epochs go on. The dataset takes the state's seed. For
+        ranks not in lockstep (``even_batches=None``), pass the list of every
+        rank's state. Raises ValueError naming what differs if the state was
+        taken on other data, another strategy or other batch arguments."""
+        if isinstance(state, (list, tuple)):
+            native = ops.merge_state_dicts([_native_state(part) for part in state])
+        else:
+            native = _native_state(state)
+        self.native.load_state_dict(native)
+        self.seed = self.native.seed()  # copies rebuilt in worker processes use it
 
     def reader_stats(self):
         """Counters of this process's active iterations, one dict each: units,
         rows and bytes delivered, queue_depth, in_flight, wait_us (time the
         loop waited for data), read_us, threads and thread<k>_units."""
-        return [dict(reader.stats()) for reader in self._readers]
+        return [dict(stats) for stats in self.native.reader_stats()]
 
-    def __getstate__(self):
-        state = super().__getstate__()
-        state["_readers"] = []
-        return state
+    def delivery_counts(self):
+        """[DataLoader workers + 1, 2] int64: batches and rows delivered by each
+        worker (fork or spawn, persistent or not), then by the main process."""
+        return self.native.delivery_counts()
 
     def __repr__(self):
         return self.native.describe()

@@ -10,32 +10,6 @@ import time
 
 import torch
 
-MAX_SLOTS = 257  # DataLoader workers 0..255, then the process iterating in place
-
-
-class DeliveryCounters:
-    """Batches and rows delivered by each worker of a dataset, in shared memory
-    so the main process sees what its DataLoader workers (fork or spawn,
-    persistent or not) produced."""
-
-    MAIN = MAX_SLOTS - 1
-
-    def __init__(self):
-        self.counts = torch.zeros(MAX_SLOTS, 2, dtype=torch.int64).share_memory_()
-        self._view = None
-
-    def add(self, slot, rows):
-        if self._view is None:  # a numpy view: a few hundred ns per batch
-            self._view = self.counts.numpy()
-        self._view[slot, 0] += 1
-        self._view[slot, 1] += rows
-
-    def snapshot(self):
-        return self.counts.clone()
-
-    def __getstate__(self):
-        return {"counts": self.counts, "_view": None}
-
 
 def _rows_and_bytes(batch):
     """(rows, bytes) of a batch: a dict of tensors, a tensor, or a sequence of them."""
@@ -98,7 +72,7 @@ class MonitoredLoader:
 
     def _reset_window(self):
         self._window = {"samples": 0, "bytes": 0, "wait": 0.0, "batches": 0, "start": time.perf_counter()}
-        self._window_counts = self.dataset._counters.snapshot() if self.dataset is not None else None
+        self._window_counts = self.dataset.delivery_counts() if self.dataset is not None else None
         self._window_threads = self._thread_units()
 
     def _thread_units(self):
@@ -115,7 +89,7 @@ class MonitoredLoader:
         if self._total["start"] is None:
             self._total["start"] = time.perf_counter()
             if self.dataset is not None:
-                self._baseline = self.dataset._counters.snapshot()
+                self._baseline = self.dataset.delivery_counts()
         iterator = iter(self.loader)
         while True:
             start = time.perf_counter()
@@ -164,10 +138,11 @@ class MonitoredLoader:
         out = {}
         if self.dataset is None:
             return out
-        now = self.dataset._counters.snapshot()
+        now = self.dataset.delivery_counts()
         delivered = now - self._window_counts
+        main_slot = now.shape[0] - 1  # DataLoader workers first, then the process iterating in place
         for slot in torch.nonzero(delivered[:, 0]).flatten().tolist():
-            name = "main" if slot == DeliveryCounters.MAIN else f"worker{slot}"
+            name = "main" if slot == main_slot else f"worker{slot}"
             out[f"{p}{name}/batches"] = int(delivered[slot, 0])
         # Produced by the workers since monitoring began, not consumed yet.
         produced = int((now - self._baseline)[:, 0].sum()) if self._baseline is not None else 0

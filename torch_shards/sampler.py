@@ -1,20 +1,26 @@
 """DistributedSampler: a drop-in for torch.utils.data.distributed.DistributedSampler
-that also partitions any torch_shards strategy (weighted ones included)."""
+that also partitions any torch_shards strategy (weighted ones included).
+
+A thin door onto torch.classes.torch_shards.DistributedSampler (``sampler.native``),
+which produces the indices natively, in chunks.
+"""
 
 import itertools
-import math
+import warnings
 
 from torch.utils.data import Sampler
 
 from . import _convert
-from .distributed import check_same_on_all_ranks, covers, resolve_group, resolve_rank_and_world_size
-from .strategies import BlockShuffling, Strategy, Streaming
+from ._library import ops
+from ._native import NativeBacked
+from .distributed import boxed, resolve_group
+from .strategies import Strategy
 
 # Indices are produced natively in chunks of this many, then yielded as ints.
 _CHUNK = 1 << 16
 
 
-class DistributedSampler(Sampler):
+class DistributedSampler(Sampler, NativeBacked):
     """Same arguments and layout as torch's DistributedSampler: the epoch's plan
     is padded by wrapping around (or trimmed, with ``drop_last``) to a multiple
     of ``num_replicas`` and rank ``r`` takes every ``num_replicas``-th entry
@@ -25,8 +31,11 @@ class DistributedSampler(Sampler):
     in O(1) memory (``shuffle=True``). With ``strategy=`` the plan is that
     strategy's (``shuffle`` is then unused).
 
-    The epoch advances at every ``__iter__``; ``set_epoch(e)`` pins the next one
-    (so code that calls it every epoch, as torch requires, keeps working).
+    The epoch advances by itself once an iteration was exhausted (an
+    iteration broken out of, or restarted by a ``StatefulDataLoader``, replays
+    its epoch); ``set_epoch(e)`` pins the next one, so code that calls it every
+    epoch, as torch requires, keeps working. That is the one intended
+    difference from torch's sampler, which repeats epoch 0 without set_epoch.
     ``num_replicas``/``rank`` default to the process group, then the
     RANK/WORLD_SIZE environment variables, then 1 and 0. With a process group
     (``process_group=``, default: the default group) the ranks check at
@@ -45,57 +54,116 @@ class DistributedSampler(Sampler):
         strategy=None,
         process_group=None,
     ):
-        group = resolve_group(process_group)
-        rank, num_replicas = resolve_rank_and_world_size(rank, num_replicas, who="DistributedSampler", group=group)
         if strategy is not None and not isinstance(strategy, Strategy):
             raise TypeError(
                 f"DistributedSampler: strategy must be a torch_shards strategy, got {type(strategy).__name__}"
             )
         self.dataset = dataset
-        self.num_replicas = num_replicas
-        self.rank = rank
+        self.num_rows = len(dataset)
+        self.num_replicas = _convert.optional_int("DistributedSampler: num_replicas", num_replicas)
+        self.rank = _convert.optional_int("DistributedSampler: rank", rank)
         self.shuffle = bool(shuffle)
         self.seed = _convert.check_int("DistributedSampler: seed", seed)
         self.drop_last = bool(drop_last)
-        self.num_rows = len(dataset)
-        if self.num_rows < 1:
-            raise ValueError("DistributedSampler: the dataset is empty (len(dataset) == 0)")
-        if strategy is None:
-            strategy = BlockShuffling(block_size=1) if self.shuffle else Streaming()
         self.strategy = strategy
-        self.plan_size = strategy.plan_size(self.num_rows)
-        if self.drop_last and self.plan_size % self.num_replicas != 0:
-            self.num_samples = math.ceil((self.plan_size - self.num_replicas) / self.num_replicas)
-        else:
-            self.num_samples = math.ceil(self.plan_size / self.num_replicas)
-        self.total_size = self.num_samples * self.num_replicas
-        self.epoch = 0
-        self._next_epoch = 0
-        if covers(group, rank, num_replicas) and num_replicas > 1:
-            check_same_on_all_ranks(self._fingerprint(), group, "DistributedSampler")
+        self._progress = None
+        native = self._native_object = self._build(process_group=resolve_group(process_group))
+        self.num_replicas, self.rank = native.num_replicas(), native.rank()
+        if native.topology_source() == "environment" and self.num_replicas > 1:
+            _warn_once_without_group(self.num_replicas)
+        self.num_samples = native.num_samples()
+        self.total_size = native.total_size()
+        self.plan_size = native.plan_size()
 
-    def _fingerprint(self):
-        return (
-            f"rows: {self.num_rows}\nstrategy: {self.strategy!r}\nplan entries: {self.plan_size}\n"
-            f"num_replicas: {self.num_replicas}\nseed: {self.seed}\ndrop_last: {self.drop_last}"
+    def _build(self, process_group=None):
+        return ops.distributed_sampler(
+            self.num_rows,
+            num_replicas=self.num_replicas,
+            rank=self.rank,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            drop_last=self.drop_last,
+            strategy=None if self.strategy is None else self.strategy.native,
+            process_group=boxed(process_group),
         )
 
-    def __iter__(self):
-        self.epoch = self._next_epoch
-        self._next_epoch += 1
-        # Chained list iterators: the per-index cost is C-level, like iterating a list.
-        return itertools.chain.from_iterable(self._chunks(self.epoch))
+    @property
+    def epoch(self):
+        """The epoch of the current (or last) iteration."""
+        return self.native.epoch()
 
-    def _chunks(self, epoch):
-        native = self.strategy.native
-        for first in range(0, self.num_samples, _CHUNK):
-            count = min(_CHUNK, self.num_samples - first)
-            start = self.rank + first * self.num_replicas
-            yield native.strided(self.num_rows, self.seed, epoch, start, self.num_replicas, count).tolist()
+    @epoch.setter
+    def epoch(self, epoch):  # code written for torch's sampler may assign it
+        self.set_epoch(epoch)
+
+    def __iter__(self):
+        progress = self._progress = _Progress(self.native.iter())
+        # Chained list iterators: the per-index cost is C-level, like iterating a list.
+        return itertools.chain.from_iterable(progress.chunks())
 
     def __len__(self):
-        return self.num_samples
+        """Indices the next iteration yields (a loaded checkpoint's rest, or a whole epoch)."""
+        return self.native.length()
+
+    def state_dict(self, consumed_samples=None):
+        """A checkpoint (a dict of ints): epoch, seed and the plan entries all
+        ranks consumed this epoch. ``consumed_samples``: the indices this rank's
+        loop consumed in the current iteration (default: those its iterator
+        yielded; with DataLoader workers they run ahead by the prefetched
+        batches, so pass the loop's count). Under DDP any one rank's state is
+        enough: ranks consume in lockstep."""
+        if consumed_samples is None:
+            consumed_samples = 0 if self._progress is None else self._progress.yielded()
+        consumed = _convert.check_int("DistributedSampler.state_dict: consumed_samples", consumed_samples)
+        return dict(self.native.state_dict(consumed))
+
+    def load_state_dict(self, state):
+        """Resumes from ``state_dict()`` with any ``num_replicas``: the next
+        iteration yields the plan entries not consumed yet, in torch's layout
+        over them. The sampler takes the state's seed."""
+        if not isinstance(state, dict):
+            raise TypeError(f"DistributedSampler.load_state_dict: expected a dict, got {type(state).__name__}")
+        who = "DistributedSampler.load_state_dict"
+        self.native.load_state_dict({key: _convert.check_int(f"{who}: {key}", value) for key, value in state.items()})
+        self.seed = self.native.seed()
+        self._progress = None
 
     def set_epoch(self, epoch):
-        self._next_epoch = _convert.check_int("DistributedSampler: epoch", epoch, 0)
-        self.epoch = self._next_epoch
+        self.native.set_epoch(_convert.check_int("DistributedSampler: epoch", epoch))
+
+
+_warned_without_group = False
+
+
+def _warn_once_without_group(num_replicas):
+    """torch's sampler raises without a process group; this one reads RANK / WORLD_SIZE, and says so once."""
+    global _warned_without_group
+    if not _warned_without_group:
+        _warned_without_group = True
+        warnings.warn(
+            f"DistributedSampler: num_replicas={num_replicas} and rank come from the RANK / WORLD_SIZE environment "
+            "variables, but no torch.distributed process group is initialised, so the ranks cannot check that they "
+            "sample the same dataset with the same arguments (torch's DistributedSampler raises here). Initialise "
+            "the process group first, or pass num_replicas and rank.",
+            stacklevel=3,
+        )
+
+
+class _Progress:
+    """An iteration's chunks, and how many indices of them were taken."""
+
+    def __init__(self, iterator):
+        self.iterator = iterator
+        self.before = 0  # indices of the chunks before the current one
+        self.current = iter(())
+        self.length = 0
+
+    def chunks(self):
+        while (indices := self.iterator.next(_CHUNK)) is not None:
+            self.before += self.length
+            chunk = indices.tolist()
+            self.current, self.length = iter(chunk), len(chunk)
+            yield self.current
+
+    def yielded(self):
+        return self.before + self.length - self.current.__length_hint__()

@@ -4,8 +4,10 @@ A source pickles by its parameters and builds its native object lazily in
 each process, so no handle ever crosses a fork.
 """
 
+import builtins
 import json
 import os
+import re
 
 import torch
 
@@ -119,12 +121,24 @@ class ZarrSource(Source):
 
 
 class AnnDataSource(Source):
-    """AnnData as written by the ``anndata`` package: a ``.h5ad`` file or a zarr store.
+    """AnnData as written by the ``anndata`` package (0.7 to 0.13): a ``.h5ad`` file or a zarr
+    store (v2 or v3, sharded or not).
 
-    Each batch holds ``"X"`` (or ``layers/<layer>``) as a dense tensor or, for a
-    CSR matrix, a ``torch.sparse_csr_tensor`` (``dense=True`` densifies it
-    natively), plus the ``obs`` columns asked for: numeric columns as they are
-    stored, categorical columns as int64 codes (see ``categories``).
+    Each batch holds ``"X"`` (or ``layers/<layer>``) as a dense tensor or, for a CSR matrix, a
+    ``torch.sparse_csr_tensor`` (``dense=True`` densifies it natively), plus the ``obs`` columns
+    asked for:
+
+    - numeric and boolean columns as they are stored;
+    - categorical columns as int64 codes into ``categories(column)`` (-1: missing); codes
+      outside the categories raise, naming the file, the column and the code;
+    - string columns (``string-array``, ``nullable-string-array``) as int64 codes into their
+      sorted unique values, which ``categories(column)`` returns (-1: missing);
+    - nullable columns (``nullable-integer``, ``nullable-boolean``) as two fields: ``<name>``,
+      the values with missing entries filled with 0 / False, and ``<name>_mask``, a bool tensor
+      that is True where the value is missing (anndata's mask convention).
+
+    Other encodings (``awkward-array``, CSC matrices, ...) raise, naming the element and its
+    encoding.
     """
 
     def __init__(self, path, obs=None, layer=None, *, dense=False):
@@ -174,7 +188,9 @@ class AnnDataSource(Source):
         return list(self.anndata.obs_columns())
 
     def categories(self, column):
-        """The category values of a categorical obs column; code i is categories[i] (-1: missing)."""
+        """What the codes of a categorical or string obs column mean: code i is categories[i]
+        (-1: missing). A categorical's categories as stored (None for a missing one, whose codes
+        read as -1); a string column's sorted unique values."""
         return json.loads(self.anndata.categories_json(column))
 
     def __getstate__(self):
@@ -196,6 +212,7 @@ class Collection(Source):
             if not isinstance(source, Source):
                 raise TypeError(f"Collection: sources[{i}] must be a torch_shards source, got {type(source).__name__}")
         self.sources = sources
+        _check_codes_agree(sources)
         self._build_now()
 
     def _build(self):
@@ -211,10 +228,84 @@ class Collection(Source):
         return offsets
 
 
+def _check_codes_agree(sources):
+    """The int64 codes of a categorical or string obs column index each file's own categories:
+    files of one Collection must agree on them, or a code would mean different things."""
+    first = {}
+    for i, source in enumerate(sources):
+        if not isinstance(source, AnnDataSource):
+            continue
+        for column in source.obs:
+            try:
+                categories = source.categories(column)
+            except ValueError:  # not categorical: its values mean the same everywhere
+                continue
+            if column not in first:
+                first[column] = (i, categories)
+                continue
+            j, reference = first[column]
+            if categories != reference:
+                k = next((k for k, (a, b) in enumerate(zip(reference, categories)) if a != b), None)
+                detail = (
+                    f"{len(reference)} against {len(categories)} categories"
+                    if k is None
+                    else f"category {k} is {reference[k]!r} against {categories[k]!r}"
+                )
+                raise ValueError(
+                    f"Collection: obs column {column!r} has different categories in sources[{j}] "
+                    f"({sources[j].path}) and sources[{i}] ({source.path}): {detail}; its codes would mean "
+                    "different values in different files. Store it as a categorical with the same categories "
+                    "in every file (pd.Categorical(values, categories=all_values))"
+                )
+
+
+_ANNBATCH_DATASET = re.compile(r"dataset_([0-9]+)")
+_ANNBATCH_H5AD = re.compile(r"dataset_([0-9]+)\.h5ad")
+
+
+def _zarr_attributes(path):
+    """The attributes of the zarr group in directory `path` (v3 zarr.json or v2 .zattrs), or {}."""
+    for name, key in (("zarr.json", "attributes"), (".zattrs", None)):
+        try:
+            with builtins.open(os.path.join(path, name)) as f:
+                document = json.load(f)
+        except (OSError, ValueError):
+            continue
+        attributes = document.get(key) if key else document
+        return attributes if isinstance(attributes, dict) else {}
+    return {}
+
+
+def _annbatch_datasets(path):
+    """The datasets of an annbatch ``DatasetCollection`` at ``path`` (a zarr group marked
+    ``encoding-type: annbatch-preshuffled``, or a directory of ``dataset_<i>.h5ad`` files), in
+    annbatch's order (by number); None if ``path`` is no such collection."""
+    path = _path("annbatch_datasets", path)
+    if not os.path.isdir(path):
+        return None
+    if _zarr_attributes(path).get("encoding-type") == "annbatch-preshuffled":
+        pattern, want_dir = _ANNBATCH_DATASET, True
+    elif os.path.exists(os.path.join(path, "zarr.json")) or os.path.exists(os.path.join(path, ".zgroup")):
+        return None
+    else:
+        pattern, want_dir = _ANNBATCH_H5AD, False
+    found = []
+    for name in os.listdir(path):
+        match = pattern.fullmatch(name)
+        if match and os.path.isdir(os.path.join(path, name)) == want_dir:
+            found.append((int(match.group(1)), name))
+    if not found and not want_dir:
+        return None
+    if not found:
+        raise ValueError(f"torch_shards.open: {path} is an annbatch DatasetCollection without datasets (dataset_<i>)")
+    return [os.path.join(path, name) for _, name in sorted(found)]
+
+
 def open(path, **kwargs):  # noqa: A001 - mirrors the builtin for paths
     """The source for a path: .h5ad / AnnData zarr store -> AnnDataSource, other
-    HDF5 file -> HDF5Source (pass dataset=), zarr array -> ZarrSource; a list of
-    paths -> a Collection of them. Keyword arguments go to the source."""
+    HDF5 file -> HDF5Source (pass dataset=), zarr array -> ZarrSource, an annbatch
+    DatasetCollection -> a Collection of its datasets (in annbatch's order); a list of
+    paths -> a Collection of them. Keyword arguments go to the source(s)."""
     if isinstance(path, (list, tuple)):
         return Collection([open(item, **kwargs) for item in path])
     path = _path("torch_shards.open", path)
@@ -229,6 +320,9 @@ def open(path, **kwargs):  # noqa: A001 - mirrors the builtin for paths
         return HDF5Source(path, **kwargs)
     if kind == "zarr-array":
         return ZarrSource(path, **kwargs)
+    datasets = _annbatch_datasets(path) if kind in ("zarr-group", "unknown") else None
+    if datasets is not None:
+        return Collection([AnnDataSource(dataset, **kwargs) for dataset in datasets])
     if kind == "zarr-group":
         if "array" not in kwargs:
             raise ValueError(f"torch_shards.open: {path} is a zarr group but not AnnData: pass array='/path/in/store'")

@@ -99,11 +99,6 @@ WorkUnit EpochLayout::rank_unit(int64_t rank, int64_t unit) const {
   return out;
 }
 
-int64_t EpochLayout::worker_units(int64_t rank, int64_t worker, int64_t num_workers) const {
-  const int64_t units = rank_units(rank);
-  return worker < units ? (units - worker + num_workers - 1) / num_workers : 0;
-}
-
 int64_t EpochLayout::worker_batches(int64_t rank, int64_t worker, int64_t num_workers) const {
   const int64_t units = worker_units(rank, worker, num_workers);
   // Units w, w+K, ... below rounds_ are whole fetches; the rest single batches.

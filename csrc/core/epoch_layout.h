@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <string>
 
+#include "dealing.h"
+
 namespace torch_shards::core {
 
 enum class EvenBatches { kPad, kDrop, kNone };
@@ -30,22 +32,17 @@ struct LoaderOptions {
 // Validates batch_size, fetch_factor (and their product) and world_size.
 void check_loader_options(const LoaderOptions& options, int64_t world_size);
 
-// A run of consecutive global batches of one fetch, delivered by one worker.
-struct WorkUnit {
-  int64_t fetch = 0;
-  int64_t first_batch = 0;  // within the fetch
-  int64_t num_batches = 0;
-  bool padding = false;  // a repeat of a batch another rank delivers (even_batches="pad")
-};
-
-class EpochLayout {
+class EpochLayout : public Dealing {
  public:
   EpochLayout(int64_t plan_size, const LoaderOptions& options, int64_t world_size);
 
   int64_t plan_size() const { return plan_size_; }
+  const LoaderOptions& options() const { return options_; }
   int64_t batch_size() const { return options_.batch_size; }
   int64_t fetch_size() const { return fetch_size_; }
-  int64_t world_size() const { return world_size_; }
+  int64_t fetch_factor() const { return options_.fetch_factor; }
+  EvenBatches even_batches() const { return options_.even_batches; }
+  int64_t world_size() const override { return world_size_; }
   int64_t num_fetches() const { return num_fetches_; }
   // Plan entries [fetch_begin(f), fetch_begin(f) + fetch_rows(f)) form fetch f.
   int64_t fetch_begin(int64_t fetch) const { return fetch * fetch_size_; }
@@ -60,16 +57,11 @@ class EpochLayout {
   int64_t num_tail_batches() const { return tail_batches_; }
 
   // Batches rank r delivers this epoch (after even_batches).
-  int64_t rank_batches(int64_t rank) const;
-  int64_t rank_units(int64_t rank) const;
-  WorkUnit rank_unit(int64_t rank, int64_t unit) const;
-
-  // Worker w of K takes units w, w + K, w + 2K, ... of its rank.
-  int64_t worker_units(int64_t rank, int64_t worker, int64_t num_workers) const;
-  WorkUnit worker_unit(int64_t rank, int64_t worker, int64_t num_workers, int64_t i) const {
-    return rank_unit(rank, worker + i * num_workers);
-  }
-  int64_t worker_batches(int64_t rank, int64_t worker, int64_t num_workers) const;
+  int64_t rank_batches(int64_t rank) const override;
+  int64_t rank_units(int64_t rank) const override;
+  WorkUnit rank_unit(int64_t rank, int64_t unit) const override;
+  // In O(1): units below whole_fetch_rounds() are whole fetches, the rest single batches.
+  int64_t worker_batches(int64_t rank, int64_t worker, int64_t num_workers) const override;
 
  private:
   int64_t rank_tail_units(int64_t rank) const;

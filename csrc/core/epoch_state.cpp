@@ -94,6 +94,14 @@ int64_t epoch_state_claim_main(int64_t* state) {
   return claim_next(state);
 }
 
+void epoch_state_resume(int64_t* state, int64_t epoch) {
+  check_initialised(state);
+  check_argument(epoch >= 0, "epoch must be >= 0, got ", epoch);
+  StateLock lock(state);
+  if (load(state + kNext) <= epoch) store(state + kNext, epoch + 1);
+  store(state + kLast, epoch);
+}
+
 int64_t epoch_state_claim_worker(int64_t* state, int64_t generation_seed, int64_t local_iteration, int64_t num_workers,
                                  int64_t worker_id) {
   check_initialised(state);

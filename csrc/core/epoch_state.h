@@ -31,6 +31,9 @@ int64_t epoch_state_next(const int64_t* state);
 // The epoch most recently claimed, or -1 if none.
 int64_t epoch_state_last(const int64_t* state);
 int64_t epoch_state_claim_main(int64_t* state);
+// An iteration resuming `epoch` (restored from a checkpoint): it is the last
+// started, and the next claim is a later one.
+void epoch_state_resume(int64_t* state, int64_t epoch);
 int64_t epoch_state_claim_worker(int64_t* state, int64_t generation_seed, int64_t local_iteration, int64_t num_workers,
                                  int64_t worker_id);
 

@@ -41,28 +41,51 @@ void Planner::unit_rows(uint64_t seed, int64_t epoch, const WorkUnit& unit, Fetc
 
 UnitCursor::UnitCursor(std::shared_ptr<const Planner> planner, uint64_t seed, int64_t epoch, int64_t rank,
                        int64_t worker, int64_t num_workers)
+    : UnitCursor(planner, std::shared_ptr<const Dealing>(planner, &planner->layout()), seed, epoch, rank, worker,
+                 num_workers, 0) {}
+
+UnitCursor::UnitCursor(std::shared_ptr<const Planner> planner, std::shared_ptr<const Dealing> dealing, uint64_t seed,
+                       int64_t epoch, int64_t rank, int64_t worker, int64_t num_workers, int64_t skip_batches)
     : planner_(std::move(planner)),
+      dealing_(std::move(dealing)),
       seed_(seed),
       epoch_(epoch),
       rank_(rank),
       worker_(worker),
       num_workers_(num_workers) {
-  const int64_t world_size = planner_->layout().world_size();
+  const int64_t world_size = dealing_->world_size();
   check_argument(rank >= 0 && rank < world_size, "rank must be in [0, world_size=", world_size, "), got ", rank);
   check_argument(num_workers >= 1, "num_workers must be >= 1, got ", num_workers);
   check_argument(worker >= 0 && worker < num_workers, "worker must be in [0, num_workers=", num_workers, "), got ",
                  worker);
-  num_units_ = planner_->layout().worker_units(rank, worker, num_workers);
+  check_argument(skip_batches >= 0, "cannot skip a negative number of batches, got ", skip_batches);
+  num_units_ = dealing_->worker_units(rank, worker, num_workers);
+  // Whole units consumed before are passed over; a partly consumed one starts after its consumed batches.
+  while (skip_batches > 0 && next_ < num_units_) {
+    const int64_t batches = dealing_->worker_unit(rank_, worker_, num_workers_, next_).num_batches;
+    if (skip_batches < batches) {
+      first_offset_ = skip_batches;
+      break;
+    }
+    skip_batches -= batches;
+    ++next_;
+  }
+  check_argument(next_ < num_units_ || skip_batches == 0, "worker ", worker, " of rank ", rank,
+                 " cannot skip more batches than it delivers");
 }
 
 void UnitCursor::skip(int64_t units) {
   check_argument(units >= 0, "cannot skip a negative number of units, got ", units);
   next_ = std::min(num_units_, next_ + units);
+  if (units > 0) first_offset_ = 0;
 }
 
 bool UnitCursor::next(WorkUnit& unit, std::vector<int64_t>& rows) {
   if (next_ >= num_units_) return false;
-  unit = planner_->layout().worker_unit(rank_, worker_, num_workers_, next_++);
+  unit = dealing_->worker_unit(rank_, worker_, num_workers_, next_++);
+  unit.first_batch += first_offset_;
+  unit.num_batches -= first_offset_;
+  first_offset_ = 0;
   planner_->unit_rows(seed_, epoch_, unit, cache_, rows);
   return true;
 }

@@ -41,8 +41,14 @@ class Planner {
 // Walks the units one worker delivers in one epoch, in order.
 class UnitCursor {
  public:
+  // The worker's units in a fresh epoch (the planner's layout).
   UnitCursor(std::shared_ptr<const Planner> planner, uint64_t seed, int64_t epoch, int64_t rank, int64_t worker,
              int64_t num_workers);
+  // The worker's units in `dealing` (a resumed epoch's), after the first
+  // skip_batches batches of its stream (consumed before): those are neither
+  // planned nor read.
+  UnitCursor(std::shared_ptr<const Planner> planner, std::shared_ptr<const Dealing> dealing, uint64_t seed,
+             int64_t epoch, int64_t rank, int64_t worker, int64_t num_workers, int64_t skip_batches);
 
   const Planner& planner() const { return *planner_; }
   int64_t num_units() const { return num_units_; }
@@ -54,6 +60,7 @@ class UnitCursor {
 
  private:
   std::shared_ptr<const Planner> planner_;
+  std::shared_ptr<const Dealing> dealing_;
   uint64_t seed_;
   int64_t epoch_;
   int64_t rank_;
@@ -61,6 +68,7 @@ class UnitCursor {
   int64_t num_workers_;
   int64_t num_units_;
   int64_t next_ = 0;
+  int64_t first_offset_ = 0;  // batches of the next unit consumed before (resuming)
   FetchCache cache_;
 };
 

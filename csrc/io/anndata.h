@@ -1,6 +1,7 @@
-// The AnnData on-disk layout (anndata >= 0.8; .h5ad and zarr stores alike):
-// X or layers/<name> as a dense array or a CSR group, obs/var dataframes with
-// numeric, boolean, nullable and categorical columns and a string index.
+// The AnnData on-disk layout, as every anndata release from 0.7 to 0.13
+// writes it (.h5ad files and zarr v2/v3 stores alike): X or layers/<name> as
+// a dense array or a CSR group, obs/var dataframes whose index and columns
+// use anndata's element encodings (see ObsColumn).
 #pragma once
 
 #include <memory>
@@ -20,11 +21,25 @@ struct MatrixData {
   int64_t rows = 0, cols = 0;
 };
 
+// One obs column, ready to be read by rows. How each encoding is read:
+//   array (numeric, bool)          values as stored
+//   categorical                    int64 codes into `categories` (-1: missing), checked against their
+//                                  number when read; categories may be strings, numbers, booleans or a
+//                                  nullable array (a code pointing at a missing category reads as -1)
+//   string-array,                  int64 codes into `categories`, the column's sorted unique strings
+//   nullable-string-array          (-1: missing)
+//   nullable-integer,              values with missing entries read as 0 / false, and `mask`
+//   nullable-boolean               (true where missing, anndata's convention)
+//   anndata 0.7 categoricals       (codes with a "categories" attribute) as categorical
+// Anything else (awkward-array, nested dataframes, ...) is refused, naming the
+// element and its encoding.
 struct ObsColumn {
   std::string name;
-  std::shared_ptr<const Array> values;  // the values, or the codes of a categorical column
-  bool categorical = false;
-  nlohmann::json categories = nlohmann::json::array();  // category values (strings or numbers)
+  std::string encoding;                 // the encoding-type read ("array", "categorical", ...)
+  std::shared_ptr<const Array> values;  // per-row values (int64 codes for categorical and string columns)
+  std::shared_ptr<const Array> mask;    // nullable-integer / nullable-boolean: bool, true where missing
+  bool categorical = false;             // values are codes into categories
+  nlohmann::json categories = nlohmann::json::array();  // strings, numbers, booleans; null for a missing one
   bool ordered = false;
 };
 
@@ -40,6 +55,7 @@ class AnnDataStore {
   MatrixData matrix(const std::optional<std::string>& layer) const;
   std::vector<std::string> obs_columns() const;
   ObsColumn obs_column(const std::string& name) const;
+  // The dataframe indexes; a missing (masked) name reads as "".
   std::vector<std::string> obs_names() const;
   std::vector<std::string> var_names() const;
 

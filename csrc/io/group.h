@@ -24,6 +24,8 @@ class Group {
   virtual std::vector<std::string> children() const = 0;
   virtual bool has_group(const std::string& name) const = 0;
   virtual bool has_array(const std::string& name) const = 0;
+  // An array of strings (any string type), which array() cannot open.
+  virtual bool has_string_array(const std::string& name) const = 0;
   // Throw ReadError naming the file and the missing path.
   virtual std::shared_ptr<const Group> group(const std::string& name) const = 0;
   virtual std::shared_ptr<const Array> array(const std::string& name) const = 0;

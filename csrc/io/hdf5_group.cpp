@@ -201,6 +201,18 @@ class Hdf5Group : public Group {
   bool has_group(const std::string& name) const override { return child_type(name) == H5O_TYPE_GROUP; }
   bool has_array(const std::string& name) const override { return child_type(name) == H5O_TYPE_DATASET; }
 
+  // The datatype decoded natively, as read_strings does.
+  bool has_string_array(const std::string& name) const override {
+    const std::string path = child_path(name);
+    const std::string where = file_ + ":" + path;
+    auto lock = hdf5_lock();
+    Hid file = open_hdf5_file(file_);
+    if (hdf5_object_type(file.get(), path) != H5O_TYPE_DATASET) return false;
+    const Hdf5DatasetHeader header =
+        read_hdf5_dataset_header(native_file(), hdf5_object_address(file.get(), path, where), where);
+    return is_string_type(header.type);
+  }
+
   std::shared_ptr<const Group> group(const std::string& name) const override {
     if (!has_group(name)) throw ReadError(concat(file_, ":", child_path(name), ": no such group"));
     return std::make_shared<Hdf5Group>(file_, child_path(name));

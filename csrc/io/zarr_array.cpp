@@ -1006,11 +1006,18 @@ struct ShardIndex {
 };
 
 // Inner chunks of v3 shards: inner grid coordinates -> shard file -> index
-// entry. Each shard's index is read once (only its bytes) and kept.
+// entry. Each shard's index is read once (only its bytes) and kept. Shards
+// are found by their position in the shard grid (no key string, no shared
+// lookup per chunk) when the grid is of a reasonable size, by key otherwise.
 class ShardedChunkStore : public ChunkStore {
  public:
-  ShardedChunkStore(std::string dir, ChunkKeys keys, std::vector<int64_t> chunks_per_shard, ShardLayout layout)
-      : dir_(std::move(dir)), keys_(keys), chunks_per_shard_(std::move(chunks_per_shard)), layout_(std::move(layout)) {
+  ShardedChunkStore(std::string dir, ChunkKeys keys, std::vector<int64_t> chunks_per_shard,
+                    std::vector<int64_t> shard_grid, ShardLayout layout)
+      : dir_(std::move(dir)),
+        keys_(keys),
+        chunks_per_shard_(std::move(chunks_per_shard)),
+        shard_grid_(std::move(shard_grid)),
+        layout_(std::move(layout)) {
     // Each inner chunk takes 16 bytes of the index, which every shard file holds.
     constexpr int64_t kMaxEntries = std::numeric_limits<int64_t>::max() / 16 - 1;
     for (int64_t count : chunks_per_shard_) {
@@ -1019,77 +1026,102 @@ class ShardedChunkStore : public ChunkStore {
       }
       inner_chunks_ *= count;
     }
+    // Shards found by grid position when there are at most kMaxIndexedShards of them.
+    indexed_shards_ = 1;
+    for (int64_t count : shard_grid_) {
+      const bool fits = indexed_shards_ >= 0 && count > 0 && indexed_shards_ <= kMaxIndexedShards / count;
+      indexed_shards_ = fits ? indexed_shards_ * count : -1;
+    }
   }
 
   std::optional<std::vector<uint8_t>> read_chunk(const std::vector<int64_t>& coords) const override {
     const std::optional<ChunkLocation> location = locate(coords);
     if (!location) return std::nullopt;
     return location->file->read_at(location->offset, static_cast<size_t>(location->size),
-                                   concat("inner chunk ", format_coords(coords)));
+                                   "inner chunk " + format_coords(coords));
   }
 
   bool can_locate() const override { return true; }
   std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const override {
-    std::vector<int64_t> shard(coords.size());
-    int64_t entry = 0;
+    // shard: the position in the grid, or -1 (too many shards, or outside the grid) to look it up by key.
+    int64_t entry = 0, shard = indexed_shards_ >= 0 ? 0 : -1;
     for (size_t d = 0; d < coords.size(); ++d) {
-      shard[d] = coords[d] / chunks_per_shard_[d];
+      const int64_t position = coords[d] / chunks_per_shard_[d];
+      if (shard >= 0) shard = position < shard_grid_[d] ? shard * shard_grid_[d] + position : -1;
       entry = entry * chunks_per_shard_[d] + coords[d] % chunks_per_shard_[d];
     }
-    const std::string key = keys_.key(shard);
-    const std::shared_ptr<const ShardIndex> index = shard_index(key);
-    if (!index->shard_exists) return std::nullopt;
-    const auto [offset, nbytes] = index->entries[entry];
+    const ShardIndex& index = shard_index(coords, shard);
+    if (!index.shard_exists) return std::nullopt;
+    const auto [offset, nbytes] = index.entries[entry];
     if (offset == kMissingEntry) return std::nullopt;
-    return ChunkLocation{index->file, static_cast<int64_t>(offset), static_cast<int64_t>(nbytes)};
+    return ChunkLocation{index.file, static_cast<int64_t>(offset), static_cast<int64_t>(nbytes)};
   }
 
   std::string describe_chunk(const std::vector<int64_t>& coords) const override {
-    std::vector<int64_t> shard(coords.size());
-    for (size_t d = 0; d < coords.size(); ++d) shard[d] = coords[d] / chunks_per_shard_[d];
-    return concat("inner chunk ", format_coords(coords), " of shard ", keys_.key(shard));
+    return concat("inner chunk ", format_coords(coords), " of shard ", keys_.key(shard_of(coords)));
   }
 
  private:
+  static constexpr int64_t kMaxIndexedShards = int64_t{1} << 16;
+
   struct Slot {
     std::mutex mutex;  // held while the index loads, so each loads once
     std::shared_ptr<const ShardIndex> index;
+    std::atomic<const ShardIndex*> loaded{nullptr};  // index, once set: read without the lock
   };
 
   struct Cache {
-    std::mutex mutex;  // guards slots
+    explicit Cache(int64_t indexed_shards) : indexed(static_cast<size_t>(std::max<int64_t>(indexed_shards, 0))) {}
+    std::vector<Slot> indexed;  // by position in the shard grid (empty: too many shards)
+    std::mutex mutex;           // guards slots
     std::map<std::string, std::shared_ptr<Slot>> slots;
   };
 
   // This process's cache of shard indexes. A forked child starts its own: a
   // thread of the parent may have held one of the old cache's mutexes at the
   // fork, and would never release it in the child. The inherited cache is
-  // left alone (a few bytes per fork), not destroyed while perhaps locked.
+  // left alone (its indexes may still be referenced), not destroyed while
+  // perhaps locked.
   Cache& cache() const {
     const int pid = current_process_id();
     if (cache_pid_.load(std::memory_order_acquire) != pid) {
       std::lock_guard<std::mutex> lock(first_use_mutex());
       if (cache_pid_.load(std::memory_order_relaxed) != pid) {
         if (cache_pid_.load(std::memory_order_relaxed) != 0) (void)cache_.release();
-        cache_ = std::make_unique<Cache>();
+        cache_ = std::make_unique<Cache>(indexed_shards_);
         cache_pid_.store(pid, std::memory_order_release);
       }
     }
     return *cache_;
   }
 
-  std::shared_ptr<const ShardIndex> shard_index(const std::string& key) const {
+  std::vector<int64_t> shard_of(const std::vector<int64_t>& coords) const {
+    std::vector<int64_t> shard(coords.size());
+    for (size_t d = 0; d < coords.size(); ++d) shard[d] = coords[d] / chunks_per_shard_[d];
+    return shard;
+  }
+
+  // `position`: the shard's place in the grid, or -1 to look it up by key.
+  // The index of the shard holding `coords`; valid while the store lives.
+  const ShardIndex& shard_index(const std::vector<int64_t>& coords, int64_t position) const {
     Cache& cache = this->cache();
-    std::shared_ptr<Slot> slot;
-    {
+    Slot* slot = nullptr;
+    if (position >= 0 && !cache.indexed.empty()) {
+      slot = &cache.indexed[static_cast<size_t>(position)];
+      if (const ShardIndex* loaded = slot->loaded.load(std::memory_order_acquire)) return *loaded;
+    } else {
       std::lock_guard<std::mutex> lock(cache.mutex);
-      std::shared_ptr<Slot>& entry = cache.slots[key];
+      std::shared_ptr<Slot>& entry = cache.slots[keys_.key(shard_of(coords))];
       if (!entry) entry = std::make_shared<Slot>();
-      slot = entry;
+      slot = entry.get();  // slots are never removed
     }
     std::lock_guard<std::mutex> lock(slot->mutex);
-    if (!slot->index) slot->index = load_index(key);  // a failed load leaves the slot empty: later reads retry
-    return slot->index;
+    // A failed load leaves the slot empty: later reads retry.
+    if (!slot->index) {
+      slot->index = load_index(keys_.key(shard_of(coords)));
+      slot->loaded.store(slot->index.get(), std::memory_order_release);
+    }
+    return *slot->index;
   }
 
   std::shared_ptr<const ShardIndex> load_index(const std::string& key) const {
@@ -1139,20 +1171,25 @@ class ShardedChunkStore : public ChunkStore {
   std::string dir_;
   ChunkKeys keys_;
   std::vector<int64_t> chunks_per_shard_;
+  std::vector<int64_t> shard_grid_;  // shards along each dimension
   ShardLayout layout_;
   int64_t inner_chunks_ = 1;
+  int64_t indexed_shards_ = -1;  // shards in the grid, or -1: more than kMaxIndexedShards
   mutable std::unique_ptr<Cache> cache_;
   mutable std::atomic<int> cache_pid_{0};
 };
 
 std::shared_ptr<const ChunkStore> make_chunk_store(const ZarrMetadata& meta) {
   if (!meta.sharding) return std::make_shared<ChunkFiles>(meta.dir, meta.keys);
-  std::vector<int64_t> chunks_per_shard(meta.shape.size());
+  std::vector<int64_t> chunks_per_shard(meta.shape.size()), shard_grid(meta.shape.size());
   for (size_t d = 0; d < chunks_per_shard.size(); ++d) {
     chunks_per_shard[d] = meta.chunk_shape[d] / meta.sharding->inner_chunk_shape[d];
+    // Rounded up without overflow: a shape may be as large as 2^63 - 1.
+    shard_grid[d] = meta.shape[d] / meta.chunk_shape[d] + (meta.shape[d] % meta.chunk_shape[d] != 0 ? 1 : 0);
   }
   try {
-    return std::make_shared<ShardedChunkStore>(meta.dir, meta.keys, std::move(chunks_per_shard), *meta.sharding);
+    return std::make_shared<ShardedChunkStore>(meta.dir, meta.keys, std::move(chunks_per_shard), std::move(shard_grid),
+                                               *meta.sharding);
   } catch (const std::runtime_error& error) {
     throw ReadError(concat(meta.where, ": ", error.what()));
   }
@@ -1311,6 +1348,10 @@ std::string normalize_zarr_path(const std::string& path) {
 bool is_zarr_array(const std::string& dir) { return file_exists(dir + "/.zarray") || node_type_of(dir) == "array"; }
 
 bool is_zarr_group(const std::string& dir) { return file_exists(dir + "/.zgroup") || node_type_of(dir) == "group"; }
+
+bool is_zarr_string_array(const std::string& store, const std::string& path) {
+  return read_metadata(store, path).kind != ElementKind::kNumeric;
+}
 
 std::shared_ptr<const Array> open_zarr_array(const std::string& store, const std::string& path) {
   const ZarrMetadata meta = read_metadata(store, path);

@@ -22,6 +22,10 @@ bool is_zarr_array(const std::string& dir);
 // A directory holding a zarr group (v2 .zgroup, or v3 zarr.json with node_type "group").
 bool is_zarr_group(const std::string& dir);
 
+// Whether the array at `path` holds strings (read with read_zarr_strings).
+// Throws ReadError for malformed or missing metadata.
+bool is_zarr_string_array(const std::string& store, const std::string& path);
+
 // Opens the numeric array at `path` inside the store directory `store`. Throws
 // ReadError naming the store and the path for anything missing, malformed or
 // unsupported on disk, InvalidArgument for 0-d arrays and malformed paths.

@@ -40,6 +40,9 @@ class ZarrGroup : public Group {
 
   bool has_group(const std::string& name) const override { return is_zarr_group(child_directory(name)); }
   bool has_array(const std::string& name) const override { return is_zarr_array(child_directory(name)); }
+  bool has_string_array(const std::string& name) const override {
+    return has_array(name) && is_zarr_string_array(store_, child_path(name));
+  }
 
   std::shared_ptr<const Group> group(const std::string& name) const override {
     if (!has_group(name)) throw ReadError(concat(store_, ":", child_path(name), ": no such group"));

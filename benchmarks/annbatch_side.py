@@ -1,0 +1,104 @@
+"""The annbatch half of benchmarks/annbatch_format.py, run by a Python that has annbatch
+(annbatch needs Python >= 3.12 and no torch; the project's environment may be older):
+
+    python annbatch_side.py write INPUT.h5ad COLLECTION.zarr      # annbatch's add_adatas, its defaults
+    python annbatch_side.py read COLLECTION.zarr --chunk-size 64 --preload-nchunks 32 --seconds 8
+
+`read` prints one JSON line: rows, seconds, cpu_seconds (the process's, every thread), batches.
+It reads X only (annbatch's documented load_adata for X), epoch after epoch as a training loop
+would, with annbatch's RandomSampler (shuffle=True), batches of --batch-size, no GPU preload, and
+zarrs' codec pipeline when zarrs is installed (annbatch's documented configuration; --no-zarrs for
+zarr-python's own).
+"""
+
+import argparse
+import json
+import resource
+import sys
+import time
+import warnings
+
+
+def write(args):
+    import numpy as np
+    import zarr
+    from annbatch import DatasetCollection
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        DatasetCollection(zarr.open_group(args.collection, mode="w")).add_adatas(
+            [args.input], rng=np.random.default_rng(0)
+        )
+
+
+def cpu_seconds():
+    """CPU time of this process, all its threads (zarrs decodes on its own)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def use_zarrs():
+    """annbatch's documented setup: zarrs' codec pipeline when it is installed."""
+    import zarr
+
+    try:
+        import zarrs  # noqa: F401
+    except ImportError:
+        return False
+    zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
+    return True
+
+
+def read(args):
+    import anndata as ad
+    import zarr
+    from annbatch import DatasetCollection, Loader
+
+    warnings.filterwarnings("ignore")
+    zarrs = use_zarrs() if args.zarrs else False
+    collection = DatasetCollection(zarr.open_group(args.collection, mode="r"))
+    loader = Loader(
+        chunk_size=args.chunk_size,
+        preload_nchunks=args.preload_nchunks,
+        batch_size=args.batch_size,
+        shuffle=True,
+        preload_to_gpu=False,
+    ).use_collection(collection, load_adata=lambda group: ad.AnnData(X=ad.io.sparse_dataset(group["X"])))
+    rows = batches = 0
+    start = cpu_start = None
+    while True:
+        for batch in loader:
+            if start is None:  # the clock starts at the first batch: start-up is not counted
+                start, cpu_start = time.perf_counter(), cpu_seconds()
+                continue
+            rows += batch["X"].shape[0]
+            batches += 1
+            if time.perf_counter() - start > args.seconds:
+                elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu_start
+                print(
+                    json.dumps(
+                        {"rows": rows, "seconds": elapsed, "cpu_seconds": cpu, "batches": batches, "zarrs": zarrs}
+                    )
+                )
+                return
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    writing = commands.add_parser("write")
+    writing.add_argument("input")
+    writing.add_argument("collection")
+    reading = commands.add_parser("read")
+    reading.add_argument("collection")
+    reading.add_argument("--chunk-size", type=int, default=64)
+    reading.add_argument("--preload-nchunks", type=int, default=32)
+    reading.add_argument("--batch-size", type=int, default=256)
+    reading.add_argument("--seconds", type=float, default=8.0)
+    reading.add_argument("--no-zarrs", dest="zarrs", action="store_false", help="zarr-python's own codec pipeline")
+    args = parser.parse_args()
+    {"write": write, "read": read}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

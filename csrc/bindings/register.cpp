@@ -1,0 +1,227 @@
+// Everything torch_shards registers with torch, declaratively: the
+// torch.classes.torch_shards classes (with pickling, so TorchScript modules
+// holding them save and load) and the torch.ops.torch_shards factory ops. The
+// behaviour lives in the classes (csrc/loader); nothing is decided here.
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include "torch_shards/dataset.h"
+#include "torch_shards/sampler.h"
+#include "torch_shards/source.h"
+#include "torch_shards/strategy.h"
+
+namespace torch_shards {
+namespace {
+
+using ProcessGroupPtr = std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>;
+
+c10::intrusive_ptr<ShardedDatasetImpl> make_dataset(
+    c10::intrusive_ptr<SourceImpl> source, c10::intrusive_ptr<StrategyImpl> strategy, int64_t batch_size,
+    int64_t fetch_factor, bool drop_last, std::optional<std::string> even_batches, std::optional<int64_t> seed,
+    std::optional<int64_t> rank, std::optional<int64_t> world_size, ProcessGroupPtr process_group,
+    std::optional<int64_t> num_threads, int64_t prefetch, int64_t prefetch_bytes, bool pin_memory,
+    std::optional<at::Tensor> shared_state) {
+  DatasetOptions options;
+  options.batch_size = batch_size;
+  options.fetch_factor = fetch_factor;
+  options.drop_last = drop_last;
+  options.even_batches = std::move(even_batches);
+  options.seed = seed;
+  options.rank = rank;
+  options.world_size = world_size;
+  options.process_group = process_group.value_or(nullptr);
+  options.num_threads = num_threads;
+  options.prefetch = prefetch;
+  options.prefetch_bytes = prefetch_bytes;
+  options.pin_memory = pin_memory;
+  return c10::make_intrusive<ShardedDatasetImpl>(std::move(source), std::move(strategy), options, shared_state);
+}
+
+c10::intrusive_ptr<DistributedSamplerImpl> make_sampler(int64_t num_rows, std::optional<int64_t> num_replicas,
+                                                        std::optional<int64_t> rank, bool shuffle, int64_t seed,
+                                                        bool drop_last,
+                                                        std::optional<c10::intrusive_ptr<StrategyImpl>> strategy,
+                                                        ProcessGroupPtr process_group) {
+  return c10::make_intrusive<DistributedSamplerImpl>(num_rows, strategy, num_replicas, rank, shuffle, seed, drop_last,
+                                                     process_group.value_or(nullptr));
+}
+
+}  // namespace
+
+TORCH_LIBRARY(torch_shards, m) {
+  m.class_<StrategyImpl>("Strategy")
+      .def("kind", &StrategyImpl::kind)
+      .def("describe", &StrategyImpl::describe)
+      .def("plan_size", &StrategyImpl::plan_size)
+      .def("plan", &StrategyImpl::plan)
+      .def("strided", &StrategyImpl::strided)
+      .def_pickle([](const c10::intrusive_ptr<StrategyImpl>& self) { return self->state(); },
+                  [](StrategyState state) { return c10::make_intrusive<StrategyImpl>(std::move(state)); });
+
+  m.class_<SourceImpl>("Source")
+      .def("kind", &SourceImpl::kind)
+      .def("num_rows", &SourceImpl::num_rows)
+      .def("field_names", &SourceImpl::field_names)
+      .def("field_specs", &SourceImpl::field_specs)
+      .def("describe", &SourceImpl::describe)
+      .def("read", &SourceImpl::read, "", {torch::arg("rows"), torch::arg("num_threads") = 1})
+      .def_pickle([](const c10::intrusive_ptr<SourceImpl>& self) { return self->state(); },
+                  [](SourceState state) { return c10::make_intrusive<SourceImpl>(state); });
+
+  m.class_<AnnDataImpl>("AnnData")
+      .def("path", &AnnDataImpl::path)
+      .def("n_obs", &AnnDataImpl::n_obs)
+      .def("n_vars", &AnnDataImpl::n_vars)
+      .def("obs_names", &AnnDataImpl::obs_names)
+      .def("var_names", &AnnDataImpl::var_names)
+      .def("obs_columns", &AnnDataImpl::obs_columns)
+      .def("categories_json", &AnnDataImpl::categories_json)
+      .def("source", &AnnDataImpl::source, "",
+           {torch::arg("obs"), torch::arg("layer") = torch::arg::none(), torch::arg("dense") = false})
+      .def_pickle([](const c10::intrusive_ptr<AnnDataImpl>& self) { return self->path(); },
+                  [](std::string path) { return c10::make_intrusive<AnnDataImpl>(path); });
+
+  m.class_<BatchIteratorImpl>("BatchIterator")
+      .def("next", &BatchIteratorImpl::next)
+      .def("wait", &BatchIteratorImpl::wait)
+      .def("poll", &BatchIteratorImpl::poll)
+      .def("finished", &BatchIteratorImpl::finished)
+      .def("next_unit", &BatchIteratorImpl::next_unit)
+      .def("push_unit", &BatchIteratorImpl::push_unit)
+      .def("pending", &BatchIteratorImpl::pending)
+      .def("close", &BatchIteratorImpl::close)
+      .def("epoch", &BatchIteratorImpl::epoch)
+      .def("num_batches", &BatchIteratorImpl::num_batches)
+      .def("batches_delivered", &BatchIteratorImpl::batches_delivered)
+      .def("last_was_padding", &BatchIteratorImpl::last_was_padding)
+      .def("stats", &BatchIteratorImpl::stats);
+
+  m.class_<ShardedDatasetImpl>("ShardedDataset")
+      .def(torch::init(&make_dataset), "",
+           {torch::arg("source"), torch::arg("strategy"), torch::arg("batch_size"), torch::arg("fetch_factor") = 16,
+            torch::arg("drop_last") = false, torch::arg("even_batches") = "pad",
+            torch::arg("seed") = torch::arg::none(), torch::arg("rank") = torch::arg::none(),
+            torch::arg("world_size") = torch::arg::none(), torch::arg("process_group") = torch::arg::none(),
+            torch::arg("num_threads") = torch::arg::none(), torch::arg("prefetch") = 2,
+            torch::arg("prefetch_bytes") = int64_t{1} << 30, torch::arg("pin_memory") = false,
+            torch::arg("shared_state") = torch::arg::none()})  // names and defaults as in Python
+      .def("iter", &ShardedDatasetImpl::iter)
+      .def("iter_worker", &ShardedDatasetImpl::iter_worker)
+      .def("iter_epoch", &ShardedDatasetImpl::iter_epoch, "",
+           {torch::arg("epoch"), torch::arg("worker") = 0, torch::arg("num_workers") = 1})
+      .def("set_epoch", &ShardedDatasetImpl::set_epoch)
+      .def("epoch", &ShardedDatasetImpl::epoch)
+      .def("next_epoch", &ShardedDatasetImpl::next_epoch)
+      .def("num_batches", &ShardedDatasetImpl::num_batches)
+      .def("worker_batches", &ShardedDatasetImpl::worker_batches)
+      .def("seed", &ShardedDatasetImpl::seed)
+      .def("rank", &ShardedDatasetImpl::rank)
+      .def("world_size", &ShardedDatasetImpl::world_size)
+      .def("batch_size", &ShardedDatasetImpl::batch_size)
+      .def("fetch_factor", &ShardedDatasetImpl::fetch_factor)
+      .def("drop_last", &ShardedDatasetImpl::drop_last)
+      .def("even_batches", &ShardedDatasetImpl::even_batches)
+      .def("pin_memory", &ShardedDatasetImpl::pin_memory)
+      .def("plan_size", &ShardedDatasetImpl::plan_size)
+      .def("num_fetches", &ShardedDatasetImpl::num_fetches)
+      .def("num_global_batches", &ShardedDatasetImpl::num_global_batches)
+      .def("fetch_rows", &ShardedDatasetImpl::fetch_rows)
+      .def("source", &ShardedDatasetImpl::source)
+      .def("strategy", &ShardedDatasetImpl::strategy)
+      .def("describe", &ShardedDatasetImpl::describe)
+      .def("fingerprint", &ShardedDatasetImpl::fingerprint)
+      .def("synchronize", &ShardedDatasetImpl::synchronize)
+      .def("synchronized", &ShardedDatasetImpl::synchronized)
+      .def("topology_source", &ShardedDatasetImpl::topology_source)
+      .def("shared_state", &ShardedDatasetImpl::shared_state)
+      .def("delivery_counts", &ShardedDatasetImpl::delivery_counts)
+      .def("reader_stats", &ShardedDatasetImpl::reader_stats)
+      .def("state_dict", &ShardedDatasetImpl::state_dict, "", {torch::arg("consumed_batches") = torch::arg::none()})
+      .def("load_state_dict", &ShardedDatasetImpl::load_state_dict)
+      .def_pickle([](const c10::intrusive_ptr<ShardedDatasetImpl>& self) { return self->state(); },
+                  [](ShardedDatasetImpl::State state) { return ShardedDatasetImpl::from_state(state); });
+
+  m.class_<SamplerIteratorImpl>("SamplerIterator")
+      .def("next", &SamplerIteratorImpl::next)
+      .def("epoch", &SamplerIteratorImpl::epoch)
+      .def("position", &SamplerIteratorImpl::position)
+      .def("length", &SamplerIteratorImpl::length);
+
+  m.class_<DistributedSamplerImpl>("DistributedSampler")
+      .def(torch::init(&make_sampler), "",
+           {torch::arg("num_rows"), torch::arg("num_replicas") = torch::arg::none(),
+            torch::arg("rank") = torch::arg::none(), torch::arg("shuffle") = true, torch::arg("seed") = 0,
+            torch::arg("drop_last") = false, torch::arg("strategy") = torch::arg::none(),
+            torch::arg("process_group") = torch::arg::none()})
+      .def("iter", &DistributedSamplerImpl::iter)
+      .def("set_epoch", &DistributedSamplerImpl::set_epoch)
+      .def("epoch", &DistributedSamplerImpl::epoch)
+      .def("num_rows", &DistributedSamplerImpl::num_rows)
+      .def("num_replicas", &DistributedSamplerImpl::num_replicas)
+      .def("rank", &DistributedSamplerImpl::rank)
+      .def("shuffle", &DistributedSamplerImpl::shuffle)
+      .def("seed", &DistributedSamplerImpl::seed)
+      .def("drop_last", &DistributedSamplerImpl::drop_last)
+      .def("num_samples", &DistributedSamplerImpl::num_samples)
+      .def("total_size", &DistributedSamplerImpl::total_size)
+      .def("plan_size", &DistributedSamplerImpl::plan_size)
+      .def("strategy", &DistributedSamplerImpl::strategy)
+      .def("indices", &DistributedSamplerImpl::indices, "",
+           {torch::arg("epoch"), torch::arg("first"), torch::arg("count"), torch::arg("offset") = 0})
+      .def("length", &DistributedSamplerImpl::length)
+      .def("state_dict", &DistributedSamplerImpl::state_dict, "", {torch::arg("consumed") = 0})
+      .def("load_state_dict", &DistributedSamplerImpl::load_state_dict)
+      .def("fingerprint", &DistributedSamplerImpl::fingerprint)
+      .def("topology_source", &DistributedSamplerImpl::topology_source)
+      .def_pickle([](const c10::intrusive_ptr<DistributedSamplerImpl>& self) { return self->state(); },
+                  [](DistributedSamplerImpl::State state) { return DistributedSamplerImpl::from_state(state); });
+
+  m.def("streaming(bool shuffle=False, Tensor? indices=None) -> __torch__.torch.classes.torch_shards.Strategy",
+        &StrategyImpl::streaming);
+  m.def("block_shuffling(int block_size=8, Tensor? indices=None) -> __torch__.torch.classes.torch_shards.Strategy",
+        &StrategyImpl::block_shuffling);
+  m.def(
+      "block_weighted_sampling(Tensor weights, int? total_size=None, int block_size=1, Tensor? indices=None, "
+      "bool replacement=True) -> __torch__.torch.classes.torch_shards.Strategy",
+      &StrategyImpl::block_weighted_sampling);
+  m.def(
+      "class_balanced_sampling(Tensor labels, int? total_size=None, int block_size=1, Tensor? indices=None) -> "
+      "__torch__.torch.classes.torch_shards.Strategy",
+      &StrategyImpl::class_balanced_sampling);
+  m.def("tensor_source(Dict(str, Tensor) fields) -> __torch__.torch.classes.torch_shards.Source",
+        &SourceImpl::tensor_source);
+  m.def("hdf5_source(str path, Dict(str, str) datasets) -> __torch__.torch.classes.torch_shards.Source",
+        &SourceImpl::hdf5_source);
+  m.def("zarr_source(str path, Dict(str, str) arrays) -> __torch__.torch.classes.torch_shards.Source",
+        &SourceImpl::zarr_source);
+  m.def(
+      "anndata_source(str path, str[]? obs=None, str? layer=None, bool dense=False) -> "
+      "__torch__.torch.classes.torch_shards.Source",
+      [](const std::string& path, const std::optional<std::vector<std::string>>& obs,
+         const std::optional<std::string>& layer, bool dense) {
+        return SourceImpl::anndata_source(path, obs.value_or(std::vector<std::string>()), layer, dense);
+      });
+  m.def("anndata(str path) -> __torch__.torch.classes.torch_shards.AnnData",
+        [](const std::string& path) { return c10::make_intrusive<AnnDataImpl>(path); });
+  m.def(
+      "collection(__torch__.torch.classes.torch_shards.Source[] parts) -> __torch__.torch.classes.torch_shards.Source",
+      &SourceImpl::collection);
+  m.def("probe(str path) -> str", &probe);
+  m.def("merge_state_dicts(Dict(str, int)[] states) -> Dict(str, int)", &ShardedDatasetImpl::merge_state_dicts);
+  m.def(
+      "sharded_dataset(__torch__.torch.classes.torch_shards.Source source, "
+      "__torch__.torch.classes.torch_shards.Strategy strategy, int batch_size, int fetch_factor=16, "
+      "bool drop_last=False, str? even_batches=\"pad\", int? seed=None, int? rank=None, int? world_size=None, "
+      "__torch__.torch.classes.c10d.ProcessGroup? process_group=None, int? num_threads=None, int prefetch=2, "
+      "int prefetch_bytes=1073741824, bool pin_memory=False, Tensor? shared_state=None) -> "
+      "__torch__.torch.classes.torch_shards.ShardedDataset",
+      &make_dataset);
+  m.def(
+      "distributed_sampler(int num_rows, int? num_replicas=None, int? rank=None, bool shuffle=True, int seed=0, "
+      "bool drop_last=False, __torch__.torch.classes.torch_shards.Strategy? strategy=None, "
+      "__torch__.torch.classes.c10d.ProcessGroup? process_group=None) -> "
+      "__torch__.torch.classes.torch_shards.DistributedSampler",
+      &make_sampler);
+}
+
+}  // namespace torch_shards

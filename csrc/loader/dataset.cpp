@@ -1,0 +1,752 @@
+#include "torch_shards/dataset.h"
+
+#include <ATen/Context.h>
+#include <ATen/StorageUtils.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/util/Exception.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "core/epoch_layout.h"
+#include "core/errors.h"
+#include "core/planner.h"
+#include "core/resume.h"
+#include "core/shared_state.h"
+#include "core/stable_hash.h"
+#include "loader/batches.h"
+#include "loader/epoch_reader.h"
+#include "loader/errors.h"
+#include "loader/iteration.h"
+#include "loader/process_group.h"
+#include "loader/topology.h"
+
+namespace torch_shards {
+namespace {
+
+constexpr const char* kWho = "ShardedDataset";
+constexpr int64_t kNoSlot = -1;  // an iterator whose deliveries are not counted (iter_epoch)
+
+int64_t available_cpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max<int64_t>(1, std::thread::hardware_concurrency());
+}
+
+core::EvenBatches even_batches_of(const std::optional<std::string>& value) {
+  if (!value) return core::EvenBatches::kNone;
+  TORCH_CHECK_VALUE(*value == "pad" || *value == "drop", kWho, ": even_batches must be 'pad', 'drop' or None, got '",
+                    *value, "'");
+  return core::parse_even_batches(*value);
+}
+
+// Shared memory: DataLoader workers see it through fork (the mapping) and
+// spawn (torch sends the storage by file descriptor or by name).
+at::Tensor new_shared_state() {
+  at::Tensor state = at::empty({0}, at::TensorOptions().dtype(at::kLong));
+  state.set_(c10::Storage(at::new_shm_fd_storage(core::kSharedStateWords * sizeof(int64_t))), 0,
+             {core::kSharedStateWords});
+  core::shared_state_init(state.data_ptr<int64_t>());
+  return state;
+}
+
+at::Tensor checked_shared_state(const at::Tensor& state) {
+  TORCH_CHECK_VALUE(state.defined() && state.scalar_type() == at::kLong && state.dim() == 1 && state.is_contiguous() &&
+                        state.device().is_cpu(),
+                    kWho, ": shared_state must be a contiguous 1-D CPU int64 tensor (made by a ShardedDataset)");
+  translate_errors([&] { core::check_shared_state(state.data_ptr<int64_t>(), state.numel()); });
+  return state;
+}
+
+// Always through the tensor: torch may move a shared storage's memory when it
+// sends it to a worker (file_system sharing), so no pointer is kept.
+int64_t* words(const at::Tensor& state) { return state.data_ptr<int64_t>(); }
+
+}  // namespace
+
+ShardedDatasetImpl::ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c10::intrusive_ptr<StrategyImpl> strategy,
+                                       const DatasetOptions& options, const std::optional<at::Tensor>& shared_state)
+    : source_(std::move(source)), strategy_(std::move(strategy)), options_(options) {
+  TORCH_CHECK_VALUE(source_, kWho, ": source is null");
+  TORCH_CHECK_VALUE(strategy_, kWho, ": strategy is null");
+  TORCH_CHECK_VALUE(options.batch_size >= 1, kWho, ": batch_size must be >= 1, got ", options.batch_size);
+  TORCH_CHECK_VALUE(options.fetch_factor >= 1, kWho, ": fetch_factor must be >= 1, got ", options.fetch_factor);
+  TORCH_CHECK_VALUE(!options.num_threads || *options.num_threads >= 1, kWho, ": num_threads must be >= 1, got ",
+                    options.num_threads.value_or(0));
+  TORCH_CHECK_VALUE(options.prefetch >= 0, kWho, ": prefetch must be >= 0, got ", options.prefetch);
+  TORCH_CHECK_VALUE(options.prefetch_bytes >= 0, kWho, ": prefetch_bytes must be >= 0, got ", options.prefetch_bytes);
+  core::LoaderOptions layout{options.batch_size, options.fetch_factor, options.drop_last,
+                             even_batches_of(options.even_batches)};
+  const Topology topology = resolve_topology(options.rank, options.world_size, options.process_group, kWho);
+  rank_ = topology.rank;
+  world_size_ = topology.world_size;
+  translate_errors([&] {
+    try {
+      core::check_loader_options(layout, world_size_);
+    } catch (const core::InvalidArgument& error) {
+      throw core::InvalidArgument(core::concat(kWho, ": ", error.what()));
+    }
+    planner_ = std::make_shared<const core::Planner>(strategy_->bind(source_->num_rows()), layout, world_size_);
+  });
+  // Without CUDA there is nothing to pin for; the doors tell their users (pin_memory() is false).
+  if (!at::hasCUDA()) options_.pin_memory = false;
+  topology_source_ = topology.source;
+  if (shared_state) {
+    // A copy in a DataLoader worker: the main process's seed (a checkpoint may have changed it).
+    shared_state_ = checked_shared_state(*shared_state);
+    seed_ = core::shared_seed(words(shared_state_));
+    return;
+  }
+  shared_state_ = new_shared_state();
+  seed_fixed_ = options.seed.has_value();
+  seed_ = options.seed ? *options.seed : draw_seed();
+  core::set_shared_seed(words(shared_state_), seed_);
+  core::set_flag(words(shared_state_), core::kAgreedWord, seed_fixed_ || world_size_ == 1);
+  // With a process group the ranks agree on the seed and check what they read, once, now.
+  if (options.process_group) synchronize(options.process_group);
+  options_.process_group.reset();  // loading never communicates
+}
+
+void ShardedDatasetImpl::synchronize(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+  TORCH_CHECK_VALUE(group, kWho, ".synchronize: process_group is null");
+  Claim claim{rank_, world_size_, seed_, seed_fixed_, fingerprint()};
+  seed_ = agree_over_group(*group, claim, kWho);
+  seed_fixed_ = true;
+  core::set_shared_seed(words(shared_state_), seed_);
+  core::set_flag(words(shared_state_), core::kAgreedWord, true);
+  core::set_flag(words(shared_state_), core::kSynchronizedWord, true);
+}
+
+bool ShardedDatasetImpl::synchronized() const { return core::flag(words(shared_state_), core::kSynchronizedWord); }
+
+void ShardedDatasetImpl::check_agreed() const {
+  TORCH_CHECK_VALUE(
+      core::flag(words(shared_state_), core::kAgreedWord), kWho, ": the ", world_size_,
+      " ranks have not agreed on a seed: with seed=None they agree over torch.distributed's process group, but none "
+      "was initialised when this dataset was built (rank and world size came from ",
+      topology_source_ == "environment" ? "the RANK and WORLD_SIZE environment variables" : "explicit arguments",
+      ") nor when its first iteration started in the main process; each rank would shuffle its own way and rows "
+      "would be read twice or never. Build the dataset after torch.distributed.init_process_group, or pass the same "
+      "seed= on every rank");
+}
+
+ShardedDatasetImpl::~ShardedDatasetImpl() = default;
+
+c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter() {
+  check_agreed();
+  Iteration iteration;
+  iteration.epoch = translate_errors([&] { return core::epoch_state_claim_main(words(shared_state_)); });
+  core::set_last_workers(words(shared_state_), 0);
+  iteration.prior = prior_segments(iteration.epoch);
+  return start(std::move(iteration), core::kMainSlot, false);
+}
+
+c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_worker(int64_t worker, int64_t num_workers,
+                                                                      int64_t generation_seed, bool shared_memory) {
+  TORCH_CHECK_VALUE(num_workers >= 1 && worker >= 0 && worker < num_workers, kWho,
+                    ": worker must be in [0, num_workers=", num_workers, "), got ", worker);
+  check_agreed();
+  Iteration iteration;
+  if (worker_resume_) {
+    // This worker's own state, restored in it (StatefulDataLoader): the same epoch, after what it delivered.
+    TORCH_CHECK_VALUE(worker_resume_->worker == worker && worker_resume_->num_workers == num_workers, kWho,
+                      ": the state loaded in DataLoader worker ", worker, " of ", num_workers, " was taken by worker ",
+                      worker_resume_->worker, " of ", worker_resume_->num_workers,
+                      ": a worker's own state resumes only with the same num_workers (for another topology, take "
+                      "state_dict(consumed_batches=...) in the main process)");
+    iteration = *worker_resume_;
+    worker_resume_.reset();
+    ++local_iterations_;
+    translate_errors([&] { core::epoch_state_resume(words(shared_state_), iteration.epoch); });
+  } else {
+    iteration.epoch = translate_errors([&] {
+      return core::epoch_state_claim_worker(words(shared_state_), generation_seed, local_iterations_++, num_workers,
+                                            worker);
+    });
+    core::set_last_workers(words(shared_state_), num_workers);
+    iteration.prior = prior_segments(iteration.epoch);
+  }
+  iteration.worker = worker;
+  iteration.num_workers = num_workers;
+  iteration.in_worker = true;
+  return start(std::move(iteration), worker, shared_memory);
+}
+
+c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_epoch(int64_t epoch, int64_t worker,
+                                                                     int64_t num_workers) {
+  Iteration iteration;
+  iteration.epoch = epoch;
+  iteration.worker = worker;
+  iteration.num_workers = num_workers;
+  return start(std::move(iteration), kNoSlot, false);
+}
+
+std::vector<core::ResumeSegment> ShardedDatasetImpl::prior_segments(int64_t epoch) {
+  seed_ = core::shared_seed(words(shared_state_));  // a worker made before load_state_dict learns its seed here
+  const std::optional<core::ResumeRecord> record = core::load_resume_record(words(shared_state_));
+  if (!record || record->epoch != epoch) return {};
+  return record->segments;
+}
+
+c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iteration, int64_t slot, bool shared_memory) {
+  const int64_t epoch = iteration.epoch, worker = iteration.worker, num_workers = iteration.num_workers;
+  TORCH_CHECK_VALUE(epoch >= 0, kWho, ": epoch must be >= 0, got ", epoch);
+  TORCH_CHECK_VALUE(num_workers >= 1 && worker >= 0 && worker < num_workers, kWho,
+                    ": worker must be in [0, num_workers=", num_workers, "), got ", worker);
+  iteration.rank = rank_;
+  iteration.world_size = world_size_;
+  ReaderOptions reader;
+  reader.num_threads = options_.num_threads.value_or(std::max<int64_t>(1, available_cpus() / num_workers));
+  reader.prefetch = options_.prefetch;
+  reader.prefetch_bytes = options_.prefetch_bytes;
+  reader.memory = shared_memory         ? sources::Memory::kShared
+                  : options_.pin_memory ? sources::Memory::kPinned
+                                        : sources::Memory::kPageable;
+  auto iterator = translate_errors([&] {
+    // A fresh epoch deals by the layout; a resumed one what is left (resume.h).
+    auto resumption =
+        std::make_shared<const core::Resumption>(planner_->layout(), iteration.prior, world_size_, num_workers);
+    const int64_t skip = resumption->skip(rank_, worker) + iteration.consumed_before;
+    const int64_t batches = resumption->worker_batches(rank_, worker) - iteration.consumed_before;
+    core::check_argument(batches >= 0, "worker ", worker, " consumed ", iteration.consumed_before,
+                         " batches but delivers only ", resumption->worker_batches(rank_, worker));
+    iteration.rank_batches = resumption->rank_batches(rank_);
+    std::shared_ptr<const core::Dealing> dealing(resumption, &resumption->dealing());
+    core::UnitCursor cursor(planner_, std::move(dealing), static_cast<uint64_t>(seed_), epoch, rank_, worker,
+                            num_workers, skip);
+    auto progress = std::make_shared<IterationProgress>();
+    progress->iteration = std::make_shared<const Iteration>(std::move(iteration));
+    if (slot != kNoSlot) current_ = progress;
+    return c10::make_intrusive<BatchIteratorImpl>(
+        std::make_unique<EpochReader>(source_->get(), std::move(cursor), reader), std::move(progress),
+        options_.batch_size, batches, shared_state_, slot);
+  });
+  std::lock_guard<std::mutex> lock(iterators_mutex_);
+  iterators_.erase(
+      std::remove_if(iterators_.begin(), iterators_.end(), [](const auto& weak) { return weak.expired(); }),
+      iterators_.end());
+  iterators_.emplace_back(iterator);
+  return iterator;
+}
+
+void ShardedDatasetImpl::set_epoch(int64_t epoch) {
+  TORCH_CHECK_VALUE(epoch >= 0, kWho, ": epoch must be >= 0, got ", epoch);
+  translate_errors([&] {
+    // Pinning another epoch than a loaded checkpoint's forgets the checkpoint; pinning its own keeps it
+    // (loops that call set_epoch(epoch) every epoch resume as they should).
+    const std::optional<core::ResumeRecord> record = core::load_resume_record(words(shared_state_));
+    if (record && record->epoch != epoch) core::store_resume_record(words(shared_state_), std::nullopt);
+    core::epoch_state_set_next(words(shared_state_), epoch);
+  });
+}
+
+int64_t ShardedDatasetImpl::epoch() const { return core::epoch_state_last(words(shared_state_)); }
+
+int64_t ShardedDatasetImpl::next_epoch() const { return core::epoch_state_next(words(shared_state_)); }
+
+int64_t ShardedDatasetImpl::rank_batches_after(const std::vector<core::ResumeSegment>& prior,
+                                               int64_t num_workers) const {
+  return translate_errors(
+      [&] { return core::Resumption(planner_->layout(), prior, world_size_, num_workers).rank_batches(rank_); });
+}
+
+int64_t ShardedDatasetImpl::num_batches() const {
+  // The epoch the next iteration starts: a loaded checkpoint's remains, or a whole epoch.
+  const std::optional<core::ResumeRecord> record = core::load_resume_record(words(shared_state_));
+  if (record && record->epoch == next_epoch()) return rank_batches_after(record->segments, 1);
+  return planner_->layout().rank_batches(rank_);
+}
+
+int64_t ShardedDatasetImpl::worker_batches(int64_t worker, int64_t num_workers) const {
+  TORCH_CHECK_VALUE(num_workers >= 1 && worker >= 0 && worker < num_workers, kWho,
+                    ": worker must be in [0, num_workers=", num_workers, "), got ", worker);
+  const std::optional<core::ResumeRecord> record = core::load_resume_record(words(shared_state_));
+  const std::vector<core::ResumeSegment> prior =
+      record && record->epoch == next_epoch() ? record->segments : std::vector<core::ResumeSegment>{};
+  return translate_errors([&] {
+    return core::Resumption(planner_->layout(), prior, world_size_, num_workers).worker_batches(rank_, worker);
+  });
+}
+
+int64_t ShardedDatasetImpl::plan_size() const { return planner_->layout().plan_size(); }
+int64_t ShardedDatasetImpl::num_fetches() const { return planner_->layout().num_fetches(); }
+int64_t ShardedDatasetImpl::num_global_batches() const { return planner_->layout().num_global_batches(); }
+
+at::Tensor ShardedDatasetImpl::fetch_rows(int64_t epoch, int64_t fetch) const {
+  TORCH_CHECK_VALUE(fetch >= 0 && fetch < num_fetches(), kWho, ": fetch must be in [0, ", num_fetches(), "), got ",
+                    fetch);
+  TORCH_CHECK_VALUE(epoch >= 0, kWho, ": epoch must be >= 0, got ", epoch);
+  std::vector<int64_t> rows;
+  planner_->fetch_rows(static_cast<uint64_t>(seed_), epoch, fetch, rows);
+  at::Tensor out = at::empty({static_cast<int64_t>(rows.size())}, at::TensorOptions().dtype(at::kLong));
+  if (!rows.empty()) std::memcpy(out.data_ptr<int64_t>(), rows.data(), rows.size() * sizeof(int64_t));
+  return out;
+}
+
+std::string ShardedDatasetImpl::describe() const {
+  return core::concat(kWho, "(source=", source_->describe(), ", strategy=", strategy_->describe(),
+                      ", batch_size=", options_.batch_size, ", fetch_factor=", options_.fetch_factor,
+                      ", even_batches=", options_.even_batches.value_or("none"), ", rank=", rank_,
+                      ", world_size=", world_size_, ")");
+}
+
+std::string ShardedDatasetImpl::fingerprint() const {
+  return core::concat("rows: ", source_->num_rows(), "\nsource: ", source_->describe(),
+                      "\nstrategy: ", strategy_->describe(), "\nplan entries: ", plan_size(),
+                      "\nbatch_size: ", options_.batch_size, "\nfetch_factor: ", options_.fetch_factor,
+                      "\ndrop_last: ", options_.drop_last ? "True" : "False",
+                      "\neven_batches: ", options_.even_batches.value_or("none"));
+}
+
+namespace {
+
+int64_t even_batches_code(const std::optional<std::string>& value) { return value ? (*value == "pad" ? 0 : 1) : 2; }
+
+int64_t entry(const StateDict& state, const std::string& key) {
+  TORCH_CHECK_VALUE(state.contains(key), kWho, ".load_state_dict: the state has no '", key,
+                    "' (is it a ShardedDataset state?)");
+  return state.at(key);
+}
+
+std::string segment_key(size_t segment, const std::string& field) {
+  return "segment." + std::to_string(segment) + "." + field;
+}
+
+std::vector<core::ResumeSegment> segments_of(const StateDict& state) {
+  const int64_t count = entry(state, "segments");
+  TORCH_CHECK_VALUE(count >= 0 && count <= 4096, kWho, ".load_state_dict: 'segments' must be in [0, 4096], got ",
+                    count);
+  std::vector<core::ResumeSegment> segments;
+  for (size_t i = 0; i < static_cast<size_t>(count); ++i) {
+    core::ResumeSegment segment;
+    segment.world_size = entry(state, segment_key(i, "world_size"));
+    segment.num_workers = entry(state, segment_key(i, "num_workers"));
+    TORCH_CHECK_VALUE(segment.world_size >= 1 && segment.num_workers >= 1, kWho, ".load_state_dict: segment ", i,
+                      " needs world_size >= 1 and num_workers >= 1");
+    if (state.contains(segment_key(i, "consumed"))) {
+      segment.consumed = {state.at(segment_key(i, "consumed"))};
+    } else {
+      for (int64_t rank = 0; rank < segment.world_size; ++rank) {
+        segment.consumed.push_back(entry(state, segment_key(i, "consumed." + std::to_string(rank))));
+      }
+    }
+    segments.push_back(std::move(segment));
+  }
+  return segments;
+}
+
+void put_segments(StateDict& state, const std::vector<core::ResumeSegment>& segments) {
+  state.insert("segments", static_cast<int64_t>(segments.size()));
+  for (size_t i = 0; i < segments.size(); ++i) {
+    state.insert(segment_key(i, "world_size"), segments[i].world_size);
+    state.insert(segment_key(i, "num_workers"), segments[i].num_workers);
+    if (segments[i].consumed.size() == 1) {
+      state.insert(segment_key(i, "consumed"), segments[i].consumed[0]);
+    } else {
+      for (size_t rank = 0; rank < segments[i].consumed.size(); ++rank) {
+        state.insert(segment_key(i, "consumed." + std::to_string(rank)), segments[i].consumed[rank]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+StateDict ShardedDatasetImpl::make_state(const Iteration& iteration, int64_t consumed) const {
+  StateDict state;
+  state.insert("version", 1);
+  state.insert("seed", seed_);
+  state.insert("rank", rank_);
+  state.insert("world_size", world_size_);
+  state.insert("num_workers", iteration.num_workers);
+  std::vector<core::ResumeSegment> segments = iteration.prior;
+  if (iteration.in_worker && iteration.worker >= 0 && consumed >= 0) {
+    // A DataLoader worker's own state: its stream only.
+    state.insert("epoch", iteration.epoch);
+    state.insert("worker", iteration.worker);
+    state.insert("worker_consumed", iteration.consumed_before + consumed);
+  } else if (consumed >= iteration.rank_batches) {
+    // The epoch is over for this rank (and, in lockstep, for all): the next one starts afresh.
+    state.insert("epoch", iteration.epoch + 1);
+    state.insert("worker", -1);
+    state.insert("worker_consumed", 0);
+    segments.clear();
+  } else {
+    state.insert("epoch", iteration.epoch);
+    state.insert("worker", -1);
+    state.insert("worker_consumed", 0);
+    // A segment that consumed nothing changes nothing: the dealing stays the one before it.
+    if (consumed > 0) segments.push_back(core::ResumeSegment{world_size_, iteration.num_workers, {consumed}});
+  }
+  put_segments(state, segments);
+  state.insert("rows", source_->num_rows());
+  state.insert("plan_size", plan_size());
+  state.insert("batch_size", options_.batch_size);
+  state.insert("fetch_factor", options_.fetch_factor);
+  state.insert("drop_last", options_.drop_last);
+  state.insert("even_batches", even_batches_code(options_.even_batches));
+  state.insert("source_hash", core::stable_hash(source_->describe()));
+  state.insert("strategy_hash", core::stable_hash(strategy_->describe()));
+  return state;
+}
+
+StateDict ShardedDatasetImpl::state_dict(std::optional<int64_t> consumed_batches) const {
+  TORCH_CHECK_VALUE(!consumed_batches || *consumed_batches >= 0, kWho,
+                    ".state_dict: consumed_batches must be >= 0, got ", consumed_batches.value_or(0));
+  const int64_t last = core::epoch_state_last(words(shared_state_));
+  const int64_t last_workers = core::last_workers(words(shared_state_));
+  if (current_ && current_->iteration->in_worker) {
+    return make_state(*current_->iteration, consumed_batches.value_or(current_->delivered.load()));
+  }
+  if (current_ && last_workers == 0 && current_->iteration->epoch == last) {
+    const int64_t consumed = consumed_batches.value_or(current_->delivered.load());
+    TORCH_CHECK_VALUE(consumed <= current_->iteration->rank_batches, kWho, ".state_dict: consumed_batches=", consumed,
+                      " but this rank delivers ", current_->iteration->rank_batches, " batches in this epoch");
+    return make_state(*current_->iteration, consumed);
+  }
+  Iteration iteration;
+  iteration.rank = rank_;
+  iteration.world_size = world_size_;
+  const std::optional<core::ResumeRecord> record = core::load_resume_record(words(shared_state_));
+  if (last < 0 || last_workers == 0 || !consumed_batches) {
+    TORCH_CHECK_VALUE(last < 0 || last_workers == 0 || consumed_batches, kWho, ".state_dict: epoch ", last, " ran in ",
+                      last_workers,
+                      " DataLoader worker processes, whose batches this process does not count: pass "
+                      "consumed_batches (the batches your loop consumed this epoch), or use torchdata's "
+                      "StatefulDataLoader, which asks the workers");
+    // Nothing under way here: the state points at the next epoch (a loaded checkpoint's, if pending).
+    iteration.epoch = next_epoch();
+    if (record && record->epoch == iteration.epoch) {
+      StateDict state = make_state(iteration, 0);
+      state.insert_or_assign("epoch", record->epoch);
+      put_segments(state, record->segments);
+      return state;
+    }
+    iteration.rank_batches = 1;  // nothing consumed of a fresh epoch
+    return make_state(iteration, 0);
+  }
+  // The last epoch ran in DataLoader workers; the loop says how far it got.
+  iteration.epoch = last;
+  iteration.num_workers = last_workers;
+  if (record && record->epoch == last) iteration.prior = record->segments;
+  iteration.rank_batches = rank_batches_after(iteration.prior, last_workers);
+  TORCH_CHECK_VALUE(*consumed_batches <= iteration.rank_batches, kWho,
+                    ".state_dict: consumed_batches=", *consumed_batches, " but this rank delivers ",
+                    iteration.rank_batches, " batches in epoch ", last);
+  return make_state(iteration, *consumed_batches);
+}
+
+void ShardedDatasetImpl::load_state_dict(const StateDict& state) {
+  TORCH_CHECK_VALUE(entry(state, "version") == 1, kWho, ".load_state_dict: unknown state version ",
+                    entry(state, "version"));
+  // What must not differ, named when it does.
+  const StateDict mine = make_state(Iteration{}, 0);
+  const std::pair<const char*, const char*> checks[] = {
+      {"rows", "rows"},
+      {"batch_size", "batch_size"},
+      {"fetch_factor", "fetch_factor"},
+      {"drop_last", "drop_last"},
+      {"even_batches", "even_batches (0: 'pad', 1: 'drop', 2: None)"},
+      {"plan_size", "plan entries per epoch (the strategy's total_size or indices)"},
+  };
+  for (const auto& [key, what] : checks) {
+    TORCH_CHECK_VALUE(entry(state, key) == mine.at(key), kWho,
+                      ".load_state_dict: the state was taken on another dataset: its ", what, " is ", entry(state, key),
+                      ", this dataset's is ", mine.at(key));
+  }
+  TORCH_CHECK_VALUE(entry(state, "strategy_hash") == mine.at("strategy_hash"), kWho,
+                    ".load_state_dict: the state was taken with another strategy (or other strategy parameters) than "
+                    "this dataset's ",
+                    strategy_->describe());
+  TORCH_CHECK_VALUE(entry(state, "source_hash") == mine.at("source_hash"), kWho,
+                    ".load_state_dict: the state was taken on another source (other files, file sizes, fields or "
+                    "shapes) than this dataset's ",
+                    source_->describe());
+  const int64_t epoch = entry(state, "epoch");
+  TORCH_CHECK_VALUE(epoch >= 0, kWho, ".load_state_dict: epoch must be >= 0, got ", epoch);
+  std::vector<core::ResumeSegment> segments = segments_of(state);
+  const int64_t worker = entry(state, "worker");
+  const int64_t seed = entry(state, "seed");
+  if (worker >= 0) {
+    // A DataLoader worker's own state (StatefulDataLoader restores it in that worker).
+    Iteration iteration;
+    iteration.epoch = epoch;
+    iteration.worker = worker;
+    iteration.num_workers = entry(state, "num_workers");
+    iteration.prior = std::move(segments);
+    iteration.consumed_before = entry(state, "worker_consumed");
+    TORCH_CHECK_VALUE(entry(state, "world_size") == world_size_ && entry(state, "rank") == rank_, kWho,
+                      ".load_state_dict: a DataLoader worker's state of rank ", entry(state, "rank"), " of ",
+                      entry(state, "world_size"), " cannot resume rank ", rank_, " of ", world_size_);
+    TORCH_CHECK_VALUE(worker < iteration.num_workers && iteration.consumed_before >= 0, kWho,
+                      ".load_state_dict: worker ", worker, " of ", iteration.num_workers, " with ",
+                      iteration.consumed_before, " batches consumed is not a worker's state");
+    const int64_t left = translate_errors([&] {
+      return core::Resumption(planner_->layout(), iteration.prior, world_size_, iteration.num_workers)
+          .worker_batches(rank_, worker);
+    });
+    TORCH_CHECK_VALUE(iteration.consumed_before <= left, kWho, ".load_state_dict: worker ", worker, " consumed ",
+                      iteration.consumed_before, " batches but delivers only ", left);
+    seed_ = seed;
+    seed_fixed_ = true;
+    core::set_shared_seed(words(shared_state_), seed);
+    core::set_flag(words(shared_state_), core::kAgreedWord, true);
+    worker_resume_ = std::make_shared<const Iteration>(std::move(iteration));
+    return;
+  }
+  // Checked now, not at the next iteration: consumption that does not fit the epoch raises here.
+  rank_batches_after(segments, 1);
+  seed_ = seed;
+  seed_fixed_ = true;
+  translate_errors([&] {
+    core::set_shared_seed(words(shared_state_), seed);
+    core::set_flag(words(shared_state_), core::kAgreedWord, true);
+    core::store_resume_record(
+        words(shared_state_),
+        segments.empty() ? std::nullopt : std::optional<core::ResumeRecord>(core::ResumeRecord{epoch, segments}));
+    core::epoch_state_set_next(words(shared_state_), epoch);
+  });
+}
+
+StateDict ShardedDatasetImpl::merge_state_dicts(const std::vector<StateDict>& states) {
+  TORCH_CHECK_VALUE(!states.empty(), kWho, ".merge_state_dicts: no states");
+  const StateDict& first = states.front();
+  const int64_t world_size = entry(first, "world_size");
+  TORCH_CHECK_VALUE(static_cast<int64_t>(states.size()) == world_size, kWho,
+                    ".merge_state_dicts: needs the state of every one of the ", world_size, " ranks, got ",
+                    states.size());
+  std::vector<const StateDict*> by_rank(static_cast<size_t>(world_size), nullptr);
+  for (const StateDict& state : states) {
+    TORCH_CHECK_VALUE(entry(state, "worker") < 0, kWho,
+                      ".merge_state_dicts: DataLoader workers' own states cannot be merged");
+    for (const char* key : {"version", "seed", "world_size", "num_workers", "rows", "plan_size", "batch_size",
+                            "fetch_factor", "drop_last", "even_batches", "source_hash", "strategy_hash"}) {
+      TORCH_CHECK_VALUE(entry(state, key) == entry(first, key), kWho,
+                        ".merge_state_dicts: the ranks' states differ in '", key, "' (", entry(first, key), " and ",
+                        entry(state, key), ")");
+    }
+    const int64_t rank = entry(state, "rank");
+    TORCH_CHECK_VALUE(rank >= 0 && rank < world_size && by_rank[rank] == nullptr, kWho, ".merge_state_dicts: rank ",
+                      rank, " is out of range or given twice");
+    by_rank[rank] = &state;
+  }
+  // Ranks that finished the epoch point at the next one; the others agree on the epoch and its earlier segments.
+  const StateDict* behind = nullptr;
+  for (const StateDict* state : by_rank) {
+    if (behind == nullptr || entry(*state, "epoch") < entry(*behind, "epoch")) behind = state;
+  }
+  const int64_t epoch = entry(*behind, "epoch");
+  const std::vector<core::ResumeSegment> reference = segments_of(*behind);
+  if (reference.empty()) return behind->copy();  // every rank is at the start of an epoch
+  const std::vector<core::ResumeSegment> prior(reference.begin(), reference.end() - 1);
+  const core::ResumeSegment& current = reference.back();
+  const core::LoaderOptions options{entry(first, "batch_size"), entry(first, "fetch_factor"),
+                                    entry(first, "drop_last") != 0,
+                                    entry(first, "even_batches") == 0   ? core::EvenBatches::kPad
+                                    : entry(first, "even_batches") == 1 ? core::EvenBatches::kDrop
+                                                                        : core::EvenBatches::kNone};
+  const core::Resumption resumption(entry(first, "plan_size"), options, prior, current.world_size, current.num_workers);
+  core::ResumeSegment merged{current.world_size, current.num_workers, {}};
+  for (int64_t rank = 0; rank < world_size; ++rank) {
+    const StateDict& state = *by_rank[rank];
+    if (entry(state, "epoch") == epoch + 1 && entry(state, "segments") == 0) {
+      merged.consumed.push_back(resumption.rank_batches(rank));  // this rank finished the epoch
+      continue;
+    }
+    TORCH_CHECK_VALUE(entry(state, "epoch") == epoch, kWho, ".merge_state_dicts: ranks are in epochs ", epoch, " and ",
+                      entry(state, "epoch"));
+    const std::vector<core::ResumeSegment> segments = segments_of(state);
+    TORCH_CHECK_VALUE(segments.size() == reference.size(), kWho,
+                      ".merge_state_dicts: the ranks' states come from different interruptions of epoch ", epoch);
+    merged.consumed.push_back(segments.back().consumed_by(rank));
+  }
+  if (std::all_of(merged.consumed.begin(), merged.consumed.end(),
+                  [&](int64_t consumed) { return consumed == merged.consumed.front(); })) {
+    merged.consumed.resize(1);
+  }
+  StateDict out;
+  for (const auto& item : *behind) {
+    if (item.key().rfind("segment", 0) != 0) out.insert(item.key(), item.value());
+  }
+  out.insert_or_assign("rank", 0);
+  std::vector<core::ResumeSegment> segments = prior;
+  segments.push_back(std::move(merged));
+  put_segments(out, segments);
+  return out;
+}
+
+at::Tensor ShardedDatasetImpl::delivery_counts() const {
+  at::Tensor out = at::empty({core::kDeliverySlots, 2}, at::TensorOptions().dtype(at::kLong));
+  core::delivery_counts(words(shared_state_), out.data_ptr<int64_t>());
+  return out;
+}
+
+std::vector<c10::Dict<std::string, int64_t>> ShardedDatasetImpl::reader_stats() const {
+  std::vector<c10::Dict<std::string, int64_t>> out;
+  std::lock_guard<std::mutex> lock(iterators_mutex_);
+  for (const auto& weak : iterators_) {
+    const auto iterator = weak.lock();
+    if (iterator && !iterator->closed()) out.push_back(iterator->stats());
+  }
+  return out;
+}
+
+ShardedDatasetImpl::State ShardedDatasetImpl::state() const {
+  c10::Dict<std::string, int64_t> ints;
+  ints.insert("batch_size", options_.batch_size);
+  ints.insert("fetch_factor", options_.fetch_factor);
+  ints.insert("drop_last", options_.drop_last);
+  ints.insert("seed", seed_);
+  if (options_.rank) ints.insert("rank", *options_.rank);
+  if (options_.world_size) ints.insert("world_size", *options_.world_size);
+  if (options_.num_threads) ints.insert("num_threads", *options_.num_threads);
+  ints.insert("prefetch", options_.prefetch);
+  ints.insert("prefetch_bytes", options_.prefetch_bytes);
+  ints.insert("pin_memory", options_.pin_memory);
+  ints.insert("next_epoch", next_epoch());
+  return State{source_, strategy_, ints, options_.even_batches.value_or("none")};
+}
+
+c10::intrusive_ptr<ShardedDatasetImpl> ShardedDatasetImpl::from_state(const State& state) {
+  const auto& [source, strategy, ints, even_batches] = state;
+  const auto optional = [&](const char* key) {
+    return ints.contains(key) ? std::optional<int64_t>(ints.at(key)) : std::nullopt;
+  };
+  DatasetOptions options;
+  options.batch_size = ints.at("batch_size");
+  options.fetch_factor = ints.at("fetch_factor");
+  options.drop_last = ints.at("drop_last") != 0;
+  options.even_batches = even_batches == "none" ? std::nullopt : std::optional<std::string>(even_batches);
+  options.seed = ints.at("seed");
+  options.rank = optional("rank");
+  options.world_size = optional("world_size");
+  options.num_threads = optional("num_threads");
+  options.prefetch = ints.at("prefetch");
+  options.prefetch_bytes = ints.at("prefetch_bytes");
+  options.pin_memory = ints.at("pin_memory") != 0;
+  auto dataset = c10::make_intrusive<ShardedDatasetImpl>(source, strategy, options);
+  dataset->set_epoch(ints.at("next_epoch"));
+  return dataset;
+}
+
+BatchIteratorImpl::BatchIteratorImpl(std::unique_ptr<EpochReader> reader, std::shared_ptr<IterationProgress> progress,
+                                     int64_t batch_size, int64_t num_batches, at::Tensor shared_state, int64_t slot)
+    : reader_(std::move(reader)),
+      progress_(std::move(progress)),
+      epoch_(progress_->iteration->epoch),
+      batch_size_(batch_size),
+      num_batches_(num_batches),
+      shared_state_(std::move(shared_state)),
+      slot_(slot) {}
+
+BatchIteratorImpl::~BatchIteratorImpl() { reader_->close(); }
+
+const Iteration& BatchIteratorImpl::iteration() const { return *progress_->iteration; }
+
+void BatchIteratorImpl::cut(const Batch& unit, bool padding) {
+  pending_ = split_into_batches(unit, batch_size_);
+  next_pending_ = 0;
+  unit_padding_ = padding;
+}
+
+std::optional<Batch> BatchIteratorImpl::next() {
+  return translate_errors([&]() -> std::optional<Batch> {
+    TORCH_CHECK(unit_rows_ < 0, "BatchIterator: push_unit() must follow next_unit() before next()");
+    if (next_pending_ >= pending_.size()) {
+      pending_.clear();
+      next_pending_ = 0;
+      std::optional<EpochReader::Unit> unit = reader_->next();
+      if (!unit) {
+        finished_ = true;
+        return std::nullopt;
+      }
+      cut(unit->batch, unit->padding);
+    }
+    Batch batch = pending_[next_pending_];
+    pending_[next_pending_++] = Batch();
+    ++delivered_;
+    ++progress_->delivered;
+    last_padding_ = unit_padding_;
+    if (slot_ != kNoSlot) core::count_delivery(words(shared_state_), slot_, rows_of(batch, "BatchIterator"));
+    return batch;
+  });
+}
+
+bool BatchIteratorImpl::wait(int64_t timeout_ms) {
+  return translate_errors([&] { return next_pending_ < pending_.size() || reader_->wait(timeout_ms); });
+}
+
+std::optional<Batch> BatchIteratorImpl::poll(int64_t timeout_ms) {
+  if (!wait(timeout_ms)) return std::nullopt;
+  return next();
+}
+
+std::optional<Batch> BatchIteratorImpl::next_unit() {
+  return translate_errors([&]() -> std::optional<Batch> {
+    TORCH_CHECK(next_pending_ >= pending_.size(), "BatchIterator: next_unit() while ", pending_.size() - next_pending_,
+                " batches of the previous unit are pending");
+    TORCH_CHECK(unit_rows_ < 0, "BatchIterator: push_unit() must follow next_unit()");
+    std::optional<EpochReader::Unit> unit = reader_->next();
+    if (!unit) {
+      finished_ = true;
+      return std::nullopt;
+    }
+    unit_rows_ = rows_of(unit->batch, "BatchIterator");
+    unit_padding_ = unit->padding;
+    return unit->batch;
+  });
+}
+
+void BatchIteratorImpl::push_unit(const Batch& unit) {
+  translate_errors([&] {
+    TORCH_CHECK(unit_rows_ >= 0, "BatchIterator: push_unit() without next_unit()");
+    const int64_t rows = rows_of(unit, "ShardedDataset: fetch_transform's result");
+    TORCH_CHECK_VALUE(rows == unit_rows_, "ShardedDataset: fetch_transform must keep the rows it is given (their ",
+                      "number and order): it got ", unit_rows_, " rows and returned ", rows);
+    const bool padding = unit_padding_;
+    unit_rows_ = -1;
+    cut(unit, padding);
+  });
+}
+
+void BatchIteratorImpl::close() {
+  reader_->close();
+  pending_.clear();
+  next_pending_ = 0;
+}
+
+bool BatchIteratorImpl::closed() const { return reader_->closed(); }
+
+c10::Dict<std::string, int64_t> BatchIteratorImpl::stats() const {
+  c10::Dict<std::string, int64_t> out = reader_->stats();
+  out.insert("batches", delivered_);
+  out.insert("batches_total", num_batches_);
+  out.insert("epoch", epoch_);
+  return out;
+}
+
+BatchIterator::BatchIterator(c10::intrusive_ptr<BatchIteratorImpl> impl) : impl_(std::move(impl)) {
+  current_ = impl_->next();
+  if (!current_) impl_->close();
+}
+
+BatchIterator& BatchIterator::operator++() {
+  current_ = impl_->next();
+  if (!current_) impl_->close();
+  return *this;
+}
+
+ShardedDataset::ShardedDataset(const Source& source, const Strategy& strategy, const DatasetOptions& options)
+    : Handle(c10::make_intrusive<ShardedDatasetImpl>(source.native(), strategy.native(), options)) {
+  if (options.pin_memory && !impl_->pin_memory()) {
+    TORCH_WARN(
+        "ShardedDataset: pin_memory=true has no effect: this torch has no CUDA device, batches stay in "
+        "pageable memory");
+  }
+}
+
+}  // namespace torch_shards

@@ -1,0 +1,31 @@
+// The boundary between the core's exceptions and torch's: every public entry
+// point of the library runs its body through translate_errors, so C++ users
+// get c10::Error (c10::ValueError for bad arguments) and Python users the
+// matching ValueError / RuntimeError, with the same message.
+#pragma once
+
+#include <c10/util/Exception.h>
+
+#include <exception>
+#include <new>
+
+#include "core/errors.h"
+
+namespace torch_shards {
+
+template <typename F>
+auto translate_errors(F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const core::InvalidArgument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  } catch (const std::bad_alloc&) {
+    TORCH_CHECK(false, "torch_shards: out of memory");
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+}  // namespace torch_shards

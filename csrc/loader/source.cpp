@@ -1,0 +1,261 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include "torch_shards/source.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <vector>
+
+#include "core/errors.h"
+#include "core/thread_pool.h"
+#include "io/anndata.h"
+#include "io/file.h"
+#include "io/hdf5_array.h"
+#include "io/hdf5_group.h"
+#include "io/zarr_array.h"
+#include "io/zarr_group.h"
+#include "loader/errors.h"
+#include "loader/sources/anndata_source.h"
+#include "loader/sources/array_source.h"
+#include "loader/sources/collection_source.h"
+#include "loader/sources/tensor_source.h"
+
+namespace torch_shards {
+namespace {
+
+using nlohmann::json;
+using NoTensors = c10::Dict<std::string, at::Tensor>;
+
+std::shared_ptr<const io::Group> open_group(const std::string& path) {
+  if (io::is_directory(path)) {
+    if (!io::is_zarr_group(path)) throw core::ReadError(path + ": not a zarr group (no .zgroup or zarr.json)");
+    return io::open_zarr_group(path, "/");
+  }
+  return io::open_hdf5_group(path, "/");
+}
+
+std::shared_ptr<const io::AnnDataStore> open_anndata(const std::string& path) {
+  return std::make_shared<io::AnnDataStore>(open_group(path));
+}
+
+json field_map(const c10::Dict<std::string, std::string>& map) {
+  // Kept in the caller's order (the order of the batch's fields).
+  json out = json::array();
+  for (const auto& item : map) out.push_back(json::array({item.key(), item.value()}));
+  return out;
+}
+
+// The one place a source is made (or re-opened) from its state.
+std::shared_ptr<const sources::Source> make_source(const SourceState& state) {
+  const auto& [kind, params_text, tensors, parts] = state;
+  const json params = json::parse(params_text);
+  if (kind == "TensorSource") return std::make_shared<sources::TensorSource>(tensors.copy());
+  if (kind == "HDF5Source" || kind == "ZarrSource") {
+    const std::string path = params.at("path").get<std::string>();
+    if (kind == "ZarrSource") {
+      core::check_argument(io::file_exists(path), "ZarrSource: ", path, ": no such file or directory");
+    }
+    std::vector<sources::ArraySource::NamedArray> named;
+    for (const auto& pair : params.at("arrays")) {
+      const std::string field = pair.at(0).get<std::string>(), inner = pair.at(1).get<std::string>();
+      named.emplace_back(field,
+                         kind == "HDF5Source" ? io::open_hdf5_array(path, inner) : io::open_zarr_array(path, inner));
+    }
+    return std::make_shared<sources::ArraySource>(kind, std::move(named));
+  }
+  if (kind == "AnnDataSource") {
+    std::optional<std::string> layer;
+    if (!params.at("layer").is_null()) layer = params.at("layer").get<std::string>();
+    return std::make_shared<sources::AnnDataSource>(open_anndata(params.at("path").get<std::string>()), layer,
+                                                    params.at("obs").get<std::vector<std::string>>(),
+                                                    params.at("dense").get<bool>());
+  }
+  if (kind == "Collection") {
+    std::vector<std::shared_ptr<const sources::Source>> inner;
+    for (const auto& part : parts) inner.push_back(part->get());
+    return std::make_shared<sources::CollectionSource>(std::move(inner));
+  }
+  throw core::InvalidArgument(core::concat(
+      "unknown source kind '", kind, "' (expected TensorSource, HDF5Source, ZarrSource, AnnDataSource or Collection)"));
+}
+
+json anndata_params(const std::string& path, const std::vector<std::string>& obs,
+                    const std::optional<std::string>& layer, bool dense) {
+  return json{{"path", path}, {"obs", obs}, {"layer", layer ? json(*layer) : json(nullptr)}, {"dense", dense}};
+}
+
+}  // namespace
+
+SourceImpl::SourceImpl(const SourceState& state) : state_(state) {
+  source_ = translate_errors([&] { return make_source(state_); });
+}
+
+SourceImpl::SourceImpl(SourceState state, std::shared_ptr<const sources::Source> source)
+    : state_(std::move(state)), source_(std::move(source)) {}
+
+c10::intrusive_ptr<SourceImpl> SourceImpl::tensor_source(const c10::Dict<std::string, at::Tensor>& fields) {
+  return c10::make_intrusive<SourceImpl>(SourceState{"TensorSource", "{}", fields.copy(), {}});
+}
+
+c10::intrusive_ptr<SourceImpl> SourceImpl::hdf5_source(const std::string& path,
+                                                       const c10::Dict<std::string, std::string>& datasets) {
+  const json params{{"path", path}, {"arrays", field_map(datasets)}};
+  return c10::make_intrusive<SourceImpl>(SourceState{"HDF5Source", params.dump(), NoTensors(), {}});
+}
+
+c10::intrusive_ptr<SourceImpl> SourceImpl::zarr_source(const std::string& path,
+                                                       const c10::Dict<std::string, std::string>& arrays) {
+  const json params{{"path", path}, {"arrays", field_map(arrays)}};
+  return c10::make_intrusive<SourceImpl>(SourceState{"ZarrSource", params.dump(), NoTensors(), {}});
+}
+
+c10::intrusive_ptr<SourceImpl> SourceImpl::anndata_source(const std::string& path, const std::vector<std::string>& obs,
+                                                          const std::optional<std::string>& layer, bool dense) {
+  const json params = anndata_params(path, obs, layer, dense);
+  return c10::make_intrusive<SourceImpl>(SourceState{"AnnDataSource", params.dump(), NoTensors(), {}});
+}
+
+c10::intrusive_ptr<SourceImpl> SourceImpl::collection(const std::vector<c10::intrusive_ptr<SourceImpl>>& parts) {
+  for (const auto& part : parts) TORCH_CHECK_VALUE(part, "Collection: a part is null");
+  return c10::make_intrusive<SourceImpl>(SourceState{"Collection", "{}", NoTensors(), parts});
+}
+
+int64_t SourceImpl::num_rows() const { return source_->num_rows(); }
+
+std::vector<std::string> SourceImpl::field_names() const { return source_->field_names(); }
+
+std::vector<std::string> SourceImpl::field_specs() const {
+  std::vector<std::string> specs;
+  for (const auto& field : source_->fields()) specs.push_back(field.describe());
+  return specs;
+}
+
+std::string SourceImpl::describe() const { return source_->describe(); }
+
+Batch SourceImpl::read(const at::Tensor& rows, int64_t num_threads) const {
+  return translate_errors([&] {
+    TORCH_CHECK_VALUE(rows.dim() == 1 && rows.scalar_type() == at::kLong,
+                      "Source.read: rows must be a 1-D int64 tensor", ", got ", rows.scalar_type(), " of shape ",
+                      rows.sizes());
+    TORCH_CHECK_VALUE(num_threads >= 1, "Source.read: num_threads must be >= 1, got ", num_threads);
+    const at::Tensor contiguous = rows.to(at::kCPU).contiguous();
+    const int64_t* data = contiguous.data_ptr<int64_t>();
+    std::vector<int64_t> list(data, data + contiguous.numel());
+    for (int64_t row : list) {
+      TORCH_CHECK_VALUE(row >= 0 && row < source_->num_rows(), "Source.read: row ", row, " out of range [0, ",
+                        source_->num_rows(), ")");
+    }
+    core::ThreadPool pool(static_cast<int>(num_threads - 1));
+    sources::TensorPool tensors;
+    sources::ReadContext context{pool, tensors};
+    return source_->read(list, context);
+  });
+}
+
+AnnDataImpl::AnnDataImpl(const std::string& path) : path_(path) {
+  store_ = translate_errors([&] { return open_anndata(path); });
+}
+
+int64_t AnnDataImpl::n_obs() const { return store_->n_obs(); }
+int64_t AnnDataImpl::n_vars() const { return store_->n_vars(); }
+
+std::vector<std::string> AnnDataImpl::obs_names() const {
+  return translate_errors([&] { return store_->obs_names(); });
+}
+
+std::vector<std::string> AnnDataImpl::var_names() const {
+  return translate_errors([&] { return store_->var_names(); });
+}
+
+std::vector<std::string> AnnDataImpl::obs_columns() const {
+  return translate_errors([&] { return store_->obs_columns(); });
+}
+
+std::string AnnDataImpl::categories_json(const std::string& column) const {
+  return translate_errors([&] {
+    const io::ObsColumn found = store_->obs_column(column);
+    core::check_argument(found.categorical, store_->root().where(), ": obs column '", column, "' is not categorical");
+    return found.categories.dump();
+  });
+}
+
+c10::intrusive_ptr<SourceImpl> AnnDataImpl::source(const std::vector<std::string>& obs,
+                                                   const std::optional<std::string>& layer, bool dense) const {
+  return translate_errors([&] {
+    const json params = anndata_params(path_, obs, layer, dense);
+    return c10::make_intrusive<SourceImpl>(SourceState{"AnnDataSource", params.dump(), NoTensors(), {}},
+                                           std::make_shared<sources::AnnDataSource>(store_, layer, obs, dense));
+  });
+}
+
+std::string probe(const std::string& path) {
+  return translate_errors([&]() -> std::string {
+    if (!io::file_exists(path)) return "missing";
+    const auto is_anndata = [](const io::Group& root) {
+      const auto attributes = root.attributes();
+      const auto encoding = attributes.find("encoding-type");
+      if (encoding != attributes.end() && encoding->is_string()) return encoding->get<std::string>() == "anndata";
+      return root.has_group("obs") && (root.has_array("X") || root.has_group("X"));
+    };
+    if (io::is_directory(path)) {
+      if (io::is_zarr_array(path)) return "zarr-array";
+      if (!io::is_zarr_group(path)) return "unknown";
+      return is_anndata(*io::open_zarr_group(path, "/")) ? "zarr-anndata" : "zarr-group";
+    }
+    if (!io::is_hdf5_file(path)) return "unknown";
+    return is_anndata(*io::open_hdf5_group(path, "/")) ? "hdf5-anndata" : "hdf5";
+  });
+}
+
+namespace {
+
+c10::Dict<std::string, std::string> to_dict(const std::map<std::string, std::string>& map) {
+  c10::Dict<std::string, std::string> out;
+  for (const auto& [key, value] : map) out.insert(key, value);
+  return out;
+}
+
+c10::Dict<std::string, std::string> one_field(const std::string& field, const std::string& path) {
+  c10::Dict<std::string, std::string> out;
+  out.insert(field, path);
+  return out;
+}
+
+}  // namespace
+
+TensorSource::TensorSource(const at::Tensor& x)
+    : Source(SourceImpl::tensor_source([&] {
+        c10::Dict<std::string, at::Tensor> fields;
+        fields.insert("X", x);
+        return fields;
+      }())) {}
+
+TensorSource::TensorSource(const c10::Dict<std::string, at::Tensor>& fields)
+    : Source(SourceImpl::tensor_source(fields)) {}
+
+HDF5Source::HDF5Source(const std::string& path, const std::string& dataset, const HDF5SourceOptions& options)
+    : Source(SourceImpl::hdf5_source(path, one_field(options.field, dataset))) {}
+
+HDF5Source::HDF5Source(const std::string& path, const std::map<std::string, std::string>& datasets)
+    : Source(SourceImpl::hdf5_source(path, to_dict(datasets))) {}
+
+ZarrSource::ZarrSource(const std::string& path, const std::string& array, const ZarrSourceOptions& options)
+    : Source(SourceImpl::zarr_source(path, one_field(options.field, array))) {}
+
+ZarrSource::ZarrSource(const std::string& path, const std::map<std::string, std::string>& arrays)
+    : Source(SourceImpl::zarr_source(path, to_dict(arrays))) {}
+
+AnnDataSource::AnnDataSource(const std::string& path, const AnnDataSourceOptions& options)
+    : AnnDataSource(c10::make_intrusive<AnnDataImpl>(path), options) {}
+
+AnnDataSource::AnnDataSource(c10::intrusive_ptr<AnnDataImpl> anndata, const AnnDataSourceOptions& options)
+    : Source(anndata->source(options.obs, options.layer, options.dense)), anndata_(std::move(anndata)) {}
+
+Collection::Collection(const std::vector<Source>& parts)
+    : Source(SourceImpl::collection([&] {
+        std::vector<c10::intrusive_ptr<SourceImpl>> natives;
+        for (const Source& part : parts) natives.push_back(part.native());
+        return natives;
+      }())) {}
+
+}  // namespace torch_shards

@@ -1,0 +1,77 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include "loader/sources/anndata_source.h"
+
+#include <set>
+
+#include "core/errors.h"
+#include "loader/sources/array_source.h"
+#include "loader/sources/array_tensors.h"
+
+namespace torch_shards::sources {
+
+using core::check_argument;
+
+namespace {
+std::string mask_field(const std::string& column) { return column + "_mask"; }
+}  // namespace
+
+AnnDataSource::AnnDataSource(std::shared_ptr<const io::AnnDataStore> store, const std::optional<std::string>& layer,
+                             const std::vector<std::string>& obs, bool dense)
+    : store_(std::move(store)), layer_(layer), matrix_(store_->matrix(layer)), dense_(dense) {
+  check_argument(store_->n_obs() >= 1, "AnnDataSource: ", store_->root().where(),
+                 " has no observations (an empty source)");
+  std::set<std::string> names;
+  for (const std::string& name : obs) {
+    check_argument(name != "X" && name != "index", "AnnDataSource: obs column '", name,
+                   "' clashes with a field name (X, index)");
+    check_argument(names.insert(name).second, "AnnDataSource: obs column '", name, "' is asked for twice");
+    obs_.push_back(store_->obs_column(name));
+  }
+  for (const io::ObsColumn& column : obs_) {
+    const std::string mask = mask_field(column.name);
+    check_argument(!column.mask || (names.insert(mask).second && mask != "X" && mask != "index"),
+                   "AnnDataSource: the mask field '", mask, "' of nullable obs column '", column.name,
+                   "' clashes with another field of the same name");
+  }
+}
+
+std::vector<FieldSpec> AnnDataSource::fields() const {
+  std::vector<FieldSpec> specs;
+  if (matrix_.csr) {
+    specs.push_back(FieldSpec{"X", to_scalar_type(matrix_.csr->value_dtype()), {matrix_.cols}, !dense_});
+  } else {
+    specs.push_back(FieldSpec{"X", to_scalar_type(matrix_.dense->info().dtype), {matrix_.cols}, false});
+  }
+  for (const io::ObsColumn& column : obs_) {
+    specs.push_back(FieldSpec{column.name, to_scalar_type(column.values->info().dtype), {}, false});
+    if (column.mask) specs.push_back(FieldSpec{mask_field(column.name), at::kBool, {}, false});
+  }
+  return specs;
+}
+
+Batch AnnDataSource::read(const std::vector<int64_t>& rows, ReadContext& context) const {
+  const int64_t count = static_cast<int64_t>(rows.size());
+  // Segments (a sort of the rows) only for dense arrays: CSR plans its own reads.
+  std::vector<io::Segment> segments;
+  if (!matrix_.csr || !obs_.empty()) segments = io::segments_in_delivery_order(rows);
+  Batch batch;
+  batch.insert("X", matrix_.csr ? read_csr(*matrix_.csr, rows, dense_, context)
+                                : read_dense(*matrix_.dense, segments, count, context));
+  for (const io::ObsColumn& column : obs_) {
+    batch.insert(column.name, read_dense(*column.values, segments, count, context));
+    if (column.mask) batch.insert(mask_field(column.name), read_dense(*column.mask, segments, count, context));
+  }
+  return batch;
+}
+
+std::string AnnDataSource::describe() const {
+  const io::Group& root = store_->root();
+  std::string text =
+      core::concat("AnnDataSource(", root.file(), " [", storage_bytes(root.file()),
+                   " bytes], X=", layer_ ? "layers/" + *layer_ : std::string("X"), " ", store_->n_obs(), "x",
+                   store_->n_vars(), matrix_.csr ? (dense_ ? " csr->dense" : " csr") : " dense", ", obs=[");
+  for (size_t i = 0; i < obs_.size(); ++i) text += (i ? ", " : "") + obs_[i].name;
+  return text + "])";
+}
+
+}  // namespace torch_shards::sources

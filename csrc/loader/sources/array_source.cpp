@@ -1,0 +1,70 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include "loader/sources/array_source.h"
+
+#include <filesystem>
+
+#include "core/errors.h"
+#include "loader/sources/array_tensors.h"
+
+namespace torch_shards::sources {
+
+using core::check_argument;
+
+ArraySource::ArraySource(std::string kind, std::vector<NamedArray> arrays)
+    : kind_(std::move(kind)), arrays_(std::move(arrays)) {
+  check_argument(!arrays_.empty(), kind_, ": needs at least one dataset");
+  num_rows_ = arrays_.front().second->num_rows();
+  for (const auto& [name, array] : arrays_) {
+    check_argument(name != "index", kind_, ": the field name 'index' is reserved for row indices");
+    check_argument(!array->info().shape.empty(), kind_, ": ", array->where(), " has no dimensions");
+    check_argument(array->num_rows() == num_rows_, kind_, ": all datasets must have the same number of rows, ",
+                   array->where(), " has ", array->num_rows(), " but ", arrays_.front().second->where(), " has ",
+                   num_rows_);
+  }
+  check_argument(num_rows_ >= 1, kind_, ": ", arrays_.front().second->where(), " has no rows (an empty source)");
+}
+
+std::vector<FieldSpec> ArraySource::fields() const {
+  std::vector<FieldSpec> specs;
+  for (const auto& [name, array] : arrays_) {
+    const auto& shape = array->info().shape;
+    specs.push_back(FieldSpec{name, to_scalar_type(array->info().dtype), {shape.begin() + 1, shape.end()}, false});
+  }
+  return specs;
+}
+
+Batch ArraySource::read(const std::vector<int64_t>& rows, ReadContext& context) const {
+  const std::vector<io::Segment> segments = io::segments_in_delivery_order(rows);
+  Batch batch;
+  for (const auto& [name, array] : arrays_) {
+    batch.insert(name, read_dense(*array, segments, static_cast<int64_t>(rows.size()), context));
+  }
+  return batch;
+}
+
+std::string ArraySource::describe() const {
+  std::string text = kind_ + "(";
+  for (size_t i = 0; i < arrays_.size(); ++i) {
+    const io::ArrayInfo& info = arrays_[i].second->info();
+    text += core::concat(i ? ", " : "", arrays_[i].first, "=", info.file, ":", info.path, " [",
+                         storage_bytes(info.file), " bytes] ", io::dtype_name(info.dtype), "[");
+    for (size_t d = 0; d < info.shape.size(); ++d) text += (d ? ", " : "") + std::to_string(info.shape[d]);
+    text += "]";
+  }
+  return text + ")";
+}
+
+int64_t storage_bytes(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::is_directory(path, error)) {
+    const auto size = std::filesystem::file_size(path, error);
+    return error ? -1 : static_cast<int64_t>(size);
+  }
+  int64_t total = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(path, error)) {
+    if (entry.is_regular_file(error)) total += static_cast<int64_t>(entry.file_size(error));
+  }
+  return total;
+}
+
+}  // namespace torch_shards::sources

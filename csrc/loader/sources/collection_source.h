@@ -1,0 +1,28 @@
+// Many sources as one row space (e.g. the 14 plates of a 100M-cell dataset):
+// global row = offset of its source + local row. Every part must have the
+// same fields (names, dtypes, row shapes, sparse or dense).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "loader/sources/source.h"
+
+namespace torch_shards::sources {
+
+class CollectionSource : public Source {
+ public:
+  explicit CollectionSource(std::vector<std::shared_ptr<const Source>> parts);
+
+  int64_t num_rows() const override { return offsets_.back(); }
+  std::vector<FieldSpec> fields() const override { return fields_; }
+  Batch read(const std::vector<int64_t>& rows, ReadContext& context) const override;
+  std::string describe() const override;
+
+ private:
+  std::vector<std::shared_ptr<const Source>> parts_;
+  std::vector<int64_t> offsets_;  // offsets_[p] = first global row of part p; back() = total
+  std::vector<FieldSpec> fields_;
+};
+
+}  // namespace torch_shards::sources

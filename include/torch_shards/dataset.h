@@ -1,0 +1,294 @@
+// ShardedDataset: batches of a source's rows in the order a strategy plans,
+// each rank and DataLoader worker delivering its own share exactly once per
+// epoch. This is the iteration protocol of every door (Python, TorchScript,
+// C++): epochs, rank / world size / seed, the split among DataLoader workers,
+// batching and read-ahead are decided here.
+//
+//   torch_shards::ShardedDataset dataset(source, torch_shards::BlockShuffling(64), {.batch_size = 256});
+//   for (int epoch = 0; epoch < 3; ++epoch)
+//     for (const auto& batch : dataset) { /* batch.at("X"), batch.at("index") */ }
+//
+// Every range-for (every iter()) starts the next epoch; set_epoch(e) pins the
+// next one and counting continues from it.
+#pragma once
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <cstdint>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "torch_shards/export.h"
+#include "torch_shards/handle.h"
+#include "torch_shards/source.h"
+#include "torch_shards/strategy.h"
+
+namespace torch_shards {
+
+namespace core {
+class Planner;
+struct ResumeSegment;
+}  // namespace core
+class EpochReader;
+class BatchIteratorImpl;
+struct Iteration;
+struct IterationProgress;
+
+// A checkpoint of a dataset's position (state_dict / load_state_dict): a few
+// integers, whatever the number of rows. Keys: version, epoch, seed; the
+// topology it was taken on (rank, world_size, num_workers; worker and
+// worker_consumed for a DataLoader worker's own state, else -1 and 0); the
+// segments the epoch ran on so far (segments, then segment.<i>.world_size,
+// .num_workers and .consumed, or .consumed.<rank> for ranks not in lockstep);
+// and what must not change for it to apply (rows, plan_size, batch_size,
+// fetch_factor, drop_last, even_batches, source_hash, strategy_hash).
+using StateDict = c10::Dict<std::string, int64_t>;
+
+// The arguments of ShardedDataset, with the Python door's names and defaults.
+struct DatasetOptions {
+  int64_t batch_size = 0;     // rows per batch (required, >= 1)
+  int64_t fetch_factor = 16;  // batches read together, then permuted across those batches
+  bool drop_last = false;     // drop the epoch's single short batch
+  // "pad": short ranks repeat one batch; "drop": long ranks drop one; nullopt: uneven.
+  std::optional<std::string> even_batches = "pad";
+  // nullopt: drawn (rank 0's, broadcast over process_group when there is one).
+  std::optional<int64_t> seed{};
+  // Explicit, else from process_group, else the RANK / WORLD_SIZE environment variables, else 0 and 1.
+  std::optional<int64_t> rank{};
+  std::optional<int64_t> world_size{};
+  // The group of the ranks: seed agreement and the consistency check run over it, once.
+  c10::intrusive_ptr<c10d::ProcessGroup> process_group{};
+  // Native threads reading in this process (default: its CPUs shared among the DataLoader workers).
+  std::optional<int64_t> num_threads{};
+  int64_t prefetch = 2;                       // units read ahead; 0 reads on demand
+  int64_t prefetch_bytes = int64_t{1} << 30;  // queued bytes beyond which no new unit starts
+  bool pin_memory = false;                    // batches in recycled pinned host memory (needs CUDA)
+};
+
+// torch.classes.torch_shards.ShardedDataset.
+class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
+ public:
+  // shared_state: the words this dataset shares with its DataLoader workers
+  // (epoch counter, delivery counters); the Python door hands the main
+  // process's to the copies it rebuilds in worker processes. None: a new one.
+  ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c10::intrusive_ptr<StrategyImpl> strategy,
+                     const DatasetOptions& options, const std::optional<at::Tensor>& shared_state = std::nullopt);
+  ~ShardedDatasetImpl() override;
+
+  // Starts the next epoch in the process that trains (num_workers=0, C++, TorchScript).
+  c10::intrusive_ptr<BatchIteratorImpl> iter();
+  // Starts the epoch of a DataLoader worker's generation: the first worker of
+  // a DataLoader iteration claims the next epoch and the others join it.
+  // generation_seed: DataLoader's base seed of that iteration (worker seed - id);
+  // shared_memory: assemble batches in shared memory sent without a copy.
+  c10::intrusive_ptr<BatchIteratorImpl> iter_worker(int64_t worker, int64_t num_workers, int64_t generation_seed,
+                                                    bool shared_memory);
+  // One worker's share of a given epoch, leaving the epoch counter alone (inspection, tests).
+  c10::intrusive_ptr<BatchIteratorImpl> iter_epoch(int64_t epoch, int64_t worker, int64_t num_workers);
+
+  // Pins the epoch of the next iteration; later ones count on from it.
+  void set_epoch(int64_t epoch);
+  // The most recently started epoch (-1 before the first).
+  int64_t epoch() const;
+  int64_t next_epoch() const;
+
+  // Batches this rank delivers per epoch, all workers together (exact).
+  int64_t num_batches() const;
+  int64_t worker_batches(int64_t worker, int64_t num_workers) const;
+  int64_t seed() const { return seed_; }
+  int64_t rank() const { return rank_; }
+  int64_t world_size() const { return world_size_; }
+  int64_t batch_size() const { return options_.batch_size; }
+  int64_t fetch_factor() const { return options_.fetch_factor; }
+  bool drop_last() const { return options_.drop_last; }
+  std::optional<std::string> even_batches() const { return options_.even_batches; }
+  // Whether batches are assembled in pinned memory (false without CUDA, whatever was asked).
+  bool pin_memory() const { return options_.pin_memory; }
+  int64_t plan_size() const;
+  int64_t num_fetches() const;
+  int64_t num_global_batches() const;
+  // Rows of fetch f of an epoch, in delivery order.
+  at::Tensor fetch_rows(int64_t epoch, int64_t fetch) const;
+  const c10::intrusive_ptr<SourceImpl>& source() const { return source_; }
+  const c10::intrusive_ptr<StrategyImpl>& strategy() const { return strategy_; }
+
+  std::string describe() const;
+  // What this rank reads and how, one "key: value" line per property that must agree across ranks.
+  std::string fingerprint() const;
+  // Every process of the group says which rank it reads (of which world size) and what; the
+  // claims are checked (same world size, every rank read by as many processes, the same data and
+  // arguments, the same seed given) and, with seed=None, the group's first process's seed is
+  // taken: c10::ValueError on every process otherwise. Done at construction when a process group
+  // is given; the Python door does it at the first iteration when a group appeared since.
+  void synchronize(const c10::intrusive_ptr<c10d::ProcessGroup>& group);
+  bool synchronized() const;
+  // Where rank and world size came from: "explicit", "group", "environment" or "default".
+  const std::string& topology_source() const { return topology_source_; }
+
+  const at::Tensor& shared_state() const { return shared_state_; }
+  // [DataLoader workers + 1, 2]: batches and rows delivered by each worker, then by the main process.
+  at::Tensor delivery_counts() const;
+  // Counters of this process's unfinished iterations, one dict each.
+  std::vector<c10::Dict<std::string, int64_t>> reader_stats() const;
+
+  // A checkpoint of where this rank stands (StateDict above). In the process
+  // iterating in place, the batches its loop consumed are counted; when
+  // DataLoader workers ran the epoch, pass consumed_batches (the batches the
+  // loop consumed this epoch); inside a DataLoader worker (torchdata's
+  // StatefulDataLoader asks there) it is that worker's own state.
+  StateDict state_dict(std::optional<int64_t> consumed_batches = std::nullopt) const;
+  // Resumes from a checkpoint, on this dataset's topology (any number of
+  // ranks and workers): the next iteration delivers every global batch of
+  // the epoch not consumed yet, exactly once across the ranks, then epochs
+  // go on as usual. The dataset takes the checkpoint's seed. Throws
+  // c10::ValueError naming what differs if the checkpoint was taken on other
+  // data, another strategy or other batch arguments.
+  void load_state_dict(const StateDict& state);
+  // The per-rank checkpoints of ranks that do not step in lockstep
+  // (even_batches=None) merged into one.
+  static StateDict merge_state_dicts(const std::vector<StateDict>& states);
+
+  // Pickling (TorchScript): the source, the strategy, the arguments (the
+  // seed as resolved; rank and world size only if given explicitly) and the
+  // next epoch.
+  using State = std::tuple<c10::intrusive_ptr<SourceImpl>, c10::intrusive_ptr<StrategyImpl>,
+                           c10::Dict<std::string, int64_t>, std::string>;
+  State state() const;
+  static c10::intrusive_ptr<ShardedDatasetImpl> from_state(const State& state);
+
+ private:
+  c10::intrusive_ptr<BatchIteratorImpl> start(Iteration iteration, int64_t slot, bool shared_memory);
+  // Throws c10::ValueError unless the ranks agree on the seed (a single rank always does).
+  void check_agreed() const;
+  // The segments `epoch` ran before, if the shared resume record is for it (and its seed, taken on).
+  std::vector<core::ResumeSegment> prior_segments(int64_t epoch);
+  StateDict make_state(const Iteration& iteration, int64_t consumed) const;
+  int64_t rank_batches_after(const std::vector<core::ResumeSegment>& prior, int64_t num_workers) const;
+
+  c10::intrusive_ptr<SourceImpl> source_;
+  c10::intrusive_ptr<StrategyImpl> strategy_;
+  DatasetOptions options_;  // as given (process_group dropped after construction)
+  int64_t seed_ = 0;
+  bool seed_fixed_ = false;  // given, agreed over a group, or from a checkpoint: not this process's own draw
+  int64_t rank_ = 0;
+  int64_t world_size_ = 1;
+  std::string topology_source_;
+  std::shared_ptr<const core::Planner> planner_;
+  at::Tensor shared_state_;
+  int64_t local_iterations_ = 0;  // worker iterations started by this process's copy
+  mutable std::mutex iterators_mutex_;
+  mutable std::vector<c10::weak_intrusive_ptr<BatchIteratorImpl>> iterators_;
+  // The iteration started last in this process (not by iter_epoch), for state_dict.
+  std::shared_ptr<IterationProgress> current_;
+  // A DataLoader worker's own state, loaded in that worker (StatefulDataLoader): its next iteration resumes it.
+  std::shared_ptr<const Iteration> worker_resume_;
+};
+
+// torch.classes.torch_shards.BatchIterator: one epoch of one rank's (or
+// DataLoader worker's) batches. Reader threads start at the first batch,
+// never before, and are joined by close() or when the iterator goes.
+class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
+ public:
+  // Made by ShardedDatasetImpl.
+  BatchIteratorImpl(std::unique_ptr<EpochReader> reader, std::shared_ptr<IterationProgress> progress,
+                    int64_t batch_size, int64_t num_batches, at::Tensor shared_state, int64_t slot);
+  ~BatchIteratorImpl() override;
+
+  // The next batch, or nullopt at the end of the epoch.
+  std::optional<Batch> next();
+  // Waits at most timeout_ms; true once next() will not block (a batch, the end, or an error is ready).
+  bool wait(int64_t timeout_ms);
+  // The next batch if one is ready within timeout_ms, else nullopt: the end
+  // of the epoch (finished() is then true) or not ready yet. One call per
+  // batch for doors that must wake up now and then (Ctrl-C in Python).
+  std::optional<Batch> poll(int64_t timeout_ms);
+  // Whether next() reached the end of the epoch.
+  bool finished() const { return finished_; }
+  // For a per-unit (fetch) transform: the next unit of rows read at once, or
+  // nullopt at the end. Only when no batch of the previous unit is pending.
+  std::optional<Batch> next_unit();
+  // The transformed unit: must keep its rows (count and order); cut into the
+  // batches next() returns.
+  void push_unit(const Batch& unit);
+  // Batches of the current unit not delivered yet.
+  int64_t pending() const { return static_cast<int64_t>(pending_.size() - next_pending_); }
+  // Stops the reader threads; later reads raise. Idempotent.
+  void close();
+
+  int64_t epoch() const { return epoch_; }
+  const Iteration& iteration() const;
+  // Batches this iterator delivers in all, and those delivered so far.
+  int64_t num_batches() const { return num_batches_; }
+  int64_t batches_delivered() const { return delivered_; }
+  // Whether the last batch repeats one another rank delivers (even_batches="pad").
+  bool last_was_padding() const { return last_padding_; }
+  bool closed() const;
+  // units, rows and bytes delivered, queue_depth, in_flight, wait_us, read_us, threads, thread<k>_units.
+  c10::Dict<std::string, int64_t> stats() const;
+
+ private:
+  void cut(const Batch& unit, bool padding);
+
+  std::unique_ptr<EpochReader> reader_;
+  std::shared_ptr<IterationProgress> progress_;
+  int64_t epoch_;
+  int64_t batch_size_;
+  int64_t num_batches_;
+  at::Tensor shared_state_;
+  int64_t slot_;
+  std::vector<Batch> pending_;  // batches of the current unit not yet delivered
+  size_t next_pending_ = 0;
+  int64_t unit_rows_ = -1;  // rows of the unit handed out by next_unit(), awaiting push_unit()
+  bool unit_padding_ = false;
+  int64_t delivered_ = 0;
+  bool last_padding_ = false;
+  bool finished_ = false;
+};
+
+// An input iterator over one epoch's batches (a range-for over ShardedDataset).
+class TORCH_SHARDS_API BatchIterator {
+ public:
+  using iterator_category = std::input_iterator_tag;
+  using value_type = Batch;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const Batch*;
+  using reference = const Batch&;
+
+  BatchIterator() = default;  // the end
+  explicit BatchIterator(c10::intrusive_ptr<BatchIteratorImpl> impl);
+
+  const Batch& operator*() const { return *current_; }
+  const Batch* operator->() const { return &*current_; }
+  BatchIterator& operator++();
+  bool operator==(const BatchIterator& other) const { return at_end() && other.at_end(); }
+  bool operator!=(const BatchIterator& other) const { return !(*this == other); }
+  const c10::intrusive_ptr<BatchIteratorImpl>& native() const { return impl_; }
+
+ private:
+  bool at_end() const { return !current_.has_value(); }
+
+  c10::intrusive_ptr<BatchIteratorImpl> impl_;
+  std::optional<Batch> current_;
+};
+
+class TORCH_SHARDS_API ShardedDataset : public Handle<ShardedDatasetImpl> {
+ public:
+  ShardedDataset(const Source& source, const Strategy& strategy, const DatasetOptions& options);
+  explicit ShardedDataset(c10::intrusive_ptr<ShardedDatasetImpl> impl) : Handle(std::move(impl)) {}
+
+  // Starts the next epoch.
+  BatchIterator begin() const { return BatchIterator(impl_->iter()); }
+  BatchIterator end() const { return BatchIterator(); }
+  // Batches per epoch on this rank.
+  int64_t size() const { return impl_->num_batches(); }
+};
+
+}  // namespace torch_shards

@@ -1,0 +1,5 @@
+// Symbols of the torch_shards library that C++ programs may use. Everything
+// else in the library is hidden (-fvisibility=hidden).
+#pragma once
+
+#define TORCH_SHARDS_API __attribute__((visibility("default")))

@@ -1,0 +1,167 @@
+// Sources: row-addressable datasets read by the native readers. Every read
+// returns a Batch, one tensor per field with the rows asked for, in order.
+//
+//   torch_shards::TensorSource(x)                                  field "X"
+//   torch_shards::HDF5Source("data.h5", "/images")                 field "X"
+//   torch_shards::HDF5Source("data.h5", {{"X", "/images"}, {"y", "/labels"}})
+//   torch_shards::ZarrSource("data.zarr")
+//   torch_shards::AnnDataSource("cells.h5ad", {.obs = {"cell_type"}, .dense = true})
+//   torch_shards::Collection({plate1, plate2})
+#pragma once
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "torch_shards/export.h"
+#include "torch_shards/handle.h"
+
+namespace torch_shards {
+
+// One tensor per field, plus "index" (the global row of every sample) when
+// delivered by a dataset.
+using Batch = c10::Dict<std::string, at::Tensor>;
+
+namespace sources {
+class Source;
+}  // namespace sources
+namespace io {
+class AnnDataStore;
+}  // namespace io
+
+class SourceImpl;
+
+// What a source is made from and pickles to: its kind ("TensorSource",
+// "HDF5Source", "ZarrSource", "AnnDataSource", "Collection"), its parameters
+// as a JSON object (paths, dataset names, options), its tensors
+// (TensorSource) and its parts (Collection). File sources re-open their
+// files when unpickled.
+using SourceState = std::tuple<std::string, std::string, c10::Dict<std::string, at::Tensor>,
+                               std::vector<c10::intrusive_ptr<SourceImpl>>>;
+
+// torch.classes.torch_shards.Source.
+class TORCH_SHARDS_API SourceImpl : public torch::CustomClassHolder {
+ public:
+  // Builds (or re-opens) the source the state describes.
+  explicit SourceImpl(const SourceState& state);
+  SourceImpl(SourceState state, std::shared_ptr<const sources::Source> source);
+
+  static c10::intrusive_ptr<SourceImpl> tensor_source(const c10::Dict<std::string, at::Tensor>& fields);
+  static c10::intrusive_ptr<SourceImpl> hdf5_source(const std::string& path,
+                                                    const c10::Dict<std::string, std::string>& datasets);
+  static c10::intrusive_ptr<SourceImpl> zarr_source(const std::string& path,
+                                                    const c10::Dict<std::string, std::string>& arrays);
+  static c10::intrusive_ptr<SourceImpl> anndata_source(const std::string& path, const std::vector<std::string>& obs,
+                                                       const std::optional<std::string>& layer, bool dense);
+  static c10::intrusive_ptr<SourceImpl> collection(const std::vector<c10::intrusive_ptr<SourceImpl>>& parts);
+
+  const SourceState& state() const { return state_; }
+  const std::string& kind() const { return std::get<0>(state_); }
+  int64_t num_rows() const;
+  std::vector<std::string> field_names() const;
+  // One line per field: "X: Float[2000] (sparse CSR)".
+  std::vector<std::string> field_specs() const;
+  // Canonical description: type, files and their sizes, fields, shapes.
+  std::string describe() const;
+  // The rows (1-D int64; any order, repeats allowed), read with num_threads threads.
+  Batch read(const at::Tensor& rows, int64_t num_threads) const;
+
+  const std::shared_ptr<const sources::Source>& get() const { return source_; }
+
+ private:
+  SourceState state_;
+  std::shared_ptr<const sources::Source> source_;
+};
+
+// torch.classes.torch_shards.AnnData: an opened .h5ad file or AnnData zarr
+// store, for lookups (names, categories) and for making sources.
+class TORCH_SHARDS_API AnnDataImpl : public torch::CustomClassHolder {
+ public:
+  explicit AnnDataImpl(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  int64_t n_obs() const;
+  int64_t n_vars() const;
+  std::vector<std::string> obs_names() const;
+  std::vector<std::string> var_names() const;
+  std::vector<std::string> obs_columns() const;
+  // The categories of a categorical obs column, as a JSON array.
+  std::string categories_json(const std::string& column) const;
+  c10::intrusive_ptr<SourceImpl> source(const std::vector<std::string>& obs, const std::optional<std::string>& layer,
+                                        bool dense) const;
+
+ private:
+  std::string path_;
+  std::shared_ptr<const io::AnnDataStore> store_;
+};
+
+// What a path holds: "missing", "hdf5", "hdf5-anndata", "zarr-array",
+// "zarr-group", "zarr-anndata" or "unknown".
+TORCH_SHARDS_API std::string probe(const std::string& path);
+
+class TORCH_SHARDS_API Source : public Handle<SourceImpl> {
+ public:
+  using Handle::Handle;
+  int64_t size() const { return impl_->num_rows(); }
+  Batch read(const at::Tensor& rows, int64_t num_threads = 1) const { return impl_->read(rows, num_threads); }
+};
+
+class TORCH_SHARDS_API TensorSource : public Source {
+ public:
+  explicit TensorSource(const at::Tensor& x);  // field "X"
+  explicit TensorSource(const c10::Dict<std::string, at::Tensor>& fields);
+};
+
+struct HDF5SourceOptions {
+  std::string field = "X";
+};
+
+class TORCH_SHARDS_API HDF5Source : public Source {
+ public:
+  HDF5Source(const std::string& path, const std::string& dataset, const HDF5SourceOptions& options = {});
+  HDF5Source(const std::string& path, const std::map<std::string, std::string>& datasets);
+};
+
+struct ZarrSourceOptions {
+  std::string field = "X";
+};
+
+class TORCH_SHARDS_API ZarrSource : public Source {
+ public:
+  explicit ZarrSource(const std::string& path, const std::string& array = "/", const ZarrSourceOptions& options = {});
+  ZarrSource(const std::string& path, const std::map<std::string, std::string>& arrays);
+};
+
+struct AnnDataSourceOptions {
+  std::vector<std::string> obs{};      // obs columns to deliver with X
+  std::optional<std::string> layer{};  // layers/<layer> instead of X
+  bool dense = false;                  // densify a CSR matrix
+};
+
+class TORCH_SHARDS_API AnnDataSource : public Source {
+ public:
+  explicit AnnDataSource(const std::string& path, const AnnDataSourceOptions& options = {});
+  const c10::intrusive_ptr<AnnDataImpl>& anndata() const { return anndata_; }
+  int64_t n_obs() const { return anndata_->n_obs(); }
+  int64_t n_vars() const { return anndata_->n_vars(); }
+
+ private:
+  AnnDataSource(c10::intrusive_ptr<AnnDataImpl> anndata, const AnnDataSourceOptions& options);
+  c10::intrusive_ptr<AnnDataImpl> anndata_;
+};
+
+// Many sources as one row space: global row = offset of its source + local row.
+class TORCH_SHARDS_API Collection : public Source {
+ public:
+  explicit Collection(const std::vector<Source>& parts);
+};
+
+}  // namespace torch_shards

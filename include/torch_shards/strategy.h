@@ -1,0 +1,119 @@
+// Strategies: the order of rows in an epoch. A strategy maps (number of rows,
+// seed, epoch) to the epoch's plan, a sequence of row indices that never
+// depends on ranks or workers and is identical on every platform.
+//
+//   torch_shards::Streaming(/*shuffle=*/false)
+//   torch_shards::BlockShuffling(64)
+//   torch_shards::BlockWeightedSampling(weights, {.total_size = 10000, .block_size = 4})
+//   torch_shards::ClassBalancedSampling(labels, {.block_size = 2})
+//
+// `indices` restricts any strategy to a set of rows, visited in ascending row
+// order; weights and labels have one entry per row or one per entry of indices.
+#pragma once
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "torch_shards/export.h"
+#include "torch_shards/handle.h"
+
+namespace torch_shards {
+
+namespace core {
+class Strategy;
+class SamplingPlan;
+}  // namespace core
+
+// What a strategy is made from and pickles to: its kind ("Streaming",
+// "BlockShuffling", "BlockWeightedSampling", "ClassBalancedSampling"), its
+// integer parameters (an absent optional is an absent key) and its tensors.
+using StrategyState = std::tuple<std::string, c10::Dict<std::string, int64_t>, c10::Dict<std::string, at::Tensor>>;
+
+// torch.classes.torch_shards.Strategy.
+class TORCH_SHARDS_API StrategyImpl : public torch::CustomClassHolder {
+ public:
+  // Checks the parameters (c10::ValueError naming the one at fault).
+  explicit StrategyImpl(StrategyState state);
+
+  static c10::intrusive_ptr<StrategyImpl> streaming(bool shuffle, const std::optional<at::Tensor>& indices);
+  static c10::intrusive_ptr<StrategyImpl> block_shuffling(int64_t block_size, const std::optional<at::Tensor>& indices);
+  static c10::intrusive_ptr<StrategyImpl> block_weighted_sampling(const at::Tensor& weights,
+                                                                  std::optional<int64_t> total_size, int64_t block_size,
+                                                                  const std::optional<at::Tensor>& indices,
+                                                                  bool replacement);
+  static c10::intrusive_ptr<StrategyImpl> class_balanced_sampling(const at::Tensor& labels,
+                                                                  std::optional<int64_t> total_size, int64_t block_size,
+                                                                  const std::optional<at::Tensor>& indices);
+
+  const StrategyState& state() const { return state_; }
+  const std::string& kind() const { return std::get<0>(state_); }
+  std::string describe() const;
+  // Plan entries per epoch for a source of num_rows rows.
+  int64_t plan_size(int64_t num_rows) const;
+  // The whole plan of one epoch (O(plan size) memory: for inspection and tests).
+  at::Tensor plan(int64_t num_rows, int64_t seed, int64_t epoch) const;
+  // out[j] = plan[(start + j * step) mod plan size], j < count: the DistributedSampler's layout.
+  at::Tensor strided(int64_t num_rows, int64_t seed, int64_t epoch, int64_t start, int64_t step, int64_t count) const;
+
+  // The strategy bound to a number of rows (cached for the last num_rows).
+  std::shared_ptr<const core::SamplingPlan> bind(int64_t num_rows) const;
+
+ private:
+  StrategyState state_;
+  std::shared_ptr<const core::Strategy> strategy_;
+  mutable std::mutex binding_mutex_;
+  mutable std::shared_ptr<const core::SamplingPlan> bound_;
+  mutable int64_t bound_rows_ = -1;
+};
+
+class TORCH_SHARDS_API Strategy : public Handle<StrategyImpl> {
+ public:
+  using Handle::Handle;
+};
+
+// Rows in order; shuffle=true permutes the samples inside each fetch.
+class TORCH_SHARDS_API Streaming : public Strategy {
+ public:
+  explicit Streaming(bool shuffle = false, const std::optional<at::Tensor>& indices = std::nullopt);
+};
+
+// Contiguous blocks of block_size rows in a new pseudo-random order each epoch.
+class TORCH_SHARDS_API BlockShuffling : public Strategy {
+ public:
+  explicit BlockShuffling(int64_t block_size = 8, const std::optional<at::Tensor>& indices = std::nullopt);
+};
+
+struct BlockWeightedSamplingOptions {
+  std::optional<int64_t> total_size{};  // draws per epoch (default: the rows sampled from)
+  int64_t block_size = 1;
+  std::optional<at::Tensor> indices{};
+  bool replacement = true;
+};
+
+// total_size draws with probability proportional to weights.
+class TORCH_SHARDS_API BlockWeightedSampling : public Strategy {
+ public:
+  explicit BlockWeightedSampling(const at::Tensor& weights, const BlockWeightedSamplingOptions& options = {});
+};
+
+struct ClassBalancedSamplingOptions {
+  std::optional<int64_t> total_size{};
+  int64_t block_size = 1;
+  std::optional<at::Tensor> indices{};
+};
+
+// Weights inversely proportional to class frequency (labels: int64 class codes).
+class TORCH_SHARDS_API ClassBalancedSampling : public Strategy {
+ public:
+  explicit ClassBalancedSampling(const at::Tensor& labels, const ClassBalancedSamplingOptions& options = {});
+};
+
+}  // namespace torch_shards

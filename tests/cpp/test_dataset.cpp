@@ -1,0 +1,325 @@
+// The public C++ API against LibTorch: the same native objects and the same
+// contract as the Python door (epochs, ranks, exactly-once, errors).
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <torch/torch.h>
+#include <unistd.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "torch_shards/torch_shards.h"
+
+namespace ts = torch_shards;
+
+namespace {
+
+// A source whose "X" holds each row's own index times 10, to audit reads.
+ts::TensorSource rows_source(int64_t rows) { return ts::TensorSource(torch::arange(rows, torch::kLong) * 10); }
+
+std::vector<std::vector<int64_t>> epoch_batches(const ts::ShardedDataset& dataset) {
+  std::vector<std::vector<int64_t>> batches;
+  for (const auto& batch : dataset) {
+    const at::Tensor index = batch.at("index");
+    EXPECT_TRUE(torch::equal(batch.at("X"), index * 10));
+    batches.emplace_back(index.data_ptr<int64_t>(), index.data_ptr<int64_t>() + index.numel());
+  }
+  return batches;
+}
+
+std::vector<int64_t> sorted_rows(const std::vector<std::vector<int64_t>>& batches) {
+  std::vector<int64_t> rows;
+  for (const auto& batch : batches) rows.insert(rows.end(), batch.begin(), batch.end());
+  std::sort(rows.begin(), rows.end());
+  return rows;
+}
+
+std::vector<int64_t> iota(int64_t count) {
+  std::vector<int64_t> out(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) out[static_cast<size_t>(i)] = i;
+  return out;
+}
+
+// The message a c10::Error carries, without its backtrace.
+template <typename Error, typename F>
+std::string error_of(F&& make) {
+  try {
+    make();
+  } catch (const Error& error) {
+    return error.msg();
+  } catch (const std::exception& error) {
+    return std::string("unexpected exception type: ") + error.what();
+  }
+  return "no exception";
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "torch_shards_test_XXXXXX").string();
+    path_ = mkdtemp(pattern.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string operator/(const std::string& name) const { return (std::filesystem::path(path_) / name).string(); }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace
+
+TEST(Dataset, EveryEpochDeliversEveryRowOnceAndEpochsAdvanceByThemselves) {
+  ts::ShardedDataset dataset(rows_source(103), ts::BlockShuffling(4), {.batch_size = 8, .fetch_factor = 2, .seed = 5});
+  EXPECT_EQ(dataset->epoch(), -1);
+  std::vector<std::vector<std::vector<int64_t>>> epochs;
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    epochs.push_back(epoch_batches(dataset));
+    EXPECT_EQ(dataset->epoch(), epoch);
+    EXPECT_EQ(static_cast<int64_t>(epochs.back().size()), dataset.size());
+    EXPECT_EQ(sorted_rows(epochs.back()), iota(103));
+  }
+  EXPECT_NE(epochs[0], epochs[1]);
+  EXPECT_NE(epochs[1], epochs[2]);
+  dataset->set_epoch(1);  // pins the next epoch, counting continues from it
+  EXPECT_EQ(epoch_batches(dataset), epochs[1]);
+  EXPECT_EQ(epoch_batches(dataset), epochs[2]);
+}
+
+TEST(Dataset, SameSeedSameBatchesWhateverTheReadAhead) {
+  const auto batches = [](int64_t threads, int64_t prefetch) {
+    ts::ShardedDataset dataset(
+        rows_source(200), ts::Streaming(true),
+        {.batch_size = 7, .fetch_factor = 3, .seed = 11, .num_threads = threads, .prefetch = prefetch});
+    return epoch_batches(dataset);
+  };
+  const auto reference = batches(1, 0);
+  EXPECT_EQ(batches(3, 0), reference);
+  EXPECT_EQ(batches(2, 2), reference);
+  EXPECT_EQ(batches(3, 5), reference);
+}
+
+TEST(Dataset, RanksShareEveryRowExactlyOnceWithEqualStepCounts) {
+  for (int64_t world_size : {1, 2, 3, 4}) {
+    std::vector<std::vector<int64_t>> all;
+    std::set<int64_t> lengths;
+    for (int64_t rank = 0; rank < world_size; ++rank) {
+      ts::ShardedDataset dataset(rows_source(101), ts::BlockShuffling(3),
+                                 {.batch_size = 4,
+                                  .fetch_factor = 2,
+                                  .even_batches = std::nullopt,
+                                  .seed = 9,
+                                  .rank = rank,
+                                  .world_size = world_size});
+      const auto batches = epoch_batches(dataset);
+      EXPECT_EQ(static_cast<int64_t>(batches.size()), dataset.size());
+      all.insert(all.end(), batches.begin(), batches.end());
+      lengths.insert(dataset.size());
+    }
+    EXPECT_EQ(sorted_rows(all), iota(101)) << "world_size " << world_size;
+    EXPECT_LE(*lengths.rbegin() - *lengths.begin(), 1);
+  }
+  // even_batches="pad" (the default): equal step counts on every rank.
+  std::set<int64_t> padded;
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    ts::ShardedDataset dataset(rows_source(101), ts::BlockShuffling(3),
+                               {.batch_size = 4, .fetch_factor = 2, .seed = 9, .rank = rank, .world_size = 3});
+    padded.insert(static_cast<int64_t>(epoch_batches(dataset).size()));
+  }
+  EXPECT_EQ(padded.size(), 1u);
+}
+
+TEST(Dataset, WorkersOfARankDeliverTheRanksBatches) {
+  ts::ShardedDataset dataset(rows_source(150), ts::BlockShuffling(5),
+                             {.batch_size = 6, .fetch_factor = 2, .seed = 2, .rank = 1, .world_size = 2});
+  std::vector<std::vector<int64_t>> whole, by_workers;
+  for (auto it = dataset->iter_epoch(4, 0, 1); auto batch = it->next();) {
+    const at::Tensor index = batch->at("index");
+    whole.emplace_back(index.data_ptr<int64_t>(), index.data_ptr<int64_t>() + index.numel());
+  }
+  for (int64_t worker = 0; worker < 3; ++worker) {
+    for (auto it = dataset->iter_epoch(4, worker, 3); auto batch = it->next();) {
+      const at::Tensor index = batch->at("index");
+      by_workers.emplace_back(index.data_ptr<int64_t>(), index.data_ptr<int64_t>() + index.numel());
+    }
+  }
+  std::sort(whole.begin(), whole.end());
+  std::sort(by_workers.begin(), by_workers.end());
+  EXPECT_EQ(whole, by_workers);
+}
+
+TEST(Dataset, EveryStrategyDelivers) {
+  const at::Tensor weights = torch::arange(60, torch::kDouble).remainder(4) + 0.5;
+  const at::Tensor labels = torch::arange(60, torch::kLong).remainder(3);
+  const std::vector<ts::Strategy> strategies{ts::Streaming(), ts::Streaming(true), ts::BlockShuffling(4),
+                                             ts::BlockWeightedSampling(weights, {.total_size = 80, .block_size = 2}),
+                                             ts::ClassBalancedSampling(labels, {.block_size = 2})};
+  for (const auto& strategy : strategies) {
+    ts::ShardedDataset dataset(rows_source(60), strategy, {.batch_size = 8, .seed = 1});
+    const auto batches = epoch_batches(dataset);
+    int64_t rows = 0;
+    for (const auto& batch : batches) rows += static_cast<int64_t>(batch.size());
+    EXPECT_EQ(rows, strategy->plan_size(60)) << strategy->describe();
+  }
+}
+
+TEST(Dataset, BreakingOutOfAnEpochStopsItsThreads) {
+  ts::ShardedDataset dataset(rows_source(5000), ts::BlockShuffling(4),
+                             {.batch_size = 16, .seed = 0, .num_threads = 3, .prefetch = 4});
+  for (int epoch = 0; epoch < 20; ++epoch) {
+    for (const auto& batch : dataset) {
+      EXPECT_EQ(batch.at("index").size(0), 16);
+      break;
+    }
+  }
+  EXPECT_EQ(dataset->epoch(), 19);
+  EXPECT_TRUE(dataset->reader_stats().empty());
+}
+
+TEST(Dataset, BadArgumentsThrowValueErrorsWithThePythonMessages) {
+  const auto make = [](ts::DatasetOptions options) {
+    return [options] { ts::ShardedDataset(rows_source(20), ts::Streaming(), options); };
+  };
+  const std::map<std::string, ts::DatasetOptions> cases{
+      {"ShardedDataset: batch_size must be >= 1, got 0", {.batch_size = 0}},
+      {"ShardedDataset: batch_size must be >= 1, got -3", {.batch_size = -3}},
+      {"ShardedDataset: fetch_factor must be >= 1, got 0", {.batch_size = 4, .fetch_factor = 0}},
+      {"ShardedDataset: batch_size * fetch_factor must be < 2**31, got 1048576 * 4096",
+       {.batch_size = 1 << 20, .fetch_factor = 1 << 12}},
+      {"ShardedDataset: rank must be in [0, world_size=2), got 2", {.batch_size = 4, .rank = 2, .world_size = 2}},
+      {"ShardedDataset: world_size must be >= 1, got 0", {.batch_size = 4, .rank = 0, .world_size = 0}},
+      {"ShardedDataset: even_batches must be 'pad', 'drop' or None, got 'equal'",
+       {.batch_size = 4, .even_batches = "equal"}},
+      {"ShardedDataset: prefetch must be >= 0, got -1", {.batch_size = 4, .prefetch = -1}},
+      {"ShardedDataset: num_threads must be >= 1, got 0", {.batch_size = 4, .num_threads = 0}},
+  };
+  for (const auto& [message, options] : cases) EXPECT_EQ(error_of<c10::ValueError>(make(options)), message);
+  EXPECT_EQ(error_of<c10::ValueError>([] { ts::BlockShuffling(0); }), "BlockShuffling: block_size must be >= 1, got 0");
+  EXPECT_EQ(error_of<c10::ValueError>([] {
+              ts::Streaming(false, torch::tensor({3, 1, 3}));
+            }),
+            "Streaming: indices must be unique, got row 3 more than once");
+  EXPECT_EQ(error_of<c10::ValueError>([] {
+              ts::BlockWeightedSampling(torch::tensor({0.0, 0.0}));
+            }),
+            "BlockWeightedSampling: weights must not all be zero");
+  EXPECT_EQ(error_of<c10::ValueError>([] {
+              ts::TensorSource(torch::zeros({0, 3}));
+            }),
+            "TensorSource: the tensors have no rows (an empty source)");
+}
+
+TEST(Dataset, MissingFilesNameThePath) {
+  const std::string message = error_of<c10::Error>([] { ts::HDF5Source("/no/such/file.h5", "/x"); });
+  EXPECT_NE(message.find("/no/such/file.h5"), std::string::npos) << message;
+  const std::string zarr = error_of<c10::ValueError>([] { ts::ZarrSource("/no/such/store.zarr"); });
+  EXPECT_NE(zarr.find("/no/such/store.zarr: no such file or directory"), std::string::npos) << zarr;
+}
+
+TEST(Dataset, ReadsAnHdf5File) {
+  TempDir dir;
+  const std::string path = dir / "x.h5";
+  const at::Tensor data = torch::arange(40 * 3, torch::kFloat).reshape({40, 3});
+  {
+    const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    const hsize_t dims[2] = {40, 3};
+    const hid_t space = H5Screate_simple(2, dims, nullptr);
+    const hid_t set = H5Dcreate2(file, "x", H5T_NATIVE_FLOAT, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data_ptr<float>());
+    H5Dclose(set);
+    H5Sclose(space);
+    H5Fclose(file);
+  }
+  ts::HDF5Source source(path, "/x");
+  EXPECT_EQ(source.size(), 40);
+  ts::ShardedDataset dataset(source, ts::BlockShuffling(3), {.batch_size = 6, .seed = 4});
+  int64_t rows = 0;
+  for (const auto& batch : dataset) {
+    EXPECT_TRUE(torch::equal(batch.at("X"), data.index_select(0, batch.at("index"))));
+    rows += batch.at("index").size(0);
+  }
+  EXPECT_EQ(rows, 40);
+}
+
+TEST(Dataset, SeedAndConsistencyOverAProcessGroup) {
+  TempDir dir;
+  auto store = c10::make_intrusive<c10d::FileStore>(dir / "store", 1);
+  auto options = c10d::ProcessGroupGloo::Options::create();
+  options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  c10::intrusive_ptr<c10d::ProcessGroup> group = c10::make_intrusive<c10d::ProcessGroup>(store, 0, 1);
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, 0, 1, options);
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  ts::ShardedDataset dataset(rows_source(30), ts::BlockShuffling(2), {.batch_size = 4, .process_group = group});
+  EXPECT_EQ(dataset->rank(), 0);
+  EXPECT_EQ(dataset->world_size(), 1);
+  EXPECT_EQ(sorted_rows(epoch_batches(dataset)), iota(30));
+}
+
+TEST(Dataset, RankAndWorldSizeFromTheEnvironment) {
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "3", 1);
+  ts::ShardedDataset dataset(rows_source(30), ts::Streaming(), {.batch_size = 4, .seed = 0});
+  EXPECT_EQ(dataset->rank(), 1);
+  EXPECT_EQ(dataset->world_size(), 3);
+  setenv("RANK", "x", 1);
+  EXPECT_EQ(error_of<c10::ValueError>([] { ts::ShardedDataset(rows_source(30), ts::Streaming(), {.batch_size = 4}); }),
+            "environment variable RANK must be an integer, got 'x'");
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+}
+
+TEST(Dataset, FetchTransformMustKeepItsRows) {
+  ts::ShardedDataset dataset(rows_source(30), ts::Streaming(), {.batch_size = 4, .fetch_factor = 2, .seed = 0});
+  auto it = dataset->iter();
+  auto unit = it->next_unit();
+  ASSERT_TRUE(unit.has_value());
+  ts::Batch shorter;
+  shorter.insert("X", unit->at("X").narrow(0, 0, 5));
+  EXPECT_EQ(error_of<c10::ValueError>([&] { it->push_unit(shorter); }),
+            "ShardedDataset: fetch_transform must keep the rows it is given (their number and order): it got 8 rows "
+            "and returned 5");
+  it->push_unit(*unit);
+  EXPECT_EQ(it->pending(), 2);
+  EXPECT_EQ(it->next()->at("index").size(0), 4);
+}
+
+TEST(Dataset, CheckpointsResumeExactlyOnceOnAnotherTopology) {
+  const auto make = [](int64_t rank, int64_t world_size) {
+    return ts::ShardedDataset(rows_source(97), ts::BlockShuffling(3),
+                              {.batch_size = 4, .fetch_factor = 3, .seed = 3, .rank = rank, .world_size = world_size});
+  };
+  std::vector<std::vector<int64_t>> delivered;
+  ts::StateDict state;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    auto dataset = make(rank, 2);
+    int64_t taken = 0;
+    for (const auto& batch : dataset) {
+      const at::Tensor index = batch.at("index");
+      delivered.emplace_back(index.data_ptr<int64_t>(), index.data_ptr<int64_t>() + index.numel());
+      if (++taken == 5) break;
+    }
+    if (rank == 0) state = dataset->state_dict();  // the loop consumed 5 batches
+  }
+  EXPECT_EQ(state.at("epoch"), 0);
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    auto dataset = make(rank, 3);
+    dataset->load_state_dict(state);
+    const int64_t expected = dataset.size();
+    const auto rest = epoch_batches(dataset);
+    EXPECT_EQ(static_cast<int64_t>(rest.size()), expected);
+    delivered.insert(delivered.end(), rest.begin(), rest.end());
+  }
+  std::vector<int64_t> rows = sorted_rows(delivered);
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());  // padding repeats aside
+  EXPECT_EQ(rows, iota(97));
+  auto other = ts::ShardedDataset(rows_source(97), ts::BlockShuffling(3), {.batch_size = 5, .fetch_factor = 3});
+  EXPECT_EQ(error_of<c10::ValueError>([&] { other->load_state_dict(state); }),
+            "ShardedDataset.load_state_dict: the state was taken on another dataset: its batch_size is 4, this "
+            "dataset's is 5");
+}
