@@ -2,6 +2,7 @@
 what each rank returns. Used by the multi-process tests."""
 
 import datetime
+import faulthandler
 import os
 import pickle
 import socket
@@ -28,6 +29,7 @@ def init_group(rank=None, world_size=None):
 
 
 def _rank_main(rank, world_size, port, function, args, out_dir, init):
+    faulthandler.enable(all_threads=True)  # a crashing rank prints where each thread was
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     result = None
     try:

@@ -70,14 +70,16 @@ int64_t* words(const at::Tensor& state) { return state.data_ptr<int64_t>(); }
 
 ShardedDatasetImpl::ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c10::intrusive_ptr<StrategyImpl> strategy,
                                        const DatasetOptions& options, const std::optional<at::Tensor>& shared_state)
-    : source_(std::move(source)), strategy_(std::move(strategy)), options_(options) {
+    : source_(std::move(source)), options_(options) {
   TORCH_CHECK_VALUE(source_, kWho, ": source is null");
-  TORCH_CHECK_VALUE(strategy_, kWho, ": strategy is null");
+  TORCH_CHECK_VALUE(strategy, kWho, ": strategy is null");
+  strategy_ = strategy->resolved_for(*source_);  // labels read from the source (label_key)
   TORCH_CHECK_VALUE(options.batch_size >= 1, kWho, ": batch_size must be >= 1, got ", options.batch_size);
   TORCH_CHECK_VALUE(options.fetch_factor >= 1, kWho, ": fetch_factor must be >= 1, got ", options.fetch_factor);
-  TORCH_CHECK_VALUE(!options.num_threads || *options.num_threads >= 1, kWho, ": num_threads must be >= 1, got ",
-                    options.num_threads.value_or(0));
-  TORCH_CHECK_VALUE(options.prefetch >= 0, kWho, ": prefetch must be >= 0, got ", options.prefetch);
+  TORCH_CHECK_VALUE(!options.num_threads || (*options.num_threads >= 1 && *options.num_threads <= kMaxThreads), kWho,
+                    ": num_threads must be in [1, ", kMaxThreads, "], got ", options.num_threads.value_or(0));
+  TORCH_CHECK_VALUE(options.prefetch >= 0 && options.prefetch <= kMaxPrefetch, kWho, ": prefetch must be in [0, ",
+                    kMaxPrefetch, "], got ", options.prefetch);
   TORCH_CHECK_VALUE(options.prefetch_bytes >= 0, kWho, ": prefetch_bytes must be >= 0, got ", options.prefetch_bytes);
   core::LoaderOptions layout{options.batch_size, options.fetch_factor, options.drop_last,
                              even_batches_of(options.even_batches)};
@@ -200,7 +202,8 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
   iteration.rank = rank_;
   iteration.world_size = world_size_;
   ReaderOptions reader;
-  reader.num_threads = options_.num_threads.value_or(std::max<int64_t>(1, available_cpus() / num_workers));
+  reader.num_threads =
+      options_.num_threads.value_or(std::clamp<int64_t>(available_cpus() / num_workers, 1, kMaxThreads));
   reader.prefetch = options_.prefetch;
   reader.prefetch_bytes = options_.prefetch_bytes;
   reader.memory = shared_memory         ? sources::Memory::kShared

@@ -53,6 +53,10 @@ struct IterationProgress;
 using StateDict = c10::Dict<std::string, int64_t>;
 
 // The arguments of ShardedDataset, with the Python door's names and defaults.
+// The most units a reader reads ahead: more never helps, and the slots a
+// larger value reserves fail late and unclearly.
+inline constexpr int64_t kMaxPrefetch = 1024;
+
 struct DatasetOptions {
   int64_t batch_size = 0;     // rows per batch (required, >= 1)
   int64_t fetch_factor = 16;  // batches read together, then permuted across those batches

@@ -16,6 +16,8 @@ class TensorSource : public Source {
   Batch read(const std::vector<int64_t>& rows, ReadContext& context) const override;
   std::string describe() const override;
 
+  const Batch& tensors() const { return fields_; }
+
  private:
   Batch fields_;
   int64_t num_rows_ = 0;
