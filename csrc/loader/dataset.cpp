@@ -19,6 +19,7 @@
 #include "core/shared_state.h"
 #include "core/stable_hash.h"
 #include "loader/batches.h"
+#include "loader/device_stage.h"
 #include "loader/epoch_reader.h"
 #include "loader/errors.h"
 #include "loader/iteration.h"
@@ -94,6 +95,8 @@ ShardedDatasetImpl::ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c1
     }
     planner_ = std::make_shared<const core::Planner>(strategy_->bind(source_->num_rows()), layout, world_size_);
   });
+  options_.device = resolve_device(options.device, kWho);
+  if (options_.device) options_.pin_memory = true;  // asynchronous copies need pinned host memory
   // Without CUDA there is nothing to pin for; the doors tell their users (pin_memory() is false).
   if (!at::hasCUDA()) options_.pin_memory = false;
   topology_source_ = topology.source;
@@ -209,6 +212,8 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
   reader.memory = shared_memory         ? sources::Memory::kShared
                   : options_.pin_memory ? sources::Memory::kPinned
                                         : sources::Memory::kPageable;
+  // DataLoader workers hand host batches over; ts.DeviceLoader copies them in the main process.
+  const bool on_device = options_.device.has_value() && !iteration.in_worker;
   auto iterator = translate_errors([&] {
     // A fresh epoch deals by the layout; a resumed one what is left (resume.h).
     auto resumption =
@@ -233,6 +238,7 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
       std::remove_if(iterators_.begin(), iterators_.end(), [](const auto& weak) { return weak.expired(); }),
       iterators_.end());
   iterators_.emplace_back(iterator);
+  if (on_device) iterator->deliver_to(*options_.device);
   return iterator;
 }
 
@@ -610,6 +616,7 @@ ShardedDatasetImpl::State ShardedDatasetImpl::state() const {
   ints.insert("prefetch", options_.prefetch);
   ints.insert("prefetch_bytes", options_.prefetch_bytes);
   ints.insert("pin_memory", options_.pin_memory);
+  if (options_.device) ints.insert("device_index", options_.device->index());  // a CUDA device
   ints.insert("next_epoch", next_epoch());
   return State{source_, strategy_, ints, options_.even_batches.value_or("none")};
 }
@@ -631,6 +638,9 @@ c10::intrusive_ptr<ShardedDatasetImpl> ShardedDatasetImpl::from_state(const Stat
   options.prefetch = ints.at("prefetch");
   options.prefetch_bytes = ints.at("prefetch_bytes");
   options.pin_memory = ints.at("pin_memory") != 0;
+  if (ints.contains("device_index")) {
+    options.device = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(ints.at("device_index")));
+  }
   auto dataset = c10::make_intrusive<ShardedDatasetImpl>(source, strategy, options);
   dataset->set_epoch(ints.at("next_epoch"));
   return dataset;
@@ -647,6 +657,10 @@ BatchIteratorImpl::BatchIteratorImpl(std::unique_ptr<EpochReader> reader, std::s
       slot_(slot) {}
 
 BatchIteratorImpl::~BatchIteratorImpl() { reader_->close(); }
+
+void BatchIteratorImpl::deliver_to(c10::Device device) {
+  device_stage_ = translate_errors([&] { return std::make_unique<DeviceStage>(device); });
+}
 
 const Iteration& BatchIteratorImpl::iteration() const { return *progress_->iteration; }
 
@@ -675,6 +689,7 @@ std::optional<Batch> BatchIteratorImpl::next() {
     ++progress_->delivered;
     last_padding_ = unit_padding_;
     if (slot_ != kNoSlot) core::count_delivery(words(shared_state_), slot_, rows_of(batch, "BatchIterator"));
+    if (device_stage_) return device_stage_->deliver(batch);
     return batch;
   });
 }
