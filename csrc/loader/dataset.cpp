@@ -19,6 +19,7 @@
 #include "core/shared_state.h"
 #include "core/stable_hash.h"
 #include "loader/batches.h"
+#include "loader/buffer_pool.h"
 #include "loader/epoch_reader.h"
 #include "loader/errors.h"
 #include "loader/iteration.h"
@@ -103,6 +104,8 @@ ShardedDatasetImpl::ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c1
     seed_ = resolve_seed(options.seed, topology);
     core::set_shared_seed(words(shared_state_), seed_);
   }
+  // Output memory recycled across this process's epochs and iterators (buffer_pool.h).
+  buffers_ = std::make_shared<BufferPool>(options_.prefetch_bytes);
   if (topology.group && world_size_ > 1) check_same_on_all_ranks(*topology.group, fingerprint(), kWho);
   options_.process_group.reset();  // used once: loading never communicates
 }
@@ -177,6 +180,8 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
   reader.memory = shared_memory         ? sources::Memory::kShared
                   : options_.pin_memory ? sources::Memory::kPinned
                                         : sources::Memory::kPageable;
+  reader.batch_size = options_.batch_size;
+  reader.buffers = buffers_;
   auto iterator = translate_errors([&] {
     // A fresh epoch deals by the layout; a resumed one what is left (resume.h).
     auto resumption =
@@ -621,26 +626,36 @@ void BatchIteratorImpl::cut(const Batch& unit, bool padding) {
   unit_padding_ = padding;
 }
 
+bool BatchIteratorImpl::refill() {
+  if (next_pending_ < pending_.size()) return true;
+  pending_.clear();
+  next_pending_ = 0;
+  std::optional<EpochReader::Unit> unit = reader_->next();
+  if (!unit) {
+    finished_ = true;
+    return false;
+  }
+  // Cut by the reader threads already (views of one allocation per unit).
+  pending_ = std::move(unit->batches);
+  unit_padding_ = unit->padding;
+  return true;
+}
+
+Batch BatchIteratorImpl::deliver() {
+  Batch batch = pending_[next_pending_];
+  pending_[next_pending_++] = Batch();
+  ++delivered_;
+  ++progress_->delivered;
+  last_padding_ = unit_padding_;
+  if (slot_ != kNoSlot) core::count_delivery(words(shared_state_), slot_, rows_of(batch, "BatchIterator"));
+  return batch;
+}
+
 std::optional<Batch> BatchIteratorImpl::next() {
   return translate_errors([&]() -> std::optional<Batch> {
     TORCH_CHECK(unit_rows_ < 0, "BatchIterator: push_unit() must follow next_unit() before next()");
-    if (next_pending_ >= pending_.size()) {
-      pending_.clear();
-      next_pending_ = 0;
-      std::optional<EpochReader::Unit> unit = reader_->next();
-      if (!unit) {
-        finished_ = true;
-        return std::nullopt;
-      }
-      cut(unit->batch, unit->padding);
-    }
-    Batch batch = pending_[next_pending_];
-    pending_[next_pending_++] = Batch();
-    ++delivered_;
-    ++progress_->delivered;
-    last_padding_ = unit_padding_;
-    if (slot_ != kNoSlot) core::count_delivery(words(shared_state_), slot_, rows_of(batch, "BatchIterator"));
-    return batch;
+    if (!refill()) return std::nullopt;
+    return deliver();
   });
 }
 
@@ -663,9 +678,18 @@ std::optional<Batch> BatchIteratorImpl::next_unit() {
       finished_ = true;
       return std::nullopt;
     }
-    unit_rows_ = rows_of(unit->batch, "BatchIterator");
+    // A unit larger than prefetch_bytes arrives in pieces: the transform sees it whole.
+    std::vector<Batch> pieces{unit->batch};
+    for (bool last = unit->last; !last;) {
+      std::optional<EpochReader::Unit> piece = reader_->next();
+      TORCH_INTERNAL_ASSERT(piece, "BatchIterator: the epoch ended inside a unit");
+      pieces.push_back(piece->batch);
+      last = piece->last;
+    }
+    Batch whole = concat_batches(pieces);
+    unit_rows_ = rows_of(whole, "BatchIterator");
     unit_padding_ = unit->padding;
-    return unit->batch;
+    return whole;
   });
 }
 
