@@ -18,6 +18,7 @@ import scipy.sparse as sp
 import torch
 import zarr
 from conftest import STRATEGIES, make_strategy
+from torch.utils.data import DataLoader
 from zarr.codecs import BloscCodec
 
 import torch_shards as ts
@@ -100,12 +101,15 @@ def _golden_configurations(sources):
         for strategy_name in STRATEGIES:
             for epoch in (0, 1):
                 for worker, num_workers in ((0, 1), (0, 2), (1, 2)):
-                    yield f"{source_name}/{strategy_name}/epoch{epoch}/worker{worker}of{num_workers}", (
-                        make_source,
-                        strategy_name,
-                        epoch,
-                        worker,
-                        num_workers,
+                    yield (
+                        f"{source_name}/{strategy_name}/epoch{epoch}/worker{worker}of{num_workers}",
+                        (
+                            make_source,
+                            strategy_name,
+                            epoch,
+                            worker,
+                            num_workers,
+                        ),
                     )
 
 
@@ -136,3 +140,201 @@ def test_batches_are_identical_to_those_recorded_before_the_host_path(golden_sou
     assert got.keys() == want.keys()
     different = [name for name in want if got[name] != want[name]]
     assert not different, f"{len(different)} of {len(want)} configurations changed, e.g. {different[:5]}"
+
+
+# ---- recycling is invisible ---------------------------------------------------------------------------------
+
+
+def _snapshot(batch):
+    """A deep copy of a batch (CSR arrays included), to compare with later."""
+    out = {}
+    for name, tensor in batch.items():
+        if tensor.layout == torch.sparse_csr:
+            out[name] = (tensor.crow_indices().clone(), tensor.col_indices().clone(), tensor.values().clone())
+        else:
+            out[name] = (tensor.clone(),)
+    return out
+
+
+def _same(batch, snapshot):
+    assert batch.keys() == snapshot.keys()
+    for name, tensor in batch.items():
+        parts = (
+            (tensor.crow_indices(), tensor.col_indices(), tensor.values())
+            if tensor.layout == torch.sparse_csr
+            else (tensor,)
+        )
+        for got, want in zip(parts, snapshot[name], strict=True):
+            assert got.dtype == want.dtype and torch.equal(got, want), name
+
+
+HOLD_SOURCES = ["tensor", "hdf5_contiguous", "hdf5_chunked", "zarr", "anndata_csr", "anndata_dense", "collection_csr"]
+# Default budget; one so small that every fetch is read in pieces of one batch, and the pool keeps nothing.
+BUDGETS = [1 << 30, 1]
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("source_name", HOLD_SOURCES)
+def test_held_batches_are_never_overwritten_by_later_epochs(golden_sources, source_name, budget):
+    """Hold every batch of an epoch while the same dataset (the same pool) reads two more epochs: the held
+    batches keep exactly the values a fresh dataset delivers (copied as they arrive)."""
+    options = dict(batch_size=7, fetch_factor=3, seed=5, num_threads=2, prefetch=2, prefetch_bytes=budget)
+    make_source = golden_sources[source_name]
+    ds = ts.ShardedDataset(make_source(), ts.BlockShuffling(4), **options)
+    held = list(ds)  # epoch 0, every batch kept
+    for _ in range(2):  # epochs 1 and 2 recycle whatever the pool may
+        for batch in ds:
+            del batch
+    fresh = [_snapshot(batch) for batch in ts.ShardedDataset(make_source(), ts.BlockShuffling(4), **options)]
+    assert len(held) == len(fresh) == len(ds)
+    for batch, snapshot in zip(held, fresh, strict=True):
+        _same(batch, snapshot)
+    assert sorted(torch.cat([b["index"] for b in held]).tolist()) == list(range(ROWS))
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_batches_read_in_pieces_are_the_recorded_ones(golden_sources, budget):
+    """prefetch_bytes below a fetch splits its reading into pieces of whole batches: every source, strategy,
+    epoch and worker share still digests to the recorded batches."""
+    with open(GOLDEN) as f:
+        want = json.load(f)
+    different = [
+        name
+        for name, configuration in _golden_configurations(golden_sources)
+        if _digest(*configuration, prefetch_bytes=budget) != want[name]
+    ]
+    assert not different, different[:5]
+
+
+def test_read_on_demand_is_the_recorded_batches(golden_sources):
+    """prefetch=0 (read on the calling thread and its helpers) with the recycled memory: same batches."""
+    with open(GOLDEN) as f:
+        want = json.load(f)
+    different = [
+        name
+        for name, configuration in _golden_configurations(golden_sources)
+        if _digest(*configuration, prefetch=0) != want[name]
+    ]
+    assert not different, different[:5]
+
+
+def test_fetch_transform_sees_whole_fetches_when_read_in_pieces(golden_sources):
+    seen = []
+
+    def transform(unit):
+        seen.append(unit["index"].numel())
+        return unit
+
+    ds = ts.ShardedDataset(
+        golden_sources["anndata_csr"](),
+        ts.BlockShuffling(4),
+        batch_size=7,
+        fetch_factor=3,
+        seed=5,
+        num_threads=2,
+        prefetch_bytes=1,
+        fetch_transform=transform,
+    )
+    batches = [_snapshot(b) for b in ds]
+    plain = ts.ShardedDataset(
+        golden_sources["anndata_csr"](), ts.BlockShuffling(4), batch_size=7, fetch_factor=3, seed=5, num_threads=2
+    )
+    for batch, snapshot in zip(plain, batches, strict=True):
+        _same(batch, snapshot)
+    # Whole fetches of 21 rows; the rows past the last full fetch are dealt as single batches (units of <= 7).
+    full = ROWS // 21
+    assert seen[:full] == [21] * full and all(n <= 7 for n in seen[full:]) and sum(seen) == ROWS
+
+
+def test_output_memory_is_recycled_across_epochs():
+    """After the first epoch the reader hands out memory it already has: page faults per epoch are a small
+    fraction of the bytes delivered, and the pool reports reuses."""
+    rows, width = 4096, 1024  # 16 MB of 4 KB rows per epoch
+    source = ts.TensorSource({"X": torch.randn(rows, width)})
+    ds = ts.ShardedDataset(source, ts.BlockShuffling(64), batch_size=256, seed=0, num_threads=2)
+    faults = []
+    for _ in range(4):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        count = sum(batch["X"].shape[0] for batch in ds)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        assert count == rows
+    epoch_pages = rows * width * 4 / resource.getpagesize()
+    assert max(faults[1:]) < 0.05 * epoch_pages, (faults, epoch_pages)
+    iterator = ds.native.iter()
+    next(iter(iter(iterator.next, None)))
+    stats = dict(iterator.stats())
+    iterator.close()
+    assert stats["pool_reuses"] > 0 and stats["pool_kept_bytes"] <= ds.prefetch_bytes + 2 * 16 * 256 * 4 * width
+
+
+def _in_turn(by_worker):
+    """The batches of each worker in the order a DataLoader yields them: one from each worker in turn, skipping
+    workers that have delivered all theirs."""
+    out = []
+    for i in range(max(len(batches) for batches in by_worker)):
+        out.extend(batches[i] for batches in by_worker if i < len(batches))
+    return out
+
+
+def _loader_epochs(make_dataset, context, epochs, pin_memory=False):
+    loader = DataLoader(
+        make_dataset(),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context=context,
+        persistent_workers=True,
+        pin_memory=pin_memory,
+    )
+    held = list(loader)  # epoch 0, every batch kept by the main process
+    assert len(held) == len(loader)
+    for _ in range(epochs - 1):
+        for batch in loader:
+            del batch
+    return held
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("source_name", ["tensor", "hdf5_chunked", "anndata_csr"])
+def test_batches_from_workers_held_by_the_main_process_are_never_overwritten(golden_sources, source_name, context):
+    options = dict(batch_size=7, fetch_factor=3, seed=5, num_threads=1, prefetch=2)
+    make_source = golden_sources[source_name]
+    held = _loader_epochs(lambda: ts.ShardedDataset(make_source(), ts.BlockShuffling(4), **options), context, 3)
+    # The same batches, copied as they arrive, read in-process by worker share (the DataLoader's order).
+    ds = ts.ShardedDataset(make_source(), ts.BlockShuffling(4), **options)
+    by_worker = [[_snapshot(b) for b in iter(ds.native.iter_epoch(0, w, 2).next, None)] for w in range(2)]
+    expected = _in_turn(by_worker)
+    assert len(held) == len(expected)
+    for batch, snapshot in zip(held, expected, strict=True):
+        _same(batch, snapshot)
+    assert sorted(torch.cat([b["index"] for b in held]).tolist()) == list(range(ROWS))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pin_memory needs CUDA")
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_pinned_batches_from_workers_are_never_overwritten(golden_sources, context):
+    options = dict(batch_size=7, fetch_factor=3, seed=5, num_threads=1, prefetch=2)
+    make_source = golden_sources["hdf5_contiguous"]
+    held = _loader_epochs(
+        lambda: ts.ShardedDataset(make_source(), ts.BlockShuffling(4), **options), context, 3, pin_memory=True
+    )
+    assert all(b["X"].is_pinned() for b in held)
+    ds = ts.ShardedDataset(make_source(), ts.BlockShuffling(4), **options)
+    by_worker = [[_snapshot(b) for b in iter(ds.native.iter_epoch(0, w, 2).next, None)] for w in range(2)]
+    expected = _in_turn(by_worker)
+    for batch, snapshot in zip(held, expected, strict=True):
+        _same(batch, snapshot)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pin_memory needs CUDA")
+def test_pinned_batches_in_process_are_recycled_and_never_overwritten(golden_sources):
+    options = dict(batch_size=7, fetch_factor=3, seed=5, num_threads=2, prefetch=2, pin_memory=True)
+    make_source = golden_sources["hdf5_chunked"]
+    ds = ts.ShardedDataset(make_source(), ts.BlockShuffling(4), **options)
+    held = list(ds)
+    assert all(b["X"].is_pinned() for b in held)
+    for _ in range(2):
+        for batch in ds:
+            del batch
+    fresh = [_snapshot(b) for b in ts.ShardedDataset(make_source(), ts.BlockShuffling(4), **options)]
+    for batch, snapshot in zip(held, fresh, strict=True):
+        _same(batch, snapshot)
