@@ -32,8 +32,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q $(PYTHON_PACKAGES)
-	# torchdata's StatefulDataLoader, for the checkpoint tests: --no-deps, so it cannot pull another torch.
-	$(PY) -m pip install -q --no-deps torchdata
+	# torchdata's StatefulDataLoader (checkpoint tests) and scdataset (its suite, ported, runs side by
+	# side with ours): --no-deps, so they cannot pull another torch.
+	$(PY) -m pip install -q --no-deps torchdata scdataset==0.3.0
 	touch $@
 
 setup: system $(VENV)/.installed

@@ -2,6 +2,7 @@
 what each rank returns. Used by the multi-process tests."""
 
 import datetime
+import faulthandler
 import os
 import pickle
 import socket
@@ -19,12 +20,21 @@ def free_port():
         return s.getsockname()[1]
 
 
-def _rank_main(rank, world_size, port, function, args, out_dir):
+def init_group(rank=None, world_size=None):
+    """The gloo group of this process (from the environment torchrun would set)."""
+    rank = int(os.environ["RANK"]) if rank is None else rank
+    world_size = int(os.environ["WORLD_SIZE"]) if world_size is None else world_size
+    # A collective that waits this long means ranks stepped unequally: fail instead of hanging.
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60))
+
+
+def _rank_main(rank, world_size, port, function, args, out_dir, init):
+    faulthandler.enable(all_threads=True)  # a crashing rank prints where each thread was
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     result = None
     try:
-        # A collective that waits this long means ranks stepped unequally: fail instead of hanging.
-        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60))
+        if init:
+            init_group(rank, world_size)
         result = ("ok", function(rank, world_size, *args))
     except BaseException as error:  # reported to the parent, with the rank
         result = ("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
@@ -35,13 +45,15 @@ def _rank_main(rank, world_size, port, function, args, out_dir):
             dist.destroy_process_group()
 
 
-def run_ranks(function, world_size, *args, timeout=120):
-    """function(rank, world_size, *args) on every rank; returns the results in
+def run_ranks(function, world_size, *args, timeout=120, init=True):
+    """function(rank, world_size, *args) on every rank (after init_process_group,
+    unless init=False: then RANK / WORLD_SIZE / MASTER_* are set as torchrun sets
+    them and the function may call init_group() itself); returns the results in
     rank order as ("ok", value) or ("error", message)."""
     with tempfile.TemporaryDirectory() as out_dir:
         context = mp.start_processes(
             _rank_main,
-            args=(world_size, free_port(), function, args, out_dir),
+            args=(world_size, free_port(), function, args, out_dir, init),
             nprocs=world_size,
             join=False,
             start_method="spawn",

@@ -197,8 +197,9 @@ def test_not_anndata_is_named(tmp_path):
         f["x"] = np.zeros((3, 3))
     with pytest.raises(RuntimeError, match="plain.h5:/: not an AnnData store"):
         ts.AnnDataSource(path)
-    with pytest.raises(RuntimeError, match="missing.h5ad: no such file"):
+    with pytest.raises(FileNotFoundError, match="AnnDataSource: No such file or directory") as caught:
         ts.AnnDataSource(tmp_path / "missing.h5ad")
+    assert caught.value.filename == str(tmp_path / "missing.h5ad")
 
 
 def corrupt(path, dataset, mutate):

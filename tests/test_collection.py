@@ -99,8 +99,9 @@ def test_open_picks_the_source_from_the_path(tmp_path):
     assert isinstance(ts.open([tmp_path / "a.h5ad", tmp_path / "a.zarr"]), ts.Collection)
     with pytest.raises(ValueError, match="is an HDF5 file but not AnnData: pass dataset="):
         ts.open(tmp_path / "plain.h5")
-    with pytest.raises(FileNotFoundError, match="nothing.h5ad: no such file or directory"):
+    with pytest.raises(FileNotFoundError, match="torch_shards.open: No such file or directory") as caught:
         ts.open(tmp_path / "nothing.h5ad")
+    assert caught.value.filename == str(tmp_path / "nothing.h5ad")
     (tmp_path / "notes.txt").write_text("hi")
     with pytest.raises(ValueError, match="notes.txt is neither an HDF5 file nor a zarr store"):
         ts.open(tmp_path / "notes.txt")

@@ -148,16 +148,23 @@ def _subgroups(rank, world_size):
 
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     group = groups[rank // 2]
-    dataset = ts.ShardedDataset(
-        ts.TensorSource(torch.arange(30)), ts.BlockShuffling(3), batch_size=4, process_group=group
-    )
-    return dataset.rank, dataset.world_size, dataset.seed, sorted(r for b in dataset for r in b["index"].tolist())
+    source = ts.TensorSource(torch.arange(30))
+    try:  # a group that is part of the job needs one seed for every group: peers read the same rank
+        ts.ShardedDataset(source, ts.BlockShuffling(3), batch_size=4, process_group=group)
+        refusal = None
+    except ValueError as error:
+        refusal = str(error)
+    dataset = ts.ShardedDataset(source, ts.BlockShuffling(3), batch_size=4, process_group=group, seed=11)
+    rows = sorted(r for b in dataset for r in b["index"].tolist())
+    return dataset.rank, dataset.world_size, refusal, rows
 
 
-def test_process_group_argument_scopes_ranks_seed_and_checks():
+def test_process_group_argument_scopes_ranks_and_checks_and_needs_one_seed():
     results = [value for _, value in run_ranks(_subgroups, 4, timeout=120)]
     assert [(r, w) for r, w, _, _ in results] == [(0, 2), (1, 2), (0, 2), (1, 2)]
-    assert results[0][2] == results[1][2] and results[2][2] == results[3][2]  # each group agrees on its seed
+    for _, _, refusal, _ in results:
+        assert refusal is not None and "process_group" in refusal and "Pass seed=" in refusal
+    assert results[0][3] == results[2][3] and results[1][3] == results[3][3]  # peers of the two groups agree
     for pair in (results[:2], results[2:]):
         rows = sorted(pair[0][3] + pair[1][3])
         assert set(rows) == set(range(30)) and len(rows) - 30 < 2 * 4

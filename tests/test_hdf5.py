@@ -138,7 +138,7 @@ def test_streams_through_dataloader_workers_under_fork_and_spawn(tmp_path):
 
 
 def test_missing_file_is_named(tmp_path):
-    with pytest.raises(RuntimeError, match=f"{tmp_path}/nope.h5: no such file"):
+    with pytest.raises(FileNotFoundError, match=f"HDF5Source: No such file or directory: '{tmp_path}/nope.h5'"):
         ts.HDF5Source(tmp_path / "nope.h5", "x")
 
 

@@ -107,15 +107,17 @@ def test_class_balanced_strategy_balances_across_ranks():
 def test_sampler_reads_rank_from_environment(monkeypatch):
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    sampler = ts.DistributedSampler(Rows(10), shuffle=False)
+    monkeypatch.setattr("torch_shards.sampler._warned_without_group", False)
+    with pytest.warns(UserWarning, match="no torch.distributed process group is initialised"):
+        sampler = ts.DistributedSampler(Rows(10), shuffle=False)
     assert (sampler.rank, sampler.num_replicas) == (2, 4)
     assert list(sampler) == [2, 6, 0]  # padded to 12 by wrapping, as torch does
 
 
 def test_sampler_rejects_bad_arguments():
-    with pytest.raises(ValueError, match=r"rank must be in \[0, world_size=2\), got 2"):
+    with pytest.raises(ValueError, match=r"Invalid rank 2, rank should be in the interval \[0, 1\]"):
         ts.DistributedSampler(Rows(10), 2, 2)
-    with pytest.raises(ValueError, match="world_size must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="num_replicas must be >= 1, got 0"):
         ts.DistributedSampler(Rows(10), 0, 0)
     with pytest.raises(ValueError, match="dataset is empty"):
         ts.DistributedSampler(Rows(0), 1, 0)

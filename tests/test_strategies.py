@@ -132,12 +132,17 @@ def test_weights_per_subset_entry_follow_the_given_indices_order():
     assert set(plan.tolist()) == {5}
 
 
-def test_class_frequencies_are_counted_over_the_subset():
+def test_class_frequencies_are_counted_over_the_labels_given():
     labels = np.array([0] * 90 + [1] * 10)
     subset = list(range(80, 100))  # 10 of class 0, 10 of class 1
-    draws = ts.ClassBalancedSampling(labels, 40_000, indices=subset).plan(100, 2, 0).numpy()
+    # Labels of the subset only: classes counted over it, balanced there.
+    draws = ts.ClassBalancedSampling(labels[subset], 40_000, indices=subset).plan(100, 2, 0).numpy()
     assert set(draws.tolist()) <= set(subset)
     assert chi_square_p(np.bincount(labels[draws], minlength=2), [0.5, 0.5]) > P_VALUE_FLOOR
+    # Labels of every row: a class keeps its weight in the whole dataset (1/90 vs 1/10 per row).
+    draws = ts.ClassBalancedSampling(labels, 40_000, indices=subset).plan(100, 2, 0).numpy()
+    assert set(draws.tolist()) <= set(subset)
+    assert chi_square_p(np.bincount(labels[draws], minlength=2), [0.1, 0.9]) > P_VALUE_FLOOR
 
 
 def test_default_total_size_is_the_number_of_rows_sampled_from():

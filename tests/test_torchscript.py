@@ -237,6 +237,8 @@ def op_arguments(files):
         "block_shuffling": (4, None),
         "block_weighted_sampling": (torch.ones(6), 9, 2, None, True),
         "class_balanced_sampling": (torch.tensor([0, 1, 1, 0]), None, 1, None),
+        "custom_strategy": (torch.tensor([2, 0, 1]), None, True, "a plan"),
+        "rows_source": (7, "rows of a collection"),
         "tensor_source": ({"X": torch.zeros(4, 2)},),
         "hdf5_source": (str(files / "x.h5"), {"X": "/x"}),
         "zarr_source": (str(files / "x.zarr"), {"X": "/"}),

@@ -159,8 +159,9 @@ def test_arrays_inside_a_group_store(tmp_path):
 
 
 def test_missing_store_and_non_zarr_directory(tmp_path):
-    with pytest.raises(ValueError, match="nope.zarr: no such file or directory"):
+    with pytest.raises(FileNotFoundError, match="ZarrSource: No such file or directory") as caught:
         ts.ZarrSource(tmp_path / "nope.zarr")
+    assert caught.value.filename == str(tmp_path / "nope.zarr")
     (tmp_path / "plain").mkdir()
     with pytest.raises(RuntimeError, match="plain"):
         ts.ZarrSource(tmp_path / "plain")

@@ -4,11 +4,12 @@ from ._library import LIBRARY_PATH
 from .dataset import ShardedDataset
 from .monitor import MonitoredLoader
 from .sampler import DistributedSampler
-from .sources import AnnDataSource, Collection, HDF5Source, Source, TensorSource, ZarrSource, open
+from .sources import AnnDataSource, Collection, HDF5Source, RowsSource, Source, TensorSource, ZarrSource, open
 from .strategies import (
     BlockShuffling,
     BlockWeightedSampling,
     ClassBalancedSampling,
+    CustomStrategy,
     Strategy,
     Streaming,
 )
@@ -25,9 +26,11 @@ __all__ = [
     "BlockShuffling",
     "BlockWeightedSampling",
     "ClassBalancedSampling",
+    "CustomStrategy",
     "DistributedSampler",
     "MonitoredLoader",
     "ShardedDataset",
+    "RowsSource",
     "Source",
     "Strategy",
     "Streaming",

@@ -11,11 +11,14 @@ import torch
 
 
 def check_int(name, value, minimum=None):
+    """An int the native side can hold (int64), at least ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {value!r}")
     value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"{name} must be < 2**63 (a 64-bit integer), got {value}")
     return value
 
 
@@ -28,7 +31,9 @@ def optional_seed(name, value):
     2**63 on wrapping around (so unsigned 64-bit seeds work)."""
     if value is None:
         return None
-    value = check_int(name, value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    value = int(value)
     if not -(2**63) <= value < 2**64:
         raise ValueError(f"{name} must fit in 64 bits, got {value}")
     return value - 2**64 if value >= 2**63 else value
@@ -44,12 +49,15 @@ def _as_array(name, values):
 
 
 def index_tensor(name, values):
-    """A 1-D int64 tensor from a tensor, array or sequence of integers."""
+    """A 1-D int64 tensor from a tensor, array or sequence of integers (not
+    bools: numpy would read those as a mask)."""
     array = _as_array(name, values)
     if array.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(array.shape)}")
     if array.size and not np.issubdtype(array.dtype, np.integer):
         raise ValueError(f"{name} must contain integers, got dtype {array.dtype}")
+    if array.size and array.dtype.kind == "u" and array.max() >= 2**63:
+        raise ValueError(f"{name} must be < 2**63, got {array.max()}")
     return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
 
 
@@ -62,9 +70,36 @@ def weight_tensor(name, values):
     array = _as_array(name, values)
     if array.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(array.shape)}")
+    if np.iscomplexobj(array):
+        raise TypeError(f"{name} must be real numbers, got dtype {array.dtype}")
     if array.size and not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
         raise ValueError(f"{name} must contain numbers, got dtype {array.dtype}")
     return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float64))
+
+
+def _kind(value):
+    if isinstance(value, (str, np.str_)):
+        return "str"
+    if isinstance(value, (bytes, np.bytes_)):
+        return "bytes"
+    if isinstance(value, (bool, np.bool_)):
+        return "bool"
+    if isinstance(value, numbers.Number):
+        return "number"
+    return type(value).__name__
+
+
+def _check_one_kind(name, labels):
+    """Labels of one kind: numpy would turn [1, "a"] into strings silently."""
+    if isinstance(labels, torch.Tensor) or (isinstance(labels, np.ndarray) and labels.dtype != object):
+        return
+    try:
+        values = list(labels)
+    except TypeError:
+        return  # not a sequence: _as_array reports it
+    kinds = sorted({_kind(value) for value in values})
+    if len(kinds) > 1:
+        raise TypeError(f"{name} must all be of one kind (ints or strings), got a mix of {', '.join(kinds)}")
 
 
 def label_codes(name, labels):
@@ -73,6 +108,7 @@ def label_codes(name, labels):
     if codes is not None and hasattr(codes, "codes"):  # pandas categorical Series
         values = np.asarray(codes.codes, dtype=np.int64)
         return torch.from_numpy(values), list(codes.categories)
+    _check_one_kind(name, labels)
     array = _as_array(name, labels)
     if array.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(array.shape)}")

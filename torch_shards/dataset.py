@@ -8,16 +8,18 @@ Python: DataLoader's worker info, Python transforms, interrupt-friendly
 waiting, and carrying the native object's shared state into worker processes.
 """
 
+import sys
 import warnings
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from . import _convert
 from ._library import ops
 from ._native import NativeBacked
-from .distributed import boxed, resolve_group
-from .sources import Source, TensorSource
+from .distributed import boxed, rank_from_dist_info, resolve_group
+from .sources import RowsSource, Source, TensorSource
 from .strategies import Strategy
 
 _POLL_MS = 100
@@ -30,11 +32,70 @@ def _shares_by_descriptor():
     return torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
 
 
+def _is_sub_group(group):
+    import torch.distributed as dist
+
+    return dist.get_world_size(group) < dist.get_world_size()
+
+
 def _wait(iterator):
     """Waits for the iterator's next batch in short steps, so that Ctrl-C is
     handled between them."""
     while not iterator.wait(_POLL_MS):
         pass
+
+
+def _refuse_auto_collation():
+    """Raises if DataLoader is about to collate our batches (``batch_size`` not
+    None): it would wrap each one in a batch of one ([1, B, ...] tensors) or
+    fail on sparse ones. DataLoader's fetcher calls iter() on the dataset from
+    its __init__, whose arguments say whether it collates."""
+    caller = sys._getframe(2)
+    if caller.f_code.co_name != "__init__" or type(caller.f_locals.get("self")).__name__ != "_IterableDatasetFetcher":
+        return
+    if caller.f_locals.get("auto_collation"):
+        raise ValueError(
+            "ShardedDataset yields whole batches: create the DataLoader with batch_size=None, e.g. "
+            "DataLoader(dataset, batch_size=None, num_workers=k) (the dataset's batch_size= sets the batch size); "
+            "with DataLoader's default batch_size=1 every batch would come wrapped in a batch of one"
+        )
+
+
+def _is_array_like(value):
+    return isinstance(value, (torch.Tensor, np.ndarray))
+
+
+def _native_source(source, fetch_callback, batch_callback):
+    """(the native-readable source, the collection fetched in Python or None)."""
+    if isinstance(source, Source):
+        if fetch_callback is not None or batch_callback is not None:
+            raise ValueError(
+                "ShardedDataset: fetch_callback and batch_callback fetch rows from a collection in Python; a "
+                f"torch_shards source ({type(source).__name__}) is read natively: pass the collection (an array, "
+                "AnnData, any indexable) as the source, or transform the batches with fetch_transform / "
+                "batch_transform"
+            )
+        return source, None
+    callbacks = fetch_callback is not None or batch_callback is not None
+    if not callbacks and (
+        _is_array_like(source) or (isinstance(source, dict) and all(map(_is_array_like, source.values())))
+    ):
+        return TensorSource(source), None
+    if not hasattr(source, "__getitem__") or not hasattr(source, "__len__"):
+        raise TypeError(
+            "ShardedDataset: source must be a torch_shards source, a tensor, a numpy array, a dict of them, or a "
+            f"collection supporting len() and indexing by an array of rows, got {type(source).__name__}"
+        )
+    name = f"{type(source).__module__}.{type(source).__qualname__}"
+    return RowsSource(len(source), name), source
+
+
+def _positions_in_sorted(rows):
+    """(rows sorted, for each row its position among the sorted rows)."""
+    order = torch.argsort(rows, stable=True)
+    positions = torch.empty_like(order)
+    positions[order] = torch.arange(len(order))
+    return rows[order], positions
 
 
 def _as_unit(result):
@@ -104,10 +165,16 @@ class ShardedDataset(IterableDataset, NativeBacked):
     a dict of tensors with an ``"index"`` int64 tensor of global row indices.
 
     Args:
-        source: a torch_shards source, or a tensor / dict of tensors (wrapped in
-            a TensorSource).
-        strategy: Streaming, BlockShuffling, BlockWeightedSampling or
-            ClassBalancedSampling.
+        source: a torch_shards source, or a tensor, numpy array or dict of
+            them (wrapped in a TensorSource), or any collection supporting
+            ``len()`` and indexing by an array of rows (scDataset's
+            ``data_collection``: AnnData, a list, ...), which is fetched in
+            Python: each fetch as ``collection[sorted_rows]`` (or
+            ``fetch_callback``), each batch as ``fetched[positions]`` (or
+            ``batch_callback``); such batches are whatever the collection
+            returns (no ``"index"``).
+        strategy: Streaming, BlockShuffling, BlockWeightedSampling,
+            ClassBalancedSampling or CustomStrategy.
         batch_size: rows per batch.
         fetch_factor: batches read together in one fetch (one sorted read,
             then shuffled across its batches for shuffling strategies).
@@ -118,6 +185,9 @@ class ShardedDataset(IterableDataset, NativeBacked):
             group when one is initialised).
         rank, world_size: explicit, else the process group, else the
             RANK/WORLD_SIZE environment variables, else 0 and 1.
+        dist_info: annbatch's argument: "torch" (the default above), "jax"
+            (jax.process_index() and jax.process_count()) or a callable
+            returning (rank, world_size).
         process_group: the torch.distributed group the ranks belong to (default:
             the default group, when initialised). At construction the ranks
             agree on the seed and check, over this group, that they all read
@@ -136,6 +206,15 @@ class ShardedDataset(IterableDataset, NativeBacked):
             batch at the epoch's tail) as a dict of tensors; must return a dict
             of tensors with the same rows (their number and order).
         batch_transform: called on each batch before it is yielded.
+        fetch_callback: ``fetch_callback(collection, sorted_rows)`` fetches a
+            unit's rows (a sorted int64 numpy array, repeats allowed) from a
+            collection source (scDataset's signature).
+        batch_callback: ``batch_callback(fetched, positions)`` cuts a batch
+            out of what was fetched (positions: an int64 numpy array).
+        cycle: an endless stream (wsistream's step-based training): epochs
+            follow each other inside one iteration, each still exactly once
+            across ranks and workers with equal batch counts per rank.
+            ``len()`` then raises TypeError, as for any endless dataset.
 
     The epoch advances at every new iteration, also inside DataLoader workers
     (persistent or not, fork or spawn); ``set_epoch(e)`` pins the next one.
@@ -164,29 +243,39 @@ class ShardedDataset(IterableDataset, NativeBacked):
         pin_memory=False,
         fetch_transform=None,
         batch_transform=None,
+        fetch_callback=None,
+        batch_callback=None,
+        cycle=False,
+        dist_info=None,
     ):
         super().__init__()
-        if isinstance(source, (torch.Tensor, dict)):
-            source = TensorSource(source)
-        if not isinstance(source, Source):
-            raise TypeError(f"ShardedDataset: source must be a torch_shards source, got {type(source).__name__}")
         if not isinstance(strategy, Strategy):
             raise TypeError(f"ShardedDataset: strategy must be a torch_shards strategy, got {type(strategy).__name__}")
         if even_batches is not None and not isinstance(even_batches, str):
             raise ValueError(f"ShardedDataset: even_batches must be 'pad', 'drop' or None, got {even_batches!r}")
-        for name, flag in (("drop_last", drop_last), ("pin_memory", pin_memory)):
+        for name, flag in (("drop_last", drop_last), ("pin_memory", pin_memory), ("cycle", cycle)):
             if not isinstance(flag, bool):
                 raise TypeError(f"ShardedDataset: {name} must be a bool, got {flag!r}")
-        for name, function in (("fetch_transform", fetch_transform), ("batch_transform", batch_transform)):
+        callbacks = (
+            ("fetch_transform", fetch_transform),
+            ("batch_transform", batch_transform),
+            ("fetch_callback", fetch_callback),
+            ("batch_callback", batch_callback),
+        )
+        for name, function in callbacks:
             if function is not None and not callable(function):
                 raise TypeError(f"ShardedDataset: {name} must be callable, got {function!r}")
-        self.source = source
-        self.strategy = strategy
+        self.source, self.collection = _native_source(source, fetch_callback, batch_callback)
+        # A plan function's strategy learns its plans' size from the source's rows.
+        if self.collection is not None:
+            strategy = strategy._for_collection(self.collection)
+        self.strategy = strategy._for_rows(len(self.source))
         self.batch_size = _convert.check_int("ShardedDataset: batch_size", batch_size)
         self.fetch_factor = _convert.check_int("ShardedDataset: fetch_factor", fetch_factor)
         self.drop_last = drop_last
         self.even_batches = even_batches
         self.seed = _convert.optional_seed("ShardedDataset: seed", seed)
+        rank, world_size = rank_from_dist_info("ShardedDataset", dist_info, rank, world_size)
         self.rank = _convert.optional_int("ShardedDataset: rank", rank)
         self.world_size = _convert.optional_int("ShardedDataset: world_size", world_size)
         self.num_threads = _convert.optional_int("ShardedDataset: num_threads", num_threads)
@@ -195,12 +284,25 @@ class ShardedDataset(IterableDataset, NativeBacked):
         self.pin_memory = pin_memory
         self.fetch_transform = fetch_transform
         self.batch_transform = batch_transform
+        self.fetch_callback = fetch_callback
+        self.batch_callback = batch_callback
+        self.cycle = cycle
         self._shared_state = None
         # The native object resolves rank, world size and seed (agreeing over
         # the group) and checks everything; copies in worker processes are
         # rebuilt from the resolved values and share its epoch state.
-        native = self._native_object = self._build(process_group=resolve_group(process_group))
-        self.seed, self.rank, self.world_size = native.seed(), native.rank(), native.world_size()
+        group = resolve_group(process_group, "ShardedDataset")
+        if group is not None and seed is None and _is_sub_group(group):
+            raise ValueError(
+                "ShardedDataset: process_group is a part of the job's processes and seed=None: each such group would "
+                "agree on its own seed, and processes of different groups that read the same rank (tensor-parallel "
+                "peers) would read different rows. Pass seed= (the same on every process)"
+            )
+        native = self._native_object = self._build(process_group=group)
+        self.rank, self.world_size = native.rank(), native.world_size()
+        # The seed the ranks agreed on; with seed=None and no process group yet, this process's
+        # draw, which the first iteration replaces by the ranks' agreed one (or refuses, see __iter__).
+        self.seed = native.seed()
         self._shared_state = native.shared_state()
         if pin_memory and not native.pin_memory():
             warnings.warn(
@@ -230,6 +332,14 @@ class ShardedDataset(IterableDataset, NativeBacked):
 
     def __len__(self):
         """Batches this rank yields per epoch, all DataLoader workers together."""
+        if self.cycle:
+            raise TypeError(
+                "ShardedDataset(cycle=True) is endless: it has no len(); batches_per_epoch() gives one epoch's"
+            )
+        return self.native.num_batches()
+
+    def batches_per_epoch(self):
+        """Batches this rank yields per epoch (also with cycle=True)."""
         return self.native.num_batches()
 
     @property
@@ -242,14 +352,71 @@ class ShardedDataset(IterableDataset, NativeBacked):
         self.native.set_epoch(_convert.check_int("ShardedDataset: epoch", epoch))
 
     def __iter__(self):
+        _refuse_auto_collation()
         # The epoch is claimed now, not at the first next(): a DataLoader
         # worker calls iter() once per generation, at start-up.
         info = get_worker_info()
         if info is None:
-            iterator = self.native.iter()
+            # A process group initialised after this dataset was built: agree on the seed and check
+            # the ranks' claims now (a single rank has nothing to agree on).
+            if self.world_size > 1 and not self.native.synchronized():
+                group = resolve_group(None)
+                if group is not None:
+                    self.native.synchronize(boxed(group))
+                    self.seed = self.native.seed()
+            start = self.native.iter
         else:
-            iterator = self.native.iter_worker(info.id, info.num_workers, info.seed - info.id, _shares_by_descriptor())
-        return self._batches(iterator)
+            generation = info.seed - info.id
+            shared = _shares_by_descriptor()
+
+            def start():
+                return self.native.iter_worker(info.id, info.num_workers, generation, shared)
+
+        return self._epochs(self._started(start), start)
+
+    def _started(self, start):
+        iterator = start()
+        # A plan computed in Python is handed over before the epoch is read.
+        self.strategy._provide(len(self.source), self.native.seed(), iterator.epoch())
+        return iterator
+
+    def _epochs(self, iterator, start):
+        batches = self._batches if self.collection is None else self._collection_batches
+        while True:
+            yield from batches(iterator)
+            if not self.cycle:
+                return
+            iterator = self._started(start)
+
+    def _collection_batches(self, iterator):
+        """Batches of a collection fetched in Python: the native side deals the units and cuts them
+        into batches (as positions into the unit's sorted rows); Python only fetches."""
+        collection, fetch_callback, batch_callback = self.collection, self.fetch_callback, self.batch_callback
+        fetch_transform, batch_transform = self.fetch_transform, self.batch_transform
+        fetched = None
+        try:
+            while True:
+                if iterator.pending() == 0:
+                    _wait(iterator)
+                    unit = iterator.next_unit()
+                    if unit is None:
+                        return
+                    rows, positions = _positions_in_sorted(unit["index"])
+                    rows = rows.numpy()
+                    fetched = collection[rows] if fetch_callback is None else fetch_callback(collection, rows)
+                    if fetch_transform is not None:
+                        fetched = fetch_transform(fetched)
+                    iterator.push_unit({"index": unit["index"], "position": positions})
+                batch = iterator.poll(_POLL_MS)
+                if batch is None:
+                    if iterator.finished():
+                        return
+                    continue
+                positions = batch["position"].numpy()
+                out = fetched[positions] if batch_callback is None else batch_callback(fetched, positions)
+                yield out if batch_transform is None else batch_transform(out)
+        finally:
+            iterator.close()
 
     def _batches(self, iterator):
         fetch_transform, batch_transform = self.fetch_transform, self.batch_transform

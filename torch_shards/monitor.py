@@ -34,6 +34,21 @@ def _rows_and_bytes(batch):
     return rows or 0, total
 
 
+def _cuda_device_or_none(device):
+    """The CUDA device whose memory is reported, None for none or a CPU device."""
+    if device is None:
+        return None
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"MonitoredLoader: device must be a torch.device, str or int, got {device!r}") from error
+    if device.type != "cuda":
+        return None
+    if not torch.cuda.is_available():
+        raise ValueError(f"MonitoredLoader: device={device} but this torch has no CUDA device")
+    return device
+
+
 class MonitoredLoader:
     """Iterates ``loader`` and measures it.
 
@@ -49,15 +64,20 @@ class MonitoredLoader:
     ``queue_depth`` (units its native reader threads hold ready), per worker
     ``worker<k>/batches`` and per reader thread ``thread<k>/units`` in the
     window.
+
+    ``device`` (wsistream's argument): the device the training steps run on;
+    for a CUDA device the metrics add ``gpu_memory_gb`` (allocated by torch)
+    and ``gpu_peak_memory_gb`` on it.
     """
 
-    def __init__(self, loader, *, log_every=100, dataset=None, prefix="data/"):
+    def __init__(self, loader, *, log_every=100, dataset=None, device=None, prefix="data/"):
         from .dataset import ShardedDataset
 
         if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
             raise ValueError(f"MonitoredLoader: log_every must be an int >= 1, got {log_every!r}")
         self.loader = loader
         self.log_every = log_every
+        self.device = _cuda_device_or_none(device)
         self.prefix = prefix
         if dataset is None:
             dataset = loader if isinstance(loader, ShardedDataset) else getattr(loader, "dataset", None)
@@ -113,6 +133,7 @@ class MonitoredLoader:
             return None
         payload = self._metrics(self._window)
         payload.update(self._workers())
+        payload.update(self._device_memory())
         if extra:
             payload.update(extra)
         self._reset_window()
@@ -131,6 +152,14 @@ class MonitoredLoader:
             f"{p}wait_fraction": min(1.0, totals["wait"] / elapsed),
             f"{p}steps_per_s": totals["batches"] / elapsed,
             f"{p}batches": totals["batches"],
+        }
+
+    def _device_memory(self):
+        if self.device is None:
+            return {}
+        return {
+            f"{self.prefix}gpu_memory_gb": torch.cuda.memory_allocated(self.device) / 2**30,
+            f"{self.prefix}gpu_peak_memory_gb": torch.cuda.max_memory_allocated(self.device) / 2**30,
         }
 
     def _workers(self):

@@ -6,13 +6,14 @@ which produces the indices natively, in chunks.
 """
 
 import itertools
+import warnings
 
 from torch.utils.data import Sampler
 
 from . import _convert
 from ._library import ops
 from ._native import NativeBacked
-from .distributed import boxed, resolve_group
+from .distributed import boxed, rank_from_dist_info, resolve_group
 from .strategies import Strategy
 
 # Indices are produced natively in chunks of this many, then yielded as ints.
@@ -39,6 +40,8 @@ class DistributedSampler(Sampler, NativeBacked):
     RANK/WORLD_SIZE environment variables, then 1 and 0. With a process group
     (``process_group=``, default: the default group) the ranks check at
     construction that they sample the same dataset length, strategy and seed.
+    ``dist_info`` (annbatch's argument): "torch" (the default above), "jax" or
+    a callable returning (rank, num_replicas).
     """
 
     def __init__(
@@ -52,6 +55,7 @@ class DistributedSampler(Sampler, NativeBacked):
         *,
         strategy=None,
         process_group=None,
+        dist_info=None,
     ):
         if strategy is not None and not isinstance(strategy, Strategy):
             raise TypeError(
@@ -59,15 +63,19 @@ class DistributedSampler(Sampler, NativeBacked):
             )
         self.dataset = dataset
         self.num_rows = len(dataset)
+        rank, num_replicas = rank_from_dist_info("DistributedSampler", dist_info, rank, num_replicas)
         self.num_replicas = _convert.optional_int("DistributedSampler: num_replicas", num_replicas)
         self.rank = _convert.optional_int("DistributedSampler: rank", rank)
         self.shuffle = bool(shuffle)
-        self.seed = _convert.check_int("DistributedSampler: seed", seed)
+        self.seed = _convert.optional_seed("DistributedSampler: seed", seed)
         self.drop_last = bool(drop_last)
-        self.strategy = strategy
+        # A plan function's strategy learns its plans' size from the dataset's length.
+        self.strategy = None if strategy is None else strategy._for_collection(dataset)._for_rows(self.num_rows)
         self._progress = None
-        native = self._native_object = self._build(process_group=resolve_group(process_group))
+        native = self._native_object = self._build(process_group=resolve_group(process_group, "DistributedSampler"))
         self.num_replicas, self.rank = native.num_replicas(), native.rank()
+        if native.topology_source() == "environment" and self.num_replicas > 1:
+            _warn_once_without_group(self.num_replicas)
         self.num_samples = native.num_samples()
         self.total_size = native.total_size()
         self.plan_size = native.plan_size()
@@ -94,7 +102,10 @@ class DistributedSampler(Sampler, NativeBacked):
         self.set_epoch(epoch)
 
     def __iter__(self):
-        progress = self._progress = _Progress(self.native.iter())
+        iterator = self.native.iter()
+        if self.strategy is not None:  # a plan computed in Python is handed over before the epoch is read
+            self.strategy._provide(self.num_rows, self.native.seed(), iterator.epoch())
+        progress = self._progress = _Progress(iterator)
         # Chained list iterators: the per-index cost is C-level, like iterating a list.
         return itertools.chain.from_iterable(progress.chunks())
 
@@ -127,6 +138,23 @@ class DistributedSampler(Sampler, NativeBacked):
 
     def set_epoch(self, epoch):
         self.native.set_epoch(_convert.check_int("DistributedSampler: epoch", epoch))
+
+
+_warned_without_group = False
+
+
+def _warn_once_without_group(num_replicas):
+    """torch's sampler raises without a process group; this one reads RANK / WORLD_SIZE, and says so once."""
+    global _warned_without_group
+    if not _warned_without_group:
+        _warned_without_group = True
+        warnings.warn(
+            f"DistributedSampler: num_replicas={num_replicas} and rank come from the RANK / WORLD_SIZE environment "
+            "variables, but no torch.distributed process group is initialised, so the ranks cannot check that they "
+            "sample the same dataset with the same arguments (torch's DistributedSampler raises here). Initialise "
+            "the process group first, or pass num_replicas and rank.",
+            stacklevel=3,
+        )
 
 
 class _Progress:

@@ -5,12 +5,16 @@ each process, so no handle ever crosses a fork.
 """
 
 import builtins
+import errno
 import json
 import os
 import re
+import warnings
 
+import numpy as np
 import torch
 
+from . import _convert
 from ._library import ops
 from ._native import NativeBacked
 
@@ -35,32 +39,69 @@ class Source(NativeBacked):
 
     def read(self, rows, num_threads=1):
         """The given rows, in the given order (repeats allowed), as a dict of tensors."""
-        return dict(self.native.read(torch.as_tensor(rows, dtype=torch.int64).reshape(-1), num_threads))
+        who = f"{type(self).__name__}.read"
+        rows = _convert.index_tensor(f"{who}: rows", [rows] if np.ndim(rows) == 0 else rows)
+        return dict(self.native.read(rows, _convert.check_int(f"{who}: num_threads", num_threads)))
 
     def __repr__(self):
         return self.native.describe()
 
 
 class TensorSource(Source):
-    """Rows of in-memory tensors: ``TensorSource(x)`` gives field ``"X"``;
-    ``TensorSource({"X": x, "y": y})`` one field per key. All tensors need the
-    same first dimension (the rows); rows are gathered with ATen."""
+    """Rows of in-memory tensors or numpy arrays: ``TensorSource(x)`` gives
+    field ``"X"``; ``TensorSource({"X": x, "y": y})`` one field per key. All
+    need the same first dimension (the rows); rows are gathered with ATen.
+    Numpy arrays are shared, not copied; tensors that require grad are read
+    detached."""
 
     def __init__(self, tensors):
-        if isinstance(tensors, torch.Tensor):
+        if isinstance(tensors, (torch.Tensor, np.ndarray)):
             tensors = {"X": tensors}
         if not isinstance(tensors, dict):
-            raise TypeError(f"TensorSource: expected a tensor or a dict of tensors, got {type(tensors).__name__}")
+            raise TypeError(
+                f"TensorSource: expected a tensor, a numpy array or a dict of them, got {type(tensors).__name__}"
+            )
+        self.tensors = {}
         for name, value in tensors.items():
             if not isinstance(name, str):
                 raise TypeError(f"TensorSource: field names must be str, got {name!r}")
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(f"TensorSource: field {name!r} must be a tensor, got {type(value).__name__}")
-        self.tensors = dict(tensors)
+            self.tensors[name] = _as_tensor(name, value)
         self._build_now()
 
     def _build(self):
         return ops.tensor_source(self.tensors)
+
+
+def _as_tensor(name, value):
+    if isinstance(value, torch.Tensor):
+        if value.is_meta:
+            raise ValueError(f"TensorSource: field {name!r} is on the meta device (it has no data to read)")
+        return value.detach()
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf":
+            raise TypeError(
+                f"TensorSource: field {name!r} is a numpy array of dtype {value.dtype}; only numbers and bools can "
+                "be read (pass other data as the collection of a ShardedDataset, with fetch_callback)"
+            )
+        with warnings.catch_warnings():  # read-only arrays (memmaps): sources never write into their data
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return torch.from_numpy(value)
+    raise TypeError(f"TensorSource: field {name!r} must be a tensor or a numpy array, got {type(value).__name__}")
+
+
+class RowsSource(Source):
+    """The rows of any indexable collection, without reading them: its
+    batches carry only ``"index"``. A ``ShardedDataset`` uses it for a
+    collection it cannot read natively (scDataset's ``data_collection``) and
+    fetches the rows it deals from the collection in Python."""
+
+    def __init__(self, num_rows, description=""):
+        self.num_rows = int(num_rows)
+        self.description = str(description)
+        self._build_now()
+
+    def _build(self):
+        return ops.rows_source(self.num_rows, self.description)
 
 
 def _field_map(who, value, field, what):
@@ -72,14 +113,21 @@ def _field_map(who, value, field, what):
     for name, inner in mapping.items():
         if not isinstance(name, str) or not isinstance(inner, (str, os.PathLike)):
             raise TypeError(f"{who}: {what} must map field names to paths, got {name!r}: {inner!r}")
-        out[name] = os.fspath(inner)
+        out[name] = _no_nul(who, f"{what} {name!r}", os.fspath(inner))
     return out
 
 
 def _path(who, path):
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{who}: path must be a str or os.PathLike, got {type(path).__name__}")
-    return os.fspath(path)
+    return _no_nul(who, "path", os.fspath(path))
+
+
+def _no_nul(who, what, text):
+    """A path the C library would cut at its first NUL character: refused."""
+    if "\0" in text:
+        raise ValueError(f"{who}: {what} contains a NUL character: {text!r}")
+    return text
 
 
 class HDF5Source(Source):
@@ -311,7 +359,7 @@ def open(path, **kwargs):  # noqa: A001 - mirrors the builtin for paths
     path = _path("torch_shards.open", path)
     kind = ops.probe(path)
     if kind == "missing":
-        raise FileNotFoundError(f"torch_shards.open: {path}: no such file or directory")
+        raise FileNotFoundError(errno.ENOENT, f"torch_shards.open: {os.strerror(errno.ENOENT)}", path)
     if kind in ("hdf5-anndata", "zarr-anndata"):
         return AnnDataSource(path, **kwargs)
     if kind == "hdf5":

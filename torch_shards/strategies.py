@@ -9,9 +9,29 @@ permutations), so they are identical on every machine.
 set is visited in ascending row order, for I/O locality.
 """
 
+import numbers
+import warnings
+
+import torch
+
 from . import _convert
 from ._library import ops
 from ._native import NativeBacked
+
+
+def _indices(who, values):
+    """A strategy's ``indices=``: any order is accepted; they are visited in
+    ascending row order (for I/O locality), which the warning says when they
+    were not sorted (as scDataset warns)."""
+    indices = _convert.optional_index_tensor(f"{who}: indices", values)
+    if indices is not None and indices.numel() > 1 and bool((indices[1:] < indices[:-1]).any()):
+        warnings.warn(
+            f"{who}: indices are not sorted; they are visited in ascending row order (sorted reads are what "
+            "makes on-disk loading fast), so the order you gave them in is not kept",
+            UserWarning,
+            stacklevel=3,
+        )
+    return indices
 
 
 class Strategy(NativeBacked):
@@ -29,6 +49,18 @@ class Strategy(NativeBacked):
     def __repr__(self):
         return self.native.describe()
 
+    def _for_rows(self, num_rows):
+        """This strategy ready for a source of ``num_rows`` rows (a dataset or
+        sampler holds what this returns)."""
+        return self
+
+    def _for_collection(self, collection):
+        """This strategy ready for a collection read in Python (not a torch_shards source)."""
+        return self
+
+    def _provide(self, num_rows, seed, epoch):
+        """Hands the native strategy what it needs from Python before ``epoch`` is read."""
+
 
 class Streaming(Strategy):
     """Rows in order. ``shuffle=True`` permutes the samples inside each fetch
@@ -39,7 +71,7 @@ class Streaming(Strategy):
         if not isinstance(shuffle, bool):
             raise TypeError(f"Streaming: shuffle must be a bool, got {shuffle!r}")
         self.shuffle = shuffle
-        self.indices = _convert.optional_index_tensor("Streaming: indices", indices)
+        self.indices = _indices("Streaming", indices)
         self._build_now()
 
     def _build(self):
@@ -53,7 +85,7 @@ class BlockShuffling(Strategy):
 
     def __init__(self, block_size=8, indices=None):
         self.block_size = _convert.check_int("BlockShuffling: block_size", block_size)
-        self.indices = _convert.optional_index_tensor("BlockShuffling: indices", indices)
+        self.indices = _indices("BlockShuffling", indices)
         self._build_now()
 
     def _build(self):
@@ -77,7 +109,7 @@ class BlockWeightedSampling(Strategy):
         self.weights = _convert.weight_tensor("BlockWeightedSampling: weights", weights)
         self.total_size = _convert.optional_int("BlockWeightedSampling: total_size", total_size)
         self.block_size = _convert.check_int("BlockWeightedSampling: block_size", block_size)
-        self.indices = _convert.optional_index_tensor("BlockWeightedSampling: indices", indices)
+        self.indices = _indices("BlockWeightedSampling", indices)
         if not isinstance(replacement, bool):
             raise TypeError(f"BlockWeightedSampling: replacement must be a bool, got {replacement!r}")
         self.replacement = replacement
@@ -94,17 +126,139 @@ class ClassBalancedSampling(Strategy):
     frequency, so every class is drawn equally often in expectation.
 
     ``labels`` (ints, strings or a pandas categorical) has one entry per row
-    of the source, or one per entry of ``indices``; frequencies are counted
-    over the rows sampled from. ``classes`` lists the class values when the
+    of the source, or one per entry of ``indices``. Or ``label_key=`` names a
+    field of the dataset's source (for an AnnData source, any obs column:
+    categorical, string, integer or boolean), read when the strategy is given
+    to a ``ShardedDataset``. ``classes`` lists the class values when the
     labels were not integers.
+
+    Class sizes are counted over every row when the labels cover the whole
+    source, even when ``indices`` restricts the draws to a subset (scDataset's
+    global balancing: a class keeps its weight in the whole dataset), and
+    over the subset when the labels are one per entry of ``indices``. Rows
+    whose label is missing (-1: pandas' and anndata's code for a missing
+    category) are never drawn.
+
+    ``smoothing`` in [0, 1] draws each class with probability
+    ``(1 - smoothing) / classes + smoothing * class_size / labeled_rows``: 0
+    balances the classes, 1 keeps their natural frequencies.
     """
 
-    def __init__(self, labels, total_size=None, block_size=1, indices=None):
-        self.labels, self.classes = _convert.label_codes("ClassBalancedSampling: labels", labels)
-        self.total_size = _convert.optional_int("ClassBalancedSampling: total_size", total_size)
-        self.block_size = _convert.check_int("ClassBalancedSampling: block_size", block_size)
-        self.indices = _convert.optional_index_tensor("ClassBalancedSampling: indices", indices)
+    def __init__(self, labels=None, total_size=None, block_size=1, indices=None, *, label_key=None, smoothing=0.0):
+        who = "ClassBalancedSampling"
+        if (labels is None) == (label_key is None):
+            raise ValueError(f"{who}: pass labels= or label_key= (a field or obs column of the source), not both")
+        if label_key is not None and not isinstance(label_key, str):
+            raise TypeError(f"{who}: label_key must be a str, got {label_key!r}")
+        if isinstance(smoothing, bool) or not isinstance(smoothing, numbers.Real):
+            raise TypeError(f"{who}: smoothing must be a number in [0, 1], got {smoothing!r}")
+        if not 0.0 <= float(smoothing) <= 1.0:
+            raise ValueError(f"{who}: smoothing must be in [0, 1], got {smoothing!r}")
+        self.labels, self.classes = (None, None) if labels is None else _convert.label_codes(f"{who}: labels", labels)
+        self.label_key = label_key
+        self.smoothing = float(smoothing)
+        self.total_size = _convert.optional_int(f"{who}: total_size", total_size)
+        self.block_size = _convert.check_int(f"{who}: block_size", block_size)
+        self.indices = _indices(who, indices)
         self._build_now()
 
     def _build(self):
-        return ops.class_balanced_sampling(self.labels, self.total_size, self.block_size, self.indices)
+        return ops.class_balanced_sampling(
+            self.labels, self.total_size, self.block_size, self.indices, self.smoothing, self.label_key
+        )
+
+    def _for_collection(self, collection):
+        # An AnnData object (in memory or backed) as scDataset's collection: its obs column.
+        if self.label_key is None:
+            return self
+        obs = getattr(collection, "obs", None)
+        if obs is None or not hasattr(obs, "columns"):
+            raise ValueError(
+                f"ClassBalancedSampling: label_key={self.label_key!r} reads a field of a torch_shards source or an obs "
+                f"column of an AnnData collection; {type(collection).__name__} has no obs: pass labels="
+            )
+        if self.label_key not in obs.columns:
+            raise ValueError(
+                f"ClassBalancedSampling: label_key={self.label_key!r} is not an obs column (columns: "
+                f"{list(obs.columns)})"
+            )
+        return ClassBalancedSampling(
+            obs[self.label_key],
+            self.total_size,
+            self.block_size,
+            None if self.indices is None else self.indices.numpy(),
+            smoothing=self.smoothing,
+        )
+
+
+class CustomStrategy(Strategy):
+    """A plan you compute (scDataset's custom strategies), partitioned across
+    ranks and workers, batched, checkpointed and resumed like any other.
+
+    ``plan`` is either the rows of every epoch (a tensor, array or sequence of
+    row indices, repeats allowed), or a function ``plan(num_rows, seed, epoch)``
+    returning one epoch's rows. The function runs in every process that reads
+    (each rank, each DataLoader worker), before the epoch is read, so it must
+    depend on its arguments only: draw from a generator seeded with ``seed``
+    and ``epoch``. Two calls with the same arguments are compared once, and
+    differing plans raise. Every epoch's plan has as many rows as epoch 0's
+    (or ``size``, when given).
+
+    ``shuffle=True`` permutes the rows inside each fetch, as the built-in
+    strategies do; the plan's order is otherwise kept.
+    """
+
+    def __init__(self, plan, *, shuffle=False, size=None):
+        who = "CustomStrategy"
+        if not isinstance(shuffle, bool):
+            raise TypeError(f"{who}: shuffle must be a bool, got {shuffle!r}")
+        self.shuffle = shuffle
+        if callable(plan) and not isinstance(plan, torch.Tensor):
+            self.function, self.rows = plan, None
+            self.size = _convert.optional_int(f"{who}: size", size, 1)
+            self.description = getattr(plan, "__qualname__", type(plan).__qualname__)
+        else:
+            if size is not None:
+                raise ValueError(f"{who}: size= is for a plan function; a fixed plan has its own length")
+            self.function, self.rows, self.size = None, _convert.index_tensor(f"{who}: plan", plan), None
+            self.description = ""
+        if self.function is None or self.size is not None:
+            self._build_now()
+
+    def _build(self):
+        if self.function is not None and self.size is None:
+            raise ValueError(
+                "CustomStrategy: the size of a plan function's plans is known once it is given rows: use it in a "
+                "ShardedDataset or DistributedSampler, or pass size="
+            )
+        return ops.custom_strategy(self.rows, self.size, self.shuffle, self.description)
+
+    def _rows_of(self, num_rows, seed, epoch):
+        rows = self.function(num_rows, seed, epoch)
+        return _convert.index_tensor(f"CustomStrategy: the plan {self.description}({num_rows}, {seed}, {epoch})", rows)
+
+    def _for_rows(self, num_rows):
+        if self.function is None or self.size is not None:
+            return self
+        first, again = self._rows_of(num_rows, 0, 0), self._rows_of(num_rows, 0, 0)
+        if not torch.equal(first, again):
+            raise ValueError(
+                f"CustomStrategy: {self.description}({num_rows}, 0, 0) returned different rows when called twice: "
+                "every rank and DataLoader worker calls it, so it must depend on (num_rows, seed, epoch) only (draw "
+                "from e.g. numpy.random.default_rng([seed, epoch]), not from global random state)"
+            )
+        if len(first) == 0:
+            raise ValueError(f"CustomStrategy: {self.description}({num_rows}, 0, 0) returned no rows")
+        return CustomStrategy(self.function, shuffle=self.shuffle, size=len(first))
+
+    def _provide(self, num_rows, seed, epoch):
+        if self.function is not None:
+            self.native.provide(epoch, self._rows_of(num_rows, seed, epoch), num_rows)
+
+    def plan(self, num_rows, seed=0, epoch=0):
+        strategy = self._for_rows(_convert.check_int("num_rows", num_rows, 1))
+        strategy._provide(num_rows, _convert.check_int("seed", seed), _convert.check_int("epoch", epoch))
+        return strategy.native.plan(num_rows, seed, epoch)
+
+    def plan_size(self, num_rows):
+        return self._for_rows(_convert.check_int("num_rows", num_rows, 1)).native.plan_size(num_rows)

@@ -55,6 +55,7 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("plan_size", &StrategyImpl::plan_size)
       .def("plan", &StrategyImpl::plan)
       .def("strided", &StrategyImpl::strided)
+      .def("provide", &StrategyImpl::provide)
       .def_pickle([](const c10::intrusive_ptr<StrategyImpl>& self) { return self->state(); },
                   [](StrategyState state) { return c10::make_intrusive<StrategyImpl>(std::move(state)); });
 
@@ -130,6 +131,9 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("strategy", &ShardedDatasetImpl::strategy)
       .def("describe", &ShardedDatasetImpl::describe)
       .def("fingerprint", &ShardedDatasetImpl::fingerprint)
+      .def("synchronize", &ShardedDatasetImpl::synchronize)
+      .def("synchronized", &ShardedDatasetImpl::synchronized)
+      .def("topology_source", &ShardedDatasetImpl::topology_source)
       .def("shared_state", &ShardedDatasetImpl::shared_state)
       .def("delivery_counts", &ShardedDatasetImpl::delivery_counts)
       .def("reader_stats", &ShardedDatasetImpl::reader_stats)
@@ -169,6 +173,7 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("state_dict", &DistributedSamplerImpl::state_dict, "", {torch::arg("consumed") = 0})
       .def("load_state_dict", &DistributedSamplerImpl::load_state_dict)
       .def("fingerprint", &DistributedSamplerImpl::fingerprint)
+      .def("topology_source", &DistributedSamplerImpl::topology_source)
       .def_pickle([](const c10::intrusive_ptr<DistributedSamplerImpl>& self) { return self->state(); },
                   [](DistributedSamplerImpl::State state) { return DistributedSamplerImpl::from_state(state); });
 
@@ -181,11 +186,17 @@ TORCH_LIBRARY(torch_shards, m) {
       "bool replacement=True) -> __torch__.torch.classes.torch_shards.Strategy",
       &StrategyImpl::block_weighted_sampling);
   m.def(
-      "class_balanced_sampling(Tensor labels, int? total_size=None, int block_size=1, Tensor? indices=None) -> "
-      "__torch__.torch.classes.torch_shards.Strategy",
+      "class_balanced_sampling(Tensor? labels, int? total_size=None, int block_size=1, Tensor? indices=None, "
+      "float smoothing=0., str? label_key=None) -> __torch__.torch.classes.torch_shards.Strategy",
       &StrategyImpl::class_balanced_sampling);
+  m.def(
+      "custom_strategy(Tensor? plan, int? size=None, bool shuffle=False, str description=\"\") -> "
+      "__torch__.torch.classes.torch_shards.Strategy",
+      &StrategyImpl::custom_strategy);
   m.def("tensor_source(Dict(str, Tensor) fields) -> __torch__.torch.classes.torch_shards.Source",
         &SourceImpl::tensor_source);
+  m.def("rows_source(int num_rows, str description=\"\") -> __torch__.torch.classes.torch_shards.Source",
+        &SourceImpl::rows_source);
   m.def("hdf5_source(str path, Dict(str, str) datasets) -> __torch__.torch.classes.torch_shards.Source",
         &SourceImpl::hdf5_source);
   m.def("zarr_source(str path, Dict(str, str) arrays) -> __torch__.torch.classes.torch_shards.Source",

@@ -45,6 +45,10 @@ void set_shared_seed(int64_t* words, int64_t seed) { store(words + kSeedWord, se
 
 int64_t shared_seed(const int64_t* words) { return load(words + kSeedWord); }
 
+void set_flag(int64_t* words, int64_t word, bool value) { store(words + word, value ? 1 : 0); }
+
+bool flag(const int64_t* words, int64_t word) { return load(words + word) != 0; }
+
 void store_resume_record(int64_t* words, const std::optional<ResumeRecord>& record) {
   int64_t* region = words + kResumeOffset;
   std::vector<int64_t> body{record.has_value(), record ? record->epoch : 0,

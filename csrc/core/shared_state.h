@@ -20,7 +20,9 @@ constexpr int64_t kMainSlot = kMaxWorkers;
 constexpr int64_t kDeliveryOffset = kEpochStateWords;
 constexpr int64_t kLastWorkersWord = kDeliveryOffset + 2 * kDeliverySlots;
 constexpr int64_t kSeedWord = kLastWorkersWord + 1;
-constexpr int64_t kResumeOffset = kSeedWord + 1;
+constexpr int64_t kAgreedWord = kSeedWord + 1;          // 1: every rank uses this seed
+constexpr int64_t kSynchronizedWord = kAgreedWord + 1;  // 1: the ranks checked their claims over a process group
+constexpr int64_t kResumeOffset = kSynchronizedWord + 1;
 constexpr int64_t kResumeWords = 4096;
 constexpr int64_t kSharedStateWords = kResumeOffset + kResumeWords;
 
@@ -40,6 +42,9 @@ int64_t last_workers(const int64_t* words);
 // The dataset's seed, for every process reading it (a checkpoint may change it).
 void set_shared_seed(int64_t* words, int64_t seed);
 int64_t shared_seed(const int64_t* words);
+// Flags shared with the workers (kAgreedWord, kSynchronizedWord).
+void set_flag(int64_t* words, int64_t word, bool value);
+bool flag(const int64_t* words, int64_t word);
 
 // An epoch to resume: the segments it ran (resume.h).
 struct ResumeRecord {

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <unordered_map>
 
@@ -402,30 +405,43 @@ std::string BlockWeightedSampling::describe() const {
 }
 
 ClassBalancedSampling::ClassBalancedSampling(std::vector<int64_t> labels, std::optional<int64_t> total_size,
-                                             int64_t block_size, std::optional<std::vector<int64_t>> indices)
+                                             int64_t block_size, std::optional<std::vector<int64_t>> indices,
+                                             double smoothing)
     : BlockWeightedSampling("ClassBalancedSampling", {1.0}, total_size, block_size, std::move(indices), true),
-      labels_(std::move(labels)) {
+      labels_(std::move(labels)),
+      smoothing_(smoothing) {
   check_argument(!labels_.empty(), name(), ": labels must not be empty");
+  check_argument(smoothing >= 0.0 && smoothing <= 1.0, name(), ": smoothing must be in [0, 1], got ", smoothing);
 }
 
 std::shared_ptr<const SamplingPlan> ClassBalancedSampling::bind(int64_t num_rows) const {
   check_argument(num_rows >= 1, name(), ": the source must have at least one row, got ", num_rows);
   std::vector<int64_t> storage;
   const std::vector<int64_t>& labels = align_to_subset(labels_, "labels", num_rows, storage);
-  // weight = 1 / class size. Labels are usually small codes: count them in an
-  // array, else in a map.
-  std::vector<double> weights(labels.size());
-  const auto [low, high] = std::minmax_element(labels.begin(), labels.end());
-  const uint64_t range = static_cast<uint64_t>(*high) - static_cast<uint64_t>(*low);
-  if (range < (uint64_t{1} << 20) || range < labels.size()) {
-    const int64_t base = *low;
-    std::vector<int64_t> sizes(static_cast<size_t>(*high - base + 1), 0);
-    for (int64_t label : labels) ++sizes[label - base];
-    for (size_t i = 0; i < labels.size(); ++i) weights[i] = 1.0 / static_cast<double>(sizes[labels[i] - base]);
-  } else {
-    std::unordered_map<int64_t, int64_t> sizes;
-    for (int64_t label : labels) ++sizes[label];
-    for (size_t i = 0; i < labels.size(); ++i) weights[i] = 1.0 / static_cast<double>(sizes[labels[i]]);
+  // Class sizes: over every row when labels cover the source (scDataset's global balancing: a
+  // subset keeps the classes' importance in the whole dataset), else over the subset's rows.
+  // Rows whose label is missing (-1) are no class and never drawn.
+  const bool global = indices_ && static_cast<int64_t>(labels_.size()) == num_rows;
+  std::unordered_map<int64_t, int64_t> sizes;
+  int64_t labeled = 0;
+  for (int64_t label : global ? labels_ : labels) {
+    if (label == kMissingLabel) continue;
+    ++sizes[label];
+    ++labeled;
+  }
+  check_argument(labeled > 0, name(), ": every label is missing (-1): there is nothing to draw");
+  // Each class is drawn with probability (1 - smoothing) / classes + smoothing * its share of the
+  // labeled rows: smoothing 0 balances the classes, 1 keeps their natural frequencies.
+  const double classes = static_cast<double>(sizes.size());
+  std::unordered_map<int64_t, double> weight_of;
+  for (const auto& [label, size] : sizes) {
+    const double probability =
+        (1.0 - smoothing_) / classes + smoothing_ * static_cast<double>(size) / static_cast<double>(labeled);
+    weight_of[label] = probability / static_cast<double>(size);
+  }
+  std::vector<double> weights(labels.size(), 0.0);
+  for (size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] != kMissingLabel) weights[i] = weight_of[labels[i]];
   }
   return bind_weights(num_rows, weights);
 }
@@ -433,7 +449,102 @@ std::shared_ptr<const SamplingPlan> ClassBalancedSampling::bind(int64_t num_rows
 std::string ClassBalancedSampling::describe() const {
   return concat("ClassBalancedSampling(labels=<", labels_.size(), " #", hex(digest(labels_)),
                 ">, total_size=", describe_optional(total_size_), ", block_size=", block_size_, ", ",
-                describe_indices(), ")");
+                describe_indices(), smoothing_ > 0.0 ? concat(", smoothing=", smoothing_) : std::string(), ")");
+}
+
+}  // namespace torch_shards::core
+
+namespace torch_shards::core {
+
+struct CustomStrategy::Provided {
+  std::mutex mutex;
+  std::map<int64_t, std::shared_ptr<const std::vector<int64_t>>> plans;  // a few recent epochs
+};
+
+namespace {
+
+class CustomPlan : public SamplingPlan {
+ public:
+  CustomPlan(std::shared_ptr<const std::vector<int64_t>> fixed,
+             std::function<std::shared_ptr<const std::vector<int64_t>>(int64_t)> provided, int64_t size, bool shuffle)
+      : fixed_(std::move(fixed)), provided_(std::move(provided)), size_(size), shuffle_(shuffle) {}
+
+  int64_t size() const override { return size_; }
+  bool shuffles_within_fetch() const override { return shuffle_; }
+  void fill(uint64_t seed, int64_t epoch, int64_t begin, int64_t count, int64_t* rows) const override {
+    const auto plan = fixed_ ? fixed_ : provided_(epoch);
+    std::copy(plan->begin() + begin, plan->begin() + begin + count, rows);
+  }
+
+ private:
+  std::shared_ptr<const std::vector<int64_t>> fixed_;
+  std::function<std::shared_ptr<const std::vector<int64_t>>(int64_t)> provided_;
+  int64_t size_;
+  bool shuffle_;
+};
+
+}  // namespace
+
+CustomStrategy::CustomStrategy(std::optional<std::vector<int64_t>> fixed, int64_t size, bool shuffle,
+                               std::string description)
+    : Strategy("CustomStrategy", std::nullopt),
+      fixed_(std::move(fixed)),
+      size_(fixed_ ? static_cast<int64_t>(fixed_->size()) : size),
+      shuffle_(shuffle),
+      description_(std::move(description)),
+      provided_(std::make_shared<Provided>()) {
+  check_argument(size_ >= 1, name(), ": the plan must have at least one entry, got ", size_);
+  if (fixed_) {
+    for (size_t i = 0; i < fixed_->size(); ++i) {
+      check_argument((*fixed_)[i] >= 0, name(), ": the plan's rows must be >= 0, got plan[", i, "] = ", (*fixed_)[i]);
+    }
+  }
+}
+
+std::shared_ptr<const SamplingPlan> CustomStrategy::bind(int64_t num_rows) const {
+  check_argument(num_rows >= 1, name(), ": the source must have at least one row, got ", num_rows);
+  if (fixed_) {
+    for (size_t i = 0; i < fixed_->size(); ++i) {
+      check_argument((*fixed_)[i] < num_rows, name(), ": the plan's rows must be < the number of rows (", num_rows,
+                     "), got plan[", i, "] = ", (*fixed_)[i]);
+    }
+    return std::make_shared<CustomPlan>(std::make_shared<const std::vector<int64_t>>(*fixed_), nullptr, size_,
+                                        shuffle_);
+  }
+  const auto provided = provided_;
+  return std::make_shared<CustomPlan>(
+      nullptr,
+      [provided, this_name = std::string(name())](int64_t epoch) {
+        std::lock_guard<std::mutex> lock(provided->mutex);
+        const auto found = provided->plans.find(epoch);
+        check_argument(found != provided->plans.end(), this_name, ": the plan of epoch ", epoch,
+                       " was not provided (a plan computed by a function is provided by the Python door before each "
+                       "epoch is read)");
+        return found->second;
+      },
+      size_, shuffle_);
+}
+
+void CustomStrategy::provide(int64_t epoch, std::vector<int64_t> rows, int64_t num_rows) const {
+  check_argument(!fixed_, name(), ": a fixed plan is not provided per epoch");
+  check_argument(static_cast<int64_t>(rows.size()) == size_, name(), ": the plan of epoch ", epoch, " has ",
+                 rows.size(), " entries, but the plans of this strategy have ", size_,
+                 " (every epoch's plan must have as many)");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    check_argument(rows[i] >= 0 && rows[i] < num_rows, name(), ": the plan of epoch ", epoch, " has rows outside [0, ",
+                   num_rows, "): plan[", i, "] = ", rows[i]);
+  }
+  std::lock_guard<std::mutex> lock(provided_->mutex);
+  provided_->plans[epoch] = std::make_shared<const std::vector<int64_t>>(std::move(rows));
+  while (provided_->plans.size() > 8) provided_->plans.erase(provided_->plans.begin());  // iterations in flight
+}
+
+std::string CustomStrategy::describe() const {
+  if (fixed_) {
+    return concat("CustomStrategy(plan=<", size_, " #", hex(digest(*fixed_)),
+                  ">, shuffle=", shuffle_ ? "True" : "False", ")");
+  }
+  return concat("CustomStrategy(", description_, ", size=", size_, ", shuffle=", shuffle_ ? "True" : "False", ")");
 }
 
 }  // namespace torch_shards::core

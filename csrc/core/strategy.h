@@ -111,15 +111,46 @@ class BlockWeightedSampling : public Strategy {
 
 class ClassBalancedSampling : public BlockWeightedSampling {
  public:
-  // labels: one integer class per row of the source, or one per entry of
-  // indices. Class frequencies are counted over the rows sampled from.
+  static constexpr int64_t kMissingLabel = -1;  // pandas' and anndata's code of a missing category
+
+  // labels: one integer class per row of the source (class sizes counted
+  // over all rows, even when indices restrict the draws: scDataset's global
+  // balancing), or one per entry of indices (sizes counted over those).
+  // Rows labeled -1 are never drawn. smoothing in [0, 1] moves each class's
+  // probability from 1 / classes (0) to its natural frequency (1).
   ClassBalancedSampling(std::vector<int64_t> labels, std::optional<int64_t> total_size = std::nullopt,
-                        int64_t block_size = 1, std::optional<std::vector<int64_t>> indices = std::nullopt);
+                        int64_t block_size = 1, std::optional<std::vector<int64_t>> indices = std::nullopt,
+                        double smoothing = 0.0);
   std::shared_ptr<const SamplingPlan> bind(int64_t num_rows) const override;
   std::string describe() const override;
 
  private:
   std::vector<int64_t> labels_;
+  double smoothing_;
+};
+
+// A plan its user computes (scDataset's custom strategies): the same rows
+// every epoch (a fixed plan), or each epoch's rows, provided before that
+// epoch is read (the Python door calls the user's function). Partitioned and
+// read like any other plan; shuffle permutes the rows inside each fetch.
+class CustomStrategy : public Strategy {
+ public:
+  // fixed: the plan of every epoch; else `size` entries provided per epoch.
+  // description names the plan in describe() (and so in the ranks' check).
+  CustomStrategy(std::optional<std::vector<int64_t>> fixed, int64_t size, bool shuffle, std::string description);
+  std::shared_ptr<const SamplingPlan> bind(int64_t num_rows) const override;
+  std::string describe() const override;
+  // The rows of one epoch (size() entries in [0, num_rows)).
+  void provide(int64_t epoch, std::vector<int64_t> rows, int64_t num_rows) const;
+  bool fixed() const { return fixed_.has_value(); }
+
+ private:
+  struct Provided;
+  std::optional<std::vector<int64_t>> fixed_;
+  int64_t size_;
+  bool shuffle_;
+  std::string description_;
+  std::shared_ptr<Provided> provided_;
 };
 
 // Blocks of consecutive subset positions visited in a keyed pseudo-random

@@ -48,7 +48,7 @@ std::string hdf5_error_detail() {
 }
 
 Hid open_hdf5_file(const std::string& path) {
-  if (!file_exists(path)) throw core::ReadError(path + ": no such file");
+  if (!file_exists(path)) throw core::FileNotFound(path);
   if (H5Fis_hdf5(path.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);
     throw core::ReadError(path + ": not an HDF5 file");

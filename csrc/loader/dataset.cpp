@@ -71,14 +71,16 @@ int64_t* words(const at::Tensor& state) { return state.data_ptr<int64_t>(); }
 
 ShardedDatasetImpl::ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c10::intrusive_ptr<StrategyImpl> strategy,
                                        const DatasetOptions& options, const std::optional<at::Tensor>& shared_state)
-    : source_(std::move(source)), strategy_(std::move(strategy)), options_(options) {
+    : source_(std::move(source)), options_(options) {
   TORCH_CHECK_VALUE(source_, kWho, ": source is null");
-  TORCH_CHECK_VALUE(strategy_, kWho, ": strategy is null");
+  TORCH_CHECK_VALUE(strategy, kWho, ": strategy is null");
+  strategy_ = strategy->resolved_for(*source_);  // labels read from the source (label_key)
   TORCH_CHECK_VALUE(options.batch_size >= 1, kWho, ": batch_size must be >= 1, got ", options.batch_size);
   TORCH_CHECK_VALUE(options.fetch_factor >= 1, kWho, ": fetch_factor must be >= 1, got ", options.fetch_factor);
-  TORCH_CHECK_VALUE(!options.num_threads || *options.num_threads >= 1, kWho, ": num_threads must be >= 1, got ",
-                    options.num_threads.value_or(0));
-  TORCH_CHECK_VALUE(options.prefetch >= 0, kWho, ": prefetch must be >= 0, got ", options.prefetch);
+  TORCH_CHECK_VALUE(!options.num_threads || (*options.num_threads >= 1 && *options.num_threads <= kMaxThreads), kWho,
+                    ": num_threads must be in [1, ", kMaxThreads, "], got ", options.num_threads.value_or(0));
+  TORCH_CHECK_VALUE(options.prefetch >= 0 && options.prefetch <= kMaxPrefetch, kWho, ": prefetch must be in [0, ",
+                    kMaxPrefetch, "], got ", options.prefetch);
   TORCH_CHECK_VALUE(options.prefetch_bytes >= 0, kWho, ": prefetch_bytes must be >= 0, got ", options.prefetch_bytes);
   core::LoaderOptions layout{options.batch_size, options.fetch_factor, options.drop_last,
                              even_batches_of(options.even_batches)};
@@ -95,24 +97,52 @@ ShardedDatasetImpl::ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c1
   });
   // Without CUDA there is nothing to pin for; the doors tell their users (pin_memory() is false).
   if (!at::hasCUDA()) options_.pin_memory = false;
+  topology_source_ = topology.source;
+  // Output memory recycled across this process's epochs and iterators (buffer_pool.h).
+  buffers_ = std::make_shared<BufferPool>(options_.prefetch_bytes);
   if (shared_state) {
     // A copy in a DataLoader worker: the main process's seed (a checkpoint may have changed it).
     shared_state_ = checked_shared_state(*shared_state);
     seed_ = core::shared_seed(words(shared_state_));
-  } else {
-    shared_state_ = new_shared_state();
-    seed_ = resolve_seed(options.seed, topology);
-    core::set_shared_seed(words(shared_state_), seed_);
+    return;
   }
-  // Output memory recycled across this process's epochs and iterators (buffer_pool.h).
-  buffers_ = std::make_shared<BufferPool>(options_.prefetch_bytes);
-  if (topology.group && world_size_ > 1) check_same_on_all_ranks(*topology.group, fingerprint(), kWho);
-  options_.process_group.reset();  // used once: loading never communicates
+  shared_state_ = new_shared_state();
+  seed_fixed_ = options.seed.has_value();
+  seed_ = options.seed ? *options.seed : draw_seed();
+  core::set_shared_seed(words(shared_state_), seed_);
+  core::set_flag(words(shared_state_), core::kAgreedWord, seed_fixed_ || world_size_ == 1);
+  // With a process group the ranks agree on the seed and check what they read, once, now.
+  if (options.process_group) synchronize(options.process_group);
+  options_.process_group.reset();  // loading never communicates
+}
+
+void ShardedDatasetImpl::synchronize(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+  TORCH_CHECK_VALUE(group, kWho, ".synchronize: process_group is null");
+  Claim claim{rank_, world_size_, seed_, seed_fixed_, fingerprint()};
+  seed_ = agree_over_group(*group, claim, kWho);
+  seed_fixed_ = true;
+  core::set_shared_seed(words(shared_state_), seed_);
+  core::set_flag(words(shared_state_), core::kAgreedWord, true);
+  core::set_flag(words(shared_state_), core::kSynchronizedWord, true);
+}
+
+bool ShardedDatasetImpl::synchronized() const { return core::flag(words(shared_state_), core::kSynchronizedWord); }
+
+void ShardedDatasetImpl::check_agreed() const {
+  TORCH_CHECK_VALUE(
+      core::flag(words(shared_state_), core::kAgreedWord), kWho, ": the ", world_size_,
+      " ranks have not agreed on a seed: with seed=None they agree over torch.distributed's process group, but none "
+      "was initialised when this dataset was built (rank and world size came from ",
+      topology_source_ == "environment" ? "the RANK and WORLD_SIZE environment variables" : "explicit arguments",
+      ") nor when its first iteration started in the main process; each rank would shuffle its own way and rows "
+      "would be read twice or never. Build the dataset after torch.distributed.init_process_group, or pass the same "
+      "seed= on every rank");
 }
 
 ShardedDatasetImpl::~ShardedDatasetImpl() = default;
 
 c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter() {
+  check_agreed();
   Iteration iteration;
   iteration.epoch = translate_errors([&] { return core::epoch_state_claim_main(words(shared_state_)); });
   core::set_last_workers(words(shared_state_), 0);
@@ -124,6 +154,7 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_worker(int64_t wo
                                                                       int64_t generation_seed, bool shared_memory) {
   TORCH_CHECK_VALUE(num_workers >= 1 && worker >= 0 && worker < num_workers, kWho,
                     ": worker must be in [0, num_workers=", num_workers, "), got ", worker);
+  check_agreed();
   Iteration iteration;
   if (worker_resume_) {
     // This worker's own state, restored in it (StatefulDataLoader): the same epoch, after what it delivered.
@@ -174,7 +205,8 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
   iteration.rank = rank_;
   iteration.world_size = world_size_;
   ReaderOptions reader;
-  reader.num_threads = options_.num_threads.value_or(std::max<int64_t>(1, available_cpus() / num_workers));
+  reader.num_threads =
+      options_.num_threads.value_or(std::clamp<int64_t>(available_cpus() / num_workers, 1, kMaxThreads));
   reader.prefetch = options_.prefetch;
   reader.prefetch_bytes = options_.prefetch_bytes;
   reader.memory = shared_memory         ? sources::Memory::kShared
@@ -275,8 +307,7 @@ std::string ShardedDatasetImpl::fingerprint() const {
                       "\nstrategy: ", strategy_->describe(), "\nplan entries: ", plan_size(),
                       "\nbatch_size: ", options_.batch_size, "\nfetch_factor: ", options_.fetch_factor,
                       "\ndrop_last: ", options_.drop_last ? "True" : "False",
-                      "\neven_batches: ", options_.even_batches.value_or("none"), "\nworld_size: ", world_size_,
-                      "\nseed: ", static_cast<uint64_t>(seed_));
+                      "\neven_batches: ", options_.even_batches.value_or("none"));
 }
 
 namespace {
@@ -469,15 +500,19 @@ void ShardedDatasetImpl::load_state_dict(const StateDict& state) {
     TORCH_CHECK_VALUE(iteration.consumed_before <= left, kWho, ".load_state_dict: worker ", worker, " consumed ",
                       iteration.consumed_before, " batches but delivers only ", left);
     seed_ = seed;
+    seed_fixed_ = true;
     core::set_shared_seed(words(shared_state_), seed);
+    core::set_flag(words(shared_state_), core::kAgreedWord, true);
     worker_resume_ = std::make_shared<const Iteration>(std::move(iteration));
     return;
   }
   // Checked now, not at the next iteration: consumption that does not fit the epoch raises here.
   rank_batches_after(segments, 1);
   seed_ = seed;
+  seed_fixed_ = true;
   translate_errors([&] {
     core::set_shared_seed(words(shared_state_), seed);
+    core::set_flag(words(shared_state_), core::kAgreedWord, true);
     core::store_resume_record(
         words(shared_state_),
         segments.empty() ? std::nullopt : std::optional<core::ResumeRecord>(core::ResumeRecord{epoch, segments}));

@@ -90,17 +90,4 @@ std::string first_difference(const std::string& reference, const std::string& ot
   return core::concat("rank ", other_rank, " differs from rank 0");
 }
 
-void check_same_on_all_ranks(c10d::ProcessGroup& group, const std::string& fingerprint, const std::string& who) {
-  const std::vector<std::string> all = all_gather_strings(group, fingerprint);
-  for (size_t rank = 1; rank < all.size(); ++rank) {
-    const std::string difference = first_difference(all[0], all[rank], static_cast<int64_t>(rank));
-    if (!difference.empty()) {
-      TORCH_CHECK_VALUE(false, who,
-                        ": ranks disagree about what they read (every rank must be built with the same data and "
-                        "arguments): ",
-                        difference);
-    }
-  }
-}
-
 }  // namespace torch_shards

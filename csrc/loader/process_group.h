@@ -17,12 +17,8 @@ int64_t broadcast_seed(c10d::ProcessGroup& group, int64_t seed);
 // Every rank's string, in rank order.
 std::vector<std::string> all_gather_strings(c10d::ProcessGroup& group, const std::string& value);
 
-// All-gathers each rank's fingerprint ("key: value" lines) and, if any rank's
-// differs from rank 0's, throws the same c10::ValueError on every rank,
-// naming the first differing rank and line. `who` prefixes the message.
-void check_same_on_all_ranks(c10d::ProcessGroup& group, const std::string& fingerprint, const std::string& who);
-
-// The first difference between two fingerprints, or "" if equal.
+// The first difference between two fingerprints ("key: value" lines) of
+// processes 0 and `other`, or "" if equal.
 std::string first_difference(const std::string& reference, const std::string& other, int64_t other_rank);
 
 }  // namespace torch_shards

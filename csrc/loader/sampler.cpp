@@ -30,7 +30,12 @@ DistributedSamplerImpl::DistributedSamplerImpl(int64_t num_rows,
       seed_(seed),
       drop_last_(drop_last) {
   TORCH_CHECK_VALUE(num_rows >= 1, kWho, ": the dataset is empty (len(dataset) == 0)");
-  const Topology topology = resolve_topology(rank, num_replicas, process_group, kWho);
+  if (rank && num_replicas && *num_replicas >= 1) {  // torch's words, which code written for torch's looks for
+    TORCH_CHECK_VALUE(*rank >= 0 && *rank < *num_replicas, kWho, ": Invalid rank ", *rank,
+                      ", rank should be in the interval [0, ", *num_replicas - 1, "] (num_replicas=", *num_replicas,
+                      ")");
+  }
+  const Topology topology = resolve_topology(rank, num_replicas, process_group, kWho, "num_replicas");
   num_replicas_ = topology.world_size;
   rank_ = topology.rank;
   strategy_ = strategy_given_ ? *strategy
@@ -40,7 +45,10 @@ DistributedSamplerImpl::DistributedSamplerImpl(int64_t num_rows,
   // torch's layout: pad by wrapping around to a multiple of num_replicas, or trim with drop_last.
   num_samples_ = drop_last && plan_size_ % num_replicas_ != 0 ? plan_size_ / num_replicas_
                                                               : (plan_size_ + num_replicas_ - 1) / num_replicas_;
-  if (topology.group && num_replicas_ > 1) check_same_on_all_ranks(*topology.group, fingerprint(), kWho);
+  topology_source_ = topology.source;
+  if (process_group) {
+    agree_over_group(*process_group, Claim{rank_, num_replicas_, seed_, true, fingerprint()}, kWho, "num_replicas");
+  }
 }
 
 c10::intrusive_ptr<SamplerIteratorImpl> DistributedSamplerImpl::iter() {

@@ -18,6 +18,7 @@
 #include "loader/sources/anndata_source.h"
 #include "loader/sources/array_source.h"
 #include "loader/sources/collection_source.h"
+#include "loader/sources/rows_source.h"
 #include "loader/sources/tensor_source.h"
 
 namespace torch_shards {
@@ -45,15 +46,36 @@ json field_map(const c10::Dict<std::string, std::string>& map) {
   return out;
 }
 
+// A path or name with a NUL character: the C libraries would cut it there and
+// open another file or dataset, so it is refused.
+void check_no_nul(const json& value, const std::string& kind) {
+  if (value.is_string()) {
+    const std::string& text = value.get_ref<const std::string&>();
+    const size_t nul = text.find('\0');
+    if (nul != std::string::npos) {
+      throw core::InvalidArgument(
+          core::concat(kind, ": '", text.substr(0, nul), "\\0...' contains a NUL character (a path or name cannot)"));
+    }
+  }
+  if (value.is_array() || value.is_object()) {
+    for (const auto& item : value) check_no_nul(item, kind);
+  }
+}
+
 // The one place a source is made (or re-opened) from its state.
 std::shared_ptr<const sources::Source> make_source(const SourceState& state) {
   const auto& [kind, params_text, tensors, parts] = state;
   const json params = json::parse(params_text);
+  check_no_nul(params, kind);
   if (kind == "TensorSource") return std::make_shared<sources::TensorSource>(tensors.copy());
+  if (kind == "RowsSource") {
+    return std::make_shared<sources::RowsSource>(params.at("num_rows").get<int64_t>(),
+                                                 params.at("description").get<std::string>());
+  }
   if (kind == "HDF5Source" || kind == "ZarrSource") {
     const std::string path = params.at("path").get<std::string>();
     if (kind == "ZarrSource") {
-      core::check_argument(io::file_exists(path), "ZarrSource: ", path, ": no such file or directory");
+      if (!io::file_exists(path)) throw core::FileNotFound(path);
     }
     std::vector<sources::ArraySource::NamedArray> named;
     for (const auto& pair : params.at("arrays")) {
@@ -75,8 +97,9 @@ std::shared_ptr<const sources::Source> make_source(const SourceState& state) {
     for (const auto& part : parts) inner.push_back(part->get());
     return std::make_shared<sources::CollectionSource>(std::move(inner));
   }
-  throw core::InvalidArgument(core::concat(
-      "unknown source kind '", kind, "' (expected TensorSource, HDF5Source, ZarrSource, AnnDataSource or Collection)"));
+  throw core::InvalidArgument(
+      core::concat("unknown source kind '", kind,
+                   "' (expected TensorSource, RowsSource, HDF5Source, ZarrSource, AnnDataSource or Collection)"));
 }
 
 json anndata_params(const std::string& path, const std::vector<std::string>& obs,
@@ -95,6 +118,11 @@ SourceImpl::SourceImpl(SourceState state, std::shared_ptr<const sources::Source>
 
 c10::intrusive_ptr<SourceImpl> SourceImpl::tensor_source(const c10::Dict<std::string, at::Tensor>& fields) {
   return c10::make_intrusive<SourceImpl>(SourceState{"TensorSource", "{}", fields.copy(), {}});
+}
+
+c10::intrusive_ptr<SourceImpl> SourceImpl::rows_source(int64_t num_rows, const std::string& description) {
+  const json params{{"num_rows", num_rows}, {"description", description}};
+  return c10::make_intrusive<SourceImpl>(SourceState{"RowsSource", params.dump(), NoTensors(), {}});
 }
 
 c10::intrusive_ptr<SourceImpl> SourceImpl::hdf5_source(const std::string& path,
@@ -134,10 +162,12 @@ std::string SourceImpl::describe() const { return source_->describe(); }
 
 Batch SourceImpl::read(const at::Tensor& rows, int64_t num_threads) const {
   return translate_errors([&] {
-    TORCH_CHECK_VALUE(rows.dim() == 1 && rows.scalar_type() == at::kLong,
-                      "Source.read: rows must be a 1-D int64 tensor", ", got ", rows.scalar_type(), " of shape ",
-                      rows.sizes());
-    TORCH_CHECK_VALUE(num_threads >= 1, "Source.read: num_threads must be >= 1, got ", num_threads);
+    TORCH_CHECK_TYPE(rows.scalar_type() == at::kLong, "Source.read: rows must be int64 row numbers, got ",
+                     rows.scalar_type());
+    TORCH_CHECK_VALUE(rows.dim() == 1, "Source.read: rows must be a 1-D int64 tensor", ", got ", rows.scalar_type(),
+                      " of shape ", rows.sizes());
+    TORCH_CHECK_VALUE(num_threads >= 1 && num_threads <= kMaxThreads, "Source.read: num_threads must be in [1, ",
+                      kMaxThreads, "], got ", num_threads);
     const at::Tensor contiguous = rows.to(at::kCPU).contiguous();
     const int64_t* data = contiguous.data_ptr<int64_t>();
     std::vector<int64_t> list(data, data + contiguous.numel());

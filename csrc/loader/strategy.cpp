@@ -2,6 +2,7 @@
 #include "torch_shards/strategy.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 
 #include <algorithm>
 #include <cstring>
@@ -10,6 +11,8 @@
 #include "core/errors.h"
 #include "core/strategy.h"
 #include "loader/errors.h"
+#include "loader/sources/labels.h"
+#include "torch_shards/source.h"
 
 namespace torch_shards {
 namespace {
@@ -52,9 +55,18 @@ at::Tensor tensor_of(const c10::Dict<std::string, at::Tensor>& tensors, const st
   return tensors.at(key);
 }
 
-// The one place a core strategy is made, from what the user gave (or what was pickled).
+double real(const c10::Dict<std::string, at::Tensor>& tensors, const char* key, double otherwise) {
+  return tensors.contains(key) ? tensors.at(key).item<double>() : otherwise;
+}
+
+std::optional<std::string> text(const c10::Dict<std::string, std::string>& strings, const char* key) {
+  return strings.contains(key) ? std::optional<std::string>(strings.at(key)) : std::nullopt;
+}
+
+// The one place a core strategy is made, from what the user gave (or what was pickled). Null for
+// a strategy that still has to read something from a dataset's source (label_key).
 std::shared_ptr<const core::Strategy> make_core_strategy(const StrategyState& state) {
-  const auto& [kind, ints, tensors] = state;
+  const auto& [kind, ints, tensors, strings] = state;
   if (kind == "Streaming") {
     return std::make_shared<core::Streaming>(integer(ints, kind, "shuffle") != 0, indices_of(tensors, kind));
   }
@@ -67,12 +79,24 @@ std::shared_ptr<const core::Strategy> make_core_strategy(const StrategyState& st
         integer(ints, kind, "block_size"), indices_of(tensors, kind), integer(ints, kind, "replacement") != 0);
   }
   if (kind == "ClassBalancedSampling") {
+    TORCH_CHECK_VALUE(tensors.contains("labels") != strings.contains("label_key"), kind,
+                      ": pass labels or label_key (a column of the dataset's source), not both and not neither");
+    if (!tensors.contains("labels")) return nullptr;  // labels read when a dataset is made (resolved_for)
     return std::make_shared<core::ClassBalancedSampling>(
         to_int64_vector(tensor_of(tensors, kind, "labels"), kind + ": labels"), optional_integer(ints, "total_size"),
-        integer(ints, kind, "block_size"), indices_of(tensors, kind));
+        integer(ints, kind, "block_size"), indices_of(tensors, kind), real(tensors, "smoothing", 0.0));
+  }
+  if (kind == "CustomStrategy") {
+    std::optional<std::vector<int64_t>> fixed;
+    if (tensors.contains("plan")) fixed = to_int64_vector(tensors.at("plan"), kind + ": plan");
+    TORCH_CHECK_VALUE(fixed || ints.contains("size"), kind, ": pass a plan or the size of the plans provided");
+    return std::make_shared<core::CustomStrategy>(std::move(fixed), optional_integer(ints, "size").value_or(0),
+                                                  integer(ints, kind, "shuffle") != 0,
+                                                  text(strings, "description").value_or(""));
   }
   TORCH_CHECK_VALUE(false, "unknown strategy kind '", kind,
-                    "' (expected Streaming, BlockShuffling, BlockWeightedSampling or ClassBalancedSampling)");
+                    "' (expected Streaming, BlockShuffling, BlockWeightedSampling, ClassBalancedSampling or "
+                    "CustomStrategy)");
 }
 
 // Tensors are kept as given (contiguous CPU copies), so a pickled strategy
@@ -83,9 +107,11 @@ void put_tensor(c10::Dict<std::string, at::Tensor>& tensors, const char* key, co
 
 c10::intrusive_ptr<StrategyImpl> make(std::string kind, c10::Dict<std::string, int64_t> ints,
                                       c10::Dict<std::string, at::Tensor> tensors,
-                                      const std::optional<at::Tensor>& indices) {
+                                      const std::optional<at::Tensor>& indices,
+                                      c10::Dict<std::string, std::string> strings) {
   if (indices) put_tensor(tensors, "indices", *indices);
-  return c10::make_intrusive<StrategyImpl>(StrategyState{std::move(kind), std::move(ints), std::move(tensors)});
+  return c10::make_intrusive<StrategyImpl>(
+      StrategyState{std::move(kind), std::move(ints), std::move(tensors), std::move(strings)});
 }
 
 }  // namespace
@@ -97,14 +123,15 @@ StrategyImpl::StrategyImpl(StrategyState state) : state_(std::move(state)) {
 c10::intrusive_ptr<StrategyImpl> StrategyImpl::streaming(bool shuffle, const std::optional<at::Tensor>& indices) {
   c10::Dict<std::string, int64_t> ints;
   ints.insert("shuffle", shuffle);
-  return make("Streaming", ints, c10::Dict<std::string, at::Tensor>(), indices);
+  return make("Streaming", ints, c10::Dict<std::string, at::Tensor>(), indices, c10::Dict<std::string, std::string>());
 }
 
 c10::intrusive_ptr<StrategyImpl> StrategyImpl::block_shuffling(int64_t block_size,
                                                                const std::optional<at::Tensor>& indices) {
   c10::Dict<std::string, int64_t> ints;
   ints.insert("block_size", block_size);
-  return make("BlockShuffling", ints, c10::Dict<std::string, at::Tensor>(), indices);
+  return make("BlockShuffling", ints, c10::Dict<std::string, at::Tensor>(), indices,
+              c10::Dict<std::string, std::string>());
 }
 
 c10::intrusive_ptr<StrategyImpl> StrategyImpl::block_weighted_sampling(const at::Tensor& weights,
@@ -118,24 +145,68 @@ c10::intrusive_ptr<StrategyImpl> StrategyImpl::block_weighted_sampling(const at:
   ints.insert("replacement", replacement);
   c10::Dict<std::string, at::Tensor> tensors;
   put_tensor(tensors, "weights", weights);
-  return make("BlockWeightedSampling", ints, tensors, indices);
+  return make("BlockWeightedSampling", ints, tensors, indices, c10::Dict<std::string, std::string>());
 }
 
-c10::intrusive_ptr<StrategyImpl> StrategyImpl::class_balanced_sampling(const at::Tensor& labels,
-                                                                       std::optional<int64_t> total_size,
-                                                                       int64_t block_size,
-                                                                       const std::optional<at::Tensor>& indices) {
+c10::intrusive_ptr<StrategyImpl> StrategyImpl::class_balanced_sampling(
+    const std::optional<at::Tensor>& labels, std::optional<int64_t> total_size, int64_t block_size,
+    const std::optional<at::Tensor>& indices, double smoothing, const std::optional<std::string>& label_key) {
   c10::Dict<std::string, int64_t> ints;
   if (total_size) ints.insert("total_size", *total_size);
   ints.insert("block_size", block_size);
   c10::Dict<std::string, at::Tensor> tensors;
-  put_tensor(tensors, "labels", labels);
-  return make("ClassBalancedSampling", ints, tensors, indices);
+  if (labels) put_tensor(tensors, "labels", *labels);
+  if (smoothing != 0.0) tensors.insert("smoothing", at::full({}, smoothing, at::TensorOptions().dtype(at::kDouble)));
+  c10::Dict<std::string, std::string> strings;
+  if (label_key) strings.insert("label_key", *label_key);
+  return make("ClassBalancedSampling", ints, tensors, indices, strings);
 }
 
-std::string StrategyImpl::describe() const { return strategy_->describe(); }
+c10::intrusive_ptr<StrategyImpl> StrategyImpl::custom_strategy(const std::optional<at::Tensor>& plan,
+                                                               std::optional<int64_t> size, bool shuffle,
+                                                               const std::string& description) {
+  c10::Dict<std::string, int64_t> ints;
+  if (size) ints.insert("size", *size);
+  ints.insert("shuffle", shuffle);
+  c10::Dict<std::string, at::Tensor> tensors;
+  if (plan) put_tensor(tensors, "plan", *plan);
+  c10::Dict<std::string, std::string> strings;
+  strings.insert("description", description);
+  return make("CustomStrategy", ints, tensors, std::nullopt, strings);
+}
+
+std::string StrategyImpl::describe() const {
+  if (strategy_) return strategy_->describe();
+  const auto& [kind, ints, tensors, strings] = state_;
+  return core::concat(kind, "(label_key='", strings.at("label_key"),
+                      "', total_size=", ints.contains("total_size") ? std::to_string(ints.at("total_size")) : "None",
+                      ", block_size=", ints.at("block_size"),
+                      ", indices=", tensors.contains("indices") ? "<...>" : "None",
+                      ", smoothing=", real(tensors, "smoothing", 0.0), ")");
+}
+
+c10::intrusive_ptr<StrategyImpl> StrategyImpl::resolved_for(const SourceImpl& source) const {
+  if (strategy_) return c10::intrusive_ptr<StrategyImpl>::reclaim_copy(const_cast<StrategyImpl*>(this));
+  auto [kind, ints, tensors, strings] = state_;
+  const sources::Labels labels =
+      translate_errors([&] { return sources::read_labels(*source.get(), strings.at("label_key")); });
+  c10::Dict<std::string, at::Tensor> with_labels = tensors.copy();
+  with_labels.insert("labels", labels.codes);
+  c10::Dict<std::string, std::string> without_key = strings.copy();
+  (void)without_key.erase("label_key");
+  return c10::make_intrusive<StrategyImpl>(StrategyState{kind, ints, with_labels, without_key});
+}
+
+void StrategyImpl::provide(int64_t epoch, const at::Tensor& rows, int64_t num_rows) const {
+  const auto* custom = dynamic_cast<const core::CustomStrategy*>(strategy_.get());
+  TORCH_CHECK_VALUE(custom != nullptr, kind(), ": only a CustomStrategy takes plans per epoch");
+  std::vector<int64_t> values = to_int64_vector(rows, "CustomStrategy: the plan of an epoch");
+  translate_errors([&] { custom->provide(epoch, std::move(values), num_rows); });
+}
 
 std::shared_ptr<const core::SamplingPlan> StrategyImpl::bind(int64_t num_rows) const {
+  TORCH_CHECK_VALUE(strategy_, kind(), "(label_key=...) reads its labels from a dataset's source: give it to a ",
+                    "ShardedDataset (or pass labels=)");
   return translate_errors([&] {
     std::lock_guard<std::mutex> lock(binding_mutex_);
     if (bound_rows_ != num_rows || !bound_) {
@@ -194,7 +265,14 @@ BlockWeightedSampling::BlockWeightedSampling(const at::Tensor& weights, const Bl
                                                      options.replacement)) {}
 
 ClassBalancedSampling::ClassBalancedSampling(const at::Tensor& labels, const ClassBalancedSamplingOptions& options)
-    : Strategy(StrategyImpl::class_balanced_sampling(labels, options.total_size, options.block_size, options.indices)) {
-}
+    : Strategy(StrategyImpl::class_balanced_sampling(labels, options.total_size, options.block_size, options.indices,
+                                                     options.smoothing, std::nullopt)) {}
+
+ClassBalancedSampling::ClassBalancedSampling(const std::string& label_key, const ClassBalancedSamplingOptions& options)
+    : Strategy(StrategyImpl::class_balanced_sampling(std::nullopt, options.total_size, options.block_size,
+                                                     options.indices, options.smoothing, label_key)) {}
+
+CustomStrategy::CustomStrategy(const at::Tensor& plan, bool shuffle)
+    : Strategy(StrategyImpl::custom_strategy(plan, std::nullopt, shuffle, "")) {}
 
 }  // namespace torch_shards

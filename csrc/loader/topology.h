@@ -1,6 +1,6 @@
 // Where this process stands in a distributed job: its rank and world size,
-// the process group its ranks share (if any), and the seed they agree on.
-// One implementation for the dataset and the sampler, for every door.
+// and the seed every process of the job agrees on. One implementation for
+// the dataset and the sampler, for every door.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -14,20 +14,39 @@ namespace torch_shards {
 struct Topology {
   int64_t rank = 0;
   int64_t world_size = 1;
-  // The group when its ranks are exactly these ranks (size == world_size and
-  // its rank == rank): the one to agree and check over. Null otherwise.
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  // Where they came from: "explicit", "group", "environment" (RANK / WORLD_SIZE) or "default".
+  std::string source = "default";
 };
 
 // Explicit values first, then the group's, then the RANK / WORLD_SIZE
 // environment variables (torchrun), else 0 and 1. `who` and the parameter
-// names (world_size / num_replicas) appear in errors.
+// name (world_size / num_replicas) appear in errors.
 Topology resolve_topology(std::optional<int64_t> rank, std::optional<int64_t> world_size,
                           const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::string& who,
                           const char* world_size_name = "world_size");
 
-// The seed: the given one, or a fresh draw (rank 0's, broadcast over the
-// topology's group when there is one).
-int64_t resolve_seed(std::optional<int64_t> seed, const Topology& topology);
+// A fresh random seed (local to this process).
+int64_t draw_seed();
+
+// What one process says about itself to the others.
+struct Claim {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  int64_t seed = 0;
+  bool seed_given = false;  // else `seed` is this process's own draw
+  std::string fingerprint;  // "key: value" lines of what it reads and how
+};
+
+// All-gathers every process's claim over the group (one collective) and
+// checks them, on every process alike: all claim the same world size; every
+// rank in [0, world_size) is claimed by as many processes as every other
+// (replicas and tensor-parallel groups may share a rank; none may be left
+// out or read twice as often); all read the same data with the same
+// arguments; and the seeds given agree. Returns the seed every process uses:
+// the one given, else the draw of the group's first process. Throws
+// c10::ValueError on every process, naming what does not fit and listing the
+// claims.
+int64_t agree_over_group(c10d::ProcessGroup& group, const Claim& claim, const std::string& who,
+                         const char* world_size_name = "world_size");
 
 }  // namespace torch_shards

@@ -54,6 +54,10 @@ struct IterationProgress;
 using StateDict = c10::Dict<std::string, int64_t>;
 
 // The arguments of ShardedDataset, with the Python door's names and defaults.
+// The most units a reader reads ahead: more never helps, and the slots a
+// larger value reserves fail late and unclearly.
+inline constexpr int64_t kMaxPrefetch = 1024;
+
 struct DatasetOptions {
   int64_t batch_size = 0;     // rows per batch (required, >= 1)
   int64_t fetch_factor = 16;  // batches read together, then permuted across those batches
@@ -122,8 +126,17 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   const c10::intrusive_ptr<StrategyImpl>& strategy() const { return strategy_; }
 
   std::string describe() const;
-  // What this rank reads, one "key: value" line per property that must agree across ranks.
+  // What this rank reads and how, one "key: value" line per property that must agree across ranks.
   std::string fingerprint() const;
+  // Every process of the group says which rank it reads (of which world size) and what; the
+  // claims are checked (same world size, every rank read by as many processes, the same data and
+  // arguments, the same seed given) and, with seed=None, the group's first process's seed is
+  // taken: c10::ValueError on every process otherwise. Done at construction when a process group
+  // is given; the Python door does it at the first iteration when a group appeared since.
+  void synchronize(const c10::intrusive_ptr<c10d::ProcessGroup>& group);
+  bool synchronized() const;
+  // Where rank and world size came from: "explicit", "group", "environment" or "default".
+  const std::string& topology_source() const { return topology_source_; }
 
   const at::Tensor& shared_state() const { return shared_state_; }
   // [DataLoader workers + 1, 2]: batches and rows delivered by each worker, then by the main process.
@@ -158,6 +171,8 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
 
  private:
   c10::intrusive_ptr<BatchIteratorImpl> start(Iteration iteration, int64_t slot, bool shared_memory);
+  // Throws c10::ValueError unless the ranks agree on the seed (a single rank always does).
+  void check_agreed() const;
   // The segments `epoch` ran before, if the shared resume record is for it (and its seed, taken on).
   std::vector<core::ResumeSegment> prior_segments(int64_t epoch);
   StateDict make_state(const Iteration& iteration, int64_t consumed) const;
@@ -167,8 +182,10 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   c10::intrusive_ptr<StrategyImpl> strategy_;
   DatasetOptions options_;  // as given (process_group dropped after construction)
   int64_t seed_ = 0;
+  bool seed_fixed_ = false;  // given, agreed over a group, or from a checkpoint: not this process's own draw
   int64_t rank_ = 0;
   int64_t world_size_ = 1;
+  std::string topology_source_;
   std::shared_ptr<const core::Planner> planner_;
   at::Tensor shared_state_;
   int64_t local_iterations_ = 0;  // worker iterations started by this process's copy

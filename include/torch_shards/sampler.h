@@ -82,6 +82,8 @@ class TORCH_SHARDS_API DistributedSamplerImpl : public torch::CustomClassHolder 
   int64_t total_size() const { return num_samples_ * num_replicas_; }
   int64_t plan_size() const { return plan_size_; }
   const c10::intrusive_ptr<StrategyImpl>& strategy() const { return strategy_; }
+  // Where rank and num_replicas came from: "explicit", "group", "environment" or "default".
+  const std::string& topology_source() const { return topology_source_; }
   // This rank's indices of an epoch whose first `offset` plan entries were
   // consumed before, from its position `first`, at most `count` of them.
   at::Tensor indices(int64_t epoch, int64_t first, int64_t count, int64_t offset = 0) const;
@@ -99,6 +101,7 @@ class TORCH_SHARDS_API DistributedSamplerImpl : public torch::CustomClassHolder 
   c10::intrusive_ptr<StrategyImpl> strategy_;
   std::optional<int64_t> num_replicas_given_, rank_given_;
   int64_t num_replicas_ = 1, rank_ = 0;
+  std::string topology_source_;
   bool shuffle_;
   int64_t seed_;
   bool drop_last_;

@@ -26,6 +26,10 @@
 
 namespace torch_shards {
 
+// The most native threads one process reads with (Source.read, a dataset's
+// readers): more never helps, and creating thousands fails late and unclearly.
+inline constexpr int64_t kMaxThreads = 256;
+
 // One tensor per field, plus "index" (the global row of every sample) when
 // delivered by a dataset.
 using Batch = c10::Dict<std::string, at::Tensor>;
@@ -40,7 +44,7 @@ class AnnDataStore;
 class SourceImpl;
 
 // What a source is made from and pickles to: its kind ("TensorSource",
-// "HDF5Source", "ZarrSource", "AnnDataSource", "Collection"), its parameters
+// "RowsSource", "HDF5Source", "ZarrSource", "AnnDataSource", "Collection"), its parameters
 // as a JSON object (paths, dataset names, options), its tensors
 // (TensorSource) and its parts (Collection). File sources re-open their
 // files when unpickled.
@@ -55,6 +59,8 @@ class TORCH_SHARDS_API SourceImpl : public torch::CustomClassHolder {
   SourceImpl(SourceState state, std::shared_ptr<const sources::Source> source);
 
   static c10::intrusive_ptr<SourceImpl> tensor_source(const c10::Dict<std::string, at::Tensor>& fields);
+  // num_rows rows without fields (batches carry only "index"); description names them.
+  static c10::intrusive_ptr<SourceImpl> rows_source(int64_t num_rows, const std::string& description);
   static c10::intrusive_ptr<SourceImpl> hdf5_source(const std::string& path,
                                                     const c10::Dict<std::string, std::string>& datasets);
   static c10::intrusive_ptr<SourceImpl> zarr_source(const std::string& path,

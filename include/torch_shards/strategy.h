@@ -32,10 +32,14 @@ class Strategy;
 class SamplingPlan;
 }  // namespace core
 
+class SourceImpl;
+
 // What a strategy is made from and pickles to: its kind ("Streaming",
-// "BlockShuffling", "BlockWeightedSampling", "ClassBalancedSampling"), its
-// integer parameters (an absent optional is an absent key) and its tensors.
-using StrategyState = std::tuple<std::string, c10::Dict<std::string, int64_t>, c10::Dict<std::string, at::Tensor>>;
+// "BlockShuffling", "BlockWeightedSampling", "ClassBalancedSampling",
+// "CustomStrategy"), its integer parameters (an absent optional is an absent
+// key), its tensors (real numbers as 0-d tensors) and its text parameters.
+using StrategyState = std::tuple<std::string, c10::Dict<std::string, int64_t>, c10::Dict<std::string, at::Tensor>,
+                                 c10::Dict<std::string, std::string>>;
 
 // torch.classes.torch_shards.Strategy.
 class TORCH_SHARDS_API StrategyImpl : public torch::CustomClassHolder {
@@ -49,9 +53,17 @@ class TORCH_SHARDS_API StrategyImpl : public torch::CustomClassHolder {
                                                                   std::optional<int64_t> total_size, int64_t block_size,
                                                                   const std::optional<at::Tensor>& indices,
                                                                   bool replacement);
-  static c10::intrusive_ptr<StrategyImpl> class_balanced_sampling(const at::Tensor& labels,
+  // labels, or label_key: a field of the dataset's source (for AnnData, any obs column) read when
+  // a dataset is made with the strategy.
+  static c10::intrusive_ptr<StrategyImpl> class_balanced_sampling(const std::optional<at::Tensor>& labels,
                                                                   std::optional<int64_t> total_size, int64_t block_size,
-                                                                  const std::optional<at::Tensor>& indices);
+                                                                  const std::optional<at::Tensor>& indices,
+                                                                  double smoothing,
+                                                                  const std::optional<std::string>& label_key);
+  // A fixed plan (the rows of every epoch), or `size` rows provided per epoch with provide().
+  static c10::intrusive_ptr<StrategyImpl> custom_strategy(const std::optional<at::Tensor>& plan,
+                                                          std::optional<int64_t> size, bool shuffle,
+                                                          const std::string& description);
 
   const StrategyState& state() const { return state_; }
   const std::string& kind() const { return std::get<0>(state_); }
@@ -65,6 +77,10 @@ class TORCH_SHARDS_API StrategyImpl : public torch::CustomClassHolder {
 
   // The strategy bound to a number of rows (cached for the last num_rows).
   std::shared_ptr<const core::SamplingPlan> bind(int64_t num_rows) const;
+  // This strategy with what it reads from a dataset's source (label_key) read from `source`; itself if nothing.
+  c10::intrusive_ptr<StrategyImpl> resolved_for(const SourceImpl& source) const;
+  // CustomStrategy with a function: the plan of one epoch, before that epoch is read.
+  void provide(int64_t epoch, const at::Tensor& rows, int64_t num_rows) const;
 
  private:
   StrategyState state_;
@@ -108,12 +124,21 @@ struct ClassBalancedSamplingOptions {
   std::optional<int64_t> total_size{};
   int64_t block_size = 1;
   std::optional<at::Tensor> indices{};
+  double smoothing = 0.0;  // 0: every class equally often; 1: natural frequencies
 };
 
-// Weights inversely proportional to class frequency (labels: int64 class codes).
+// Weights inversely proportional to class frequency (labels: int64 class codes, -1 for missing).
 class TORCH_SHARDS_API ClassBalancedSampling : public Strategy {
  public:
   explicit ClassBalancedSampling(const at::Tensor& labels, const ClassBalancedSamplingOptions& options = {});
+  // Labels read from the dataset's source: a field, or an AnnData obs column.
+  explicit ClassBalancedSampling(const std::string& label_key, const ClassBalancedSamplingOptions& options = {});
+};
+
+// A plan the user computed: the same rows every epoch.
+class TORCH_SHARDS_API CustomStrategy : public Strategy {
+ public:
+  explicit CustomStrategy(const at::Tensor& plan, bool shuffle = false);
 };
 
 }  // namespace torch_shards

@@ -473,15 +473,10 @@ TEST(ClassBalancedSampling, RowsWithinAClassAreDrawnUniformly) {
   EXPECT_LT(chi_square(counts, {0.25, 0.125, 0.125, 0.125, 0.125, 0.25}), chi_square_bound(5));
 }
 
-TEST(ClassBalancedSampling, LabelsPerIndexEntryAndPerRowGiveTheSamePlan) {
+TEST(ClassBalancedSampling, LabelsPerIndexEntryBalanceTheSubset) {
   const std::vector<int64_t> indices = {7, 2, 5, 9};
   const std::vector<int64_t> per_entry = {0, 1, 1, 1};  // row 7 alone in class 0
-  // Per row: class 0 also has rows outside the subset; they must not count.
-  const std::vector<int64_t> per_row = {0, 0, 1, 0, 0, 1, 0, 0, 0, 1};
-  const auto by_entry = ClassBalancedSampling(per_entry, 40000, 1, indices).bind(10);
-  const auto by_row = ClassBalancedSampling(per_row, 40000, 1, indices).bind(10);
-  const auto rows = whole_plan(*by_entry, 6, 0);
-  EXPECT_EQ(rows, whole_plan(*by_row, 6, 0));
+  const auto rows = whole_plan(*ClassBalancedSampling(per_entry, 40000, 1, indices).bind(10), 6, 0);
   const auto counts = histogram(rows, 10);
   std::vector<double> expected(10, 0.0);
   expected[7] = 1.0 / 2;
@@ -492,6 +487,42 @@ TEST(ClassBalancedSampling, LabelsPerIndexEntryAndPerRowGiveTheSamePlan) {
     }
   }
   EXPECT_LT(chi_square(counts, expected), chi_square_bound(3));
+}
+
+TEST(ClassBalancedSampling, LabelsPerRowKeepTheWholeDatasetsClassSizes) {
+  // scDataset's global balancing: class 0 has 7 rows in the dataset and class 1 has 3, so a class-0
+  // row weighs 1/14 and a class-1 row 1/6, whatever the subset drawn from holds.
+  const std::vector<int64_t> indices = {7, 2, 5, 9};
+  const std::vector<int64_t> per_row = {0, 0, 1, 0, 0, 1, 0, 0, 0, 1};
+  const auto rows = whole_plan(*ClassBalancedSampling(per_row, 40000, 1, indices).bind(10), 6, 0);
+  const auto counts = histogram(rows, 10);
+  const double total = 1.0 / 14 + 3.0 / 6;
+  std::vector<double> expected(10, 0.0);
+  expected[7] = (1.0 / 14) / total;
+  expected[2] = expected[5] = expected[9] = (1.0 / 6) / total;
+  EXPECT_LT(chi_square(counts, expected), chi_square_bound(3));
+}
+
+TEST(ClassBalancedSampling, RowsWithAMissingLabelAreNeverDrawn) {
+  const std::vector<int64_t> labels = {-1, 0, 1, 1, -1, 1};
+  const auto counts = histogram(whole_plan(*ClassBalancedSampling(labels, 30000).bind(6), 3, 0), 6);
+  EXPECT_EQ(counts[0], 0);
+  EXPECT_EQ(counts[4], 0);
+  EXPECT_LT(chi_square(counts, {0.0, 0.5, 1.0 / 6, 1.0 / 6, 0.0, 1.0 / 6}), chi_square_bound(3));
+  EXPECT_THROW(ClassBalancedSampling({-1, -1}).bind(2), InvalidArgument);
+}
+
+TEST(ClassBalancedSampling, SmoothingMovesTowardsTheNaturalFrequencies) {
+  const std::vector<int64_t> labels = {0, 1, 1, 1};  // class 1 holds 3 of 4 rows
+  for (const double smoothing : {0.0, 0.5, 1.0}) {
+    const auto counts =
+        histogram(whole_plan(*ClassBalancedSampling(labels, 40000, 1, std::nullopt, smoothing).bind(4), 5, 0), 4);
+    const double class0 = (1.0 - smoothing) / 2 + smoothing / 4;  // (1 - s) / classes + s * share
+    const double class1 = 1.0 - class0;
+    EXPECT_LT(chi_square(counts, {class0, class1 / 3, class1 / 3, class1 / 3}), chi_square_bound(3)) << smoothing;
+  }
+  EXPECT_THROW(ClassBalancedSampling(labels, std::nullopt, 1, std::nullopt, 1.5), InvalidArgument);
+  EXPECT_THROW(ClassBalancedSampling(labels, std::nullopt, 1, std::nullopt, -0.1), InvalidArgument);
 }
 
 TEST(ClassBalancedSampling, DefaultTotalSizeIsTheNumberOfRowsSampledFrom) {

@@ -24,6 +24,8 @@ class AnnDataSource : public Source {
   std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const override;
   std::string describe() const override;
 
+  const io::AnnDataStore& store() const { return *store_; }
+
  private:
   std::shared_ptr<const io::AnnDataStore> store_;
   std::optional<std::string> layer_;

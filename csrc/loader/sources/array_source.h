@@ -25,6 +25,8 @@ class ArraySource : public Source {
   std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const override;
   std::string describe() const override;
 
+  const std::vector<NamedArray>& arrays() const { return arrays_; }
+
  private:
   std::string kind_;
   std::vector<NamedArray> arrays_;

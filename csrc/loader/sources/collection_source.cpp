@@ -174,6 +174,22 @@ class CollectionRead : public PlannedRead {
   int64_t rows_;
 };
 
+// The fix when the parts differ only in the layout of a field (a dense and a CSR matrix).
+std::string layout_hint(const std::vector<FieldSpec>& first, const std::vector<FieldSpec>& other) {
+  if (first.size() != other.size()) return "";
+  std::string names;
+  for (size_t f = 0; f < first.size(); ++f) {
+    FieldSpec relaid = other[f];
+    relaid.sparse_csr = first[f].sparse_csr;
+    if (!(relaid == first[f])) return "";
+    if (other[f].sparse_csr != first[f].sparse_csr) names += (names.empty() ? "'" : ", '") + first[f].name + "'";
+  }
+  return core::concat(": ", names,
+                      " is sparse CSR in one and dense in the other; open the AnnData sources with dense=True "
+                      "(AnnDataSource(path, dense=True) or torch_shards.open(paths, dense=True)) to read every part "
+                      "densely");
+}
+
 }  // namespace
 
 CollectionSource::CollectionSource(std::vector<std::shared_ptr<const Source>> parts) : parts_(std::move(parts)) {
@@ -187,7 +203,8 @@ CollectionSource::CollectionSource(std::vector<std::shared_ptr<const Source>> pa
       for (const auto& field : fields_) expected += (expected.empty() ? "" : ", ") + field.describe();
       for (const auto& field : fields) got += (got.empty() ? "" : ", ") + field.describe();
       throw core::InvalidArgument(core::concat("Collection: source ", p, " (", parts_[p]->describe(), ") has fields {",
-                                               got, "} but source 0 has {", expected, "}"));
+                                               got, "} but source 0 has {", expected, "}",
+                                               layout_hint(fields_, fields)));
     }
     offsets_.push_back(offsets_.back() + parts_[p]->num_rows());
   }

@@ -21,6 +21,8 @@ class CollectionSource : public Source {
   std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const override;
   std::string describe() const override;
 
+  const std::vector<std::shared_ptr<const Source>>& parts() const { return parts_; }
+
  private:
   std::vector<std::shared_ptr<const Source>> parts_;
   std::vector<int64_t> offsets_;  // offsets_[p] = first global row of part p; back() = total

@@ -19,6 +19,8 @@ class TensorSource : public Source {
   std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const override;
   std::string describe() const override;
 
+  const Batch& tensors() const { return fields_; }
+
  private:
   Batch fields_;
   int64_t num_rows_ = 0;
