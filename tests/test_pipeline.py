@@ -293,9 +293,9 @@ def test_pin_memory_gives_pinned_batches():
 
 def test_bad_pipeline_arguments_are_named():
     for kwargs, message in [
-        (dict(prefetch=-1), "prefetch must be >= 0, got -1"),
+        (dict(prefetch=-1), r"prefetch must be in \[0, 1024\], got -1"),
         (dict(prefetch_bytes=-5), "prefetch_bytes must be >= 0, got -5"),
-        (dict(num_threads=0), "num_threads must be >= 1, got 0"),
+        (dict(num_threads=0), r"num_threads must be in \[1, 256\], got 0"),
         (dict(pin_memory="yes"), "pin_memory must be a bool"),
     ]:
         with pytest.raises((ValueError, TypeError), match=message):

@@ -2,6 +2,7 @@
 
 from ._library import LIBRARY_PATH
 from .dataset import ShardedDataset
+from .device import DeviceLoader
 from .monitor import MonitoredLoader
 from .sampler import DistributedSampler
 from .sources import AnnDataSource, Collection, HDF5Source, RowsSource, Source, TensorSource, ZarrSource, open
@@ -27,6 +28,7 @@ __all__ = [
     "BlockWeightedSampling",
     "ClassBalancedSampling",
     "CustomStrategy",
+    "DeviceLoader",
     "DistributedSampler",
     "MonitoredLoader",
     "ShardedDataset",

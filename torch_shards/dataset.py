@@ -18,6 +18,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from . import _convert
 from ._library import ops
 from ._native import NativeBacked
+from .device import device_name
 from .distributed import boxed, rank_from_dist_info, resolve_group
 from .sources import RowsSource, Source, TensorSource
 from .strategies import Strategy
@@ -202,6 +203,12 @@ class ShardedDataset(IterableDataset, NativeBacked):
         pin_memory: assemble batches in (recycled) pinned host memory, for fast
             asynchronous copies to the GPU. In the process iterating the dataset
             (num_workers=0); a no-op, with a warning, when torch has no CUDA.
+        device: None keeps batches on the host; "cuda", "cuda:N" or a
+            torch.device delivers every field on that GPU (iterated in this
+            process): assembled in pinned memory, copied on a side stream,
+            and the current stream waits for the copy (no host sync).
+            DataLoader workers' batches arrive on the host: wrap the loader in
+            ts.DeviceLoader(loader, device).
         fetch_transform: called on each unit read at once (a fetch, or a lone
             batch at the epoch's tail) as a dict of tensors; must return a dict
             of tensors with the same rows (their number and order).
@@ -247,6 +254,7 @@ class ShardedDataset(IterableDataset, NativeBacked):
         batch_callback=None,
         cycle=False,
         dist_info=None,
+        device=None,
     ):
         super().__init__()
         if not isinstance(strategy, Strategy):
@@ -287,6 +295,7 @@ class ShardedDataset(IterableDataset, NativeBacked):
         self.fetch_callback = fetch_callback
         self.batch_callback = batch_callback
         self.cycle = cycle
+        self.device = device_name("ShardedDataset", device)
         self._shared_state = None
         # The native object resolves rank, world size and seed (agreeing over
         # the group) and checks everything; copies in worker processes are
@@ -328,6 +337,8 @@ class ShardedDataset(IterableDataset, NativeBacked):
             prefetch_bytes=self.prefetch_bytes,
             pin_memory=self.pin_memory,
             shared_state=self._shared_state,
+            # A DataLoader worker's copy hands host batches over (ts.DeviceLoader copies them).
+            device=None if get_worker_info() is not None else self.device,
         )
 
     def __len__(self):

@@ -5,6 +5,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include "loader/device_stage.h"
 #include "torch_shards/dataset.h"
 #include "torch_shards/sampler.h"
 #include "torch_shards/source.h"
@@ -20,7 +21,7 @@ c10::intrusive_ptr<ShardedDatasetImpl> make_dataset(
     int64_t fetch_factor, bool drop_last, std::optional<std::string> even_batches, std::optional<int64_t> seed,
     std::optional<int64_t> rank, std::optional<int64_t> world_size, ProcessGroupPtr process_group,
     std::optional<int64_t> num_threads, int64_t prefetch, int64_t prefetch_bytes, bool pin_memory,
-    std::optional<at::Tensor> shared_state) {
+    std::optional<at::Tensor> shared_state, std::optional<std::string> device) {
   DatasetOptions options;
   options.batch_size = batch_size;
   options.fetch_factor = fetch_factor;
@@ -34,6 +35,7 @@ c10::intrusive_ptr<ShardedDatasetImpl> make_dataset(
   options.prefetch = prefetch;
   options.prefetch_bytes = prefetch_bytes;
   options.pin_memory = pin_memory;
+  options.device = parse_device(device, "ShardedDataset");
   return c10::make_intrusive<ShardedDatasetImpl>(std::move(source), std::move(strategy), options, shared_state);
 }
 
@@ -97,15 +99,23 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("last_was_padding", &BatchIteratorImpl::last_was_padding)
       .def("stats", &BatchIteratorImpl::stats);
 
+  m.class_<DeviceStageImpl>("DeviceStage")
+      .def(torch::init<std::string>())
+      .def("put", &DeviceStageImpl::put)
+      .def("take", &DeviceStageImpl::take)
+      .def("pending", &DeviceStageImpl::pending)
+      .def("device", &DeviceStageImpl::device);
+
   m.class_<ShardedDatasetImpl>("ShardedDataset")
-      .def(torch::init(&make_dataset), "",
-           {torch::arg("source"), torch::arg("strategy"), torch::arg("batch_size"), torch::arg("fetch_factor") = 16,
-            torch::arg("drop_last") = false, torch::arg("even_batches") = "pad",
-            torch::arg("seed") = torch::arg::none(), torch::arg("rank") = torch::arg::none(),
-            torch::arg("world_size") = torch::arg::none(), torch::arg("process_group") = torch::arg::none(),
-            torch::arg("num_threads") = torch::arg::none(), torch::arg("prefetch") = 2,
-            torch::arg("prefetch_bytes") = int64_t{1} << 30, torch::arg("pin_memory") = false,
-            torch::arg("shared_state") = torch::arg::none()})  // names and defaults as in Python
+      .def(
+          torch::init(&make_dataset), "",
+          {torch::arg("source"), torch::arg("strategy"), torch::arg("batch_size"), torch::arg("fetch_factor") = 16,
+           torch::arg("drop_last") = false, torch::arg("even_batches") = "pad", torch::arg("seed") = torch::arg::none(),
+           torch::arg("rank") = torch::arg::none(), torch::arg("world_size") = torch::arg::none(),
+           torch::arg("process_group") = torch::arg::none(), torch::arg("num_threads") = torch::arg::none(),
+           torch::arg("prefetch") = 2, torch::arg("prefetch_bytes") = int64_t{1} << 30,
+           torch::arg("pin_memory") = false, torch::arg("shared_state") = torch::arg::none(),
+           torch::arg("device") = torch::arg::none()})  // names and defaults as in Python
       .def("iter", &ShardedDatasetImpl::iter)
       .def("iter_worker", &ShardedDatasetImpl::iter_worker)
       .def("iter_epoch", &ShardedDatasetImpl::iter_epoch, "",
@@ -123,6 +133,11 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("drop_last", &ShardedDatasetImpl::drop_last)
       .def("even_batches", &ShardedDatasetImpl::even_batches)
       .def("pin_memory", &ShardedDatasetImpl::pin_memory)
+      .def("device",
+           [](const c10::intrusive_ptr<ShardedDatasetImpl>& self) -> std::optional<std::string> {
+             const auto device = self->device();
+             return device ? std::optional<std::string>(device->str()) : std::nullopt;
+           })
       .def("plan_size", &ShardedDatasetImpl::plan_size)
       .def("num_fetches", &ShardedDatasetImpl::num_fetches)
       .def("num_global_batches", &ShardedDatasetImpl::num_global_batches)
@@ -220,7 +235,7 @@ TORCH_LIBRARY(torch_shards, m) {
       "__torch__.torch.classes.torch_shards.Strategy strategy, int batch_size, int fetch_factor=16, "
       "bool drop_last=False, str? even_batches=\"pad\", int? seed=None, int? rank=None, int? world_size=None, "
       "__torch__.torch.classes.c10d.ProcessGroup? process_group=None, int? num_threads=None, int prefetch=2, "
-      "int prefetch_bytes=1073741824, bool pin_memory=False, Tensor? shared_state=None) -> "
+      "int prefetch_bytes=1073741824, bool pin_memory=False, Tensor? shared_state=None, str? device=None) -> "
       "__torch__.torch.classes.torch_shards.ShardedDataset",
       &make_dataset);
   m.def(

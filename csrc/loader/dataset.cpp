@@ -20,6 +20,7 @@
 #include "core/stable_hash.h"
 #include "loader/batches.h"
 #include "loader/buffer_pool.h"
+#include "loader/device_stage.h"
 #include "loader/epoch_reader.h"
 #include "loader/errors.h"
 #include "loader/iteration.h"
@@ -95,6 +96,8 @@ ShardedDatasetImpl::ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c1
     }
     planner_ = std::make_shared<const core::Planner>(strategy_->bind(source_->num_rows()), layout, world_size_);
   });
+  options_.device = resolve_device(options.device, kWho);
+  if (options_.device) options_.pin_memory = true;  // asynchronous copies need pinned host memory
   // Without CUDA there is nothing to pin for; the doors tell their users (pin_memory() is false).
   if (!at::hasCUDA()) options_.pin_memory = false;
   topology_source_ = topology.source;
@@ -214,6 +217,8 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
                                         : sources::Memory::kPageable;
   reader.batch_size = options_.batch_size;
   reader.buffers = buffers_;
+  // DataLoader workers hand host batches over; ts.DeviceLoader copies them in the main process.
+  const bool on_device = options_.device.has_value() && !iteration.in_worker;
   auto iterator = translate_errors([&] {
     // A fresh epoch deals by the layout; a resumed one what is left (resume.h).
     auto resumption =
@@ -238,6 +243,7 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
       std::remove_if(iterators_.begin(), iterators_.end(), [](const auto& weak) { return weak.expired(); }),
       iterators_.end());
   iterators_.emplace_back(iterator);
+  if (on_device) iterator->deliver_to(*options_.device);
   return iterator;
 }
 
@@ -615,6 +621,7 @@ ShardedDatasetImpl::State ShardedDatasetImpl::state() const {
   ints.insert("prefetch", options_.prefetch);
   ints.insert("prefetch_bytes", options_.prefetch_bytes);
   ints.insert("pin_memory", options_.pin_memory);
+  if (options_.device) ints.insert("device_index", options_.device->index());  // a CUDA device
   ints.insert("next_epoch", next_epoch());
   return State{source_, strategy_, ints, options_.even_batches.value_or("none")};
 }
@@ -636,6 +643,9 @@ c10::intrusive_ptr<ShardedDatasetImpl> ShardedDatasetImpl::from_state(const Stat
   options.prefetch = ints.at("prefetch");
   options.prefetch_bytes = ints.at("prefetch_bytes");
   options.pin_memory = ints.at("pin_memory") != 0;
+  if (ints.contains("device_index")) {
+    options.device = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(ints.at("device_index")));
+  }
   auto dataset = c10::make_intrusive<ShardedDatasetImpl>(source, strategy, options);
   dataset->set_epoch(ints.at("next_epoch"));
   return dataset;
@@ -652,6 +662,10 @@ BatchIteratorImpl::BatchIteratorImpl(std::unique_ptr<EpochReader> reader, std::s
       slot_(slot) {}
 
 BatchIteratorImpl::~BatchIteratorImpl() { reader_->close(); }
+
+void BatchIteratorImpl::deliver_to(c10::Device device) {
+  device_stage_ = translate_errors([&] { return std::make_unique<DeviceStage>(device); });
+}
 
 const Iteration& BatchIteratorImpl::iteration() const { return *progress_->iteration; }
 
@@ -690,7 +704,9 @@ std::optional<Batch> BatchIteratorImpl::next() {
   return translate_errors([&]() -> std::optional<Batch> {
     TORCH_CHECK(unit_rows_ < 0, "BatchIterator: push_unit() must follow next_unit() before next()");
     if (!refill()) return std::nullopt;
-    return deliver();
+    Batch batch = deliver();
+    if (device_stage_) return device_stage_->deliver(batch);
+    return batch;
   });
 }
 

@@ -15,6 +15,7 @@
 #include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <cstdint>
@@ -32,6 +33,8 @@
 #include "torch_shards/strategy.h"
 
 namespace torch_shards {
+
+class DeviceStage;  // loader/device_stage.h
 
 namespace core {
 class Planner;
@@ -76,6 +79,10 @@ struct DatasetOptions {
   int64_t prefetch = 2;                       // units read ahead; 0 reads on demand
   int64_t prefetch_bytes = int64_t{1} << 30;  // queued bytes beyond which no new unit starts
   bool pin_memory = false;                    // batches in recycled pinned host memory (needs CUDA)
+  // nullopt: batches stay on the host; a CUDA device ("cuda": the current one):
+  // assembled in pinned memory, copied on a side stream, fenced for the
+  // current stream (device_stage.h). In-process iteration only.
+  std::optional<c10::Device> device{};
 };
 
 // torch.classes.torch_shards.ShardedDataset.
@@ -117,6 +124,8 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   std::optional<std::string> even_batches() const { return options_.even_batches; }
   // Whether batches are assembled in pinned memory (false without CUDA, whatever was asked).
   bool pin_memory() const { return options_.pin_memory; }
+  // The device batches are delivered on (in-process iteration), or nullopt: the host.
+  std::optional<c10::Device> device() const { return options_.device; }
   int64_t plan_size() const;
   int64_t num_fetches() const;
   int64_t num_global_batches() const;
@@ -230,6 +239,8 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   int64_t pending() const { return static_cast<int64_t>(pending_.size() - next_pending_); }
   // Stops the reader threads; later reads raise. Idempotent.
   void close();
+  // Delivers every later batch on `device`, copied on a side stream (the dataset's device option).
+  void deliver_to(c10::Device device);
 
   int64_t epoch() const { return epoch_; }
   const Iteration& iteration() const;
@@ -261,6 +272,7 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   int64_t delivered_ = 0;
   bool last_padding_ = false;
   bool finished_ = false;
+  std::unique_ptr<DeviceStage> device_stage_;  // null: batches stay on the host
 };
 
 // An input iterator over one epoch's batches (a range-for over ShardedDataset).

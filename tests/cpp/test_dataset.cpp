@@ -181,6 +181,31 @@ TEST(Dataset, BreakingOutOfAnEpochStopsItsThreads) {
   EXPECT_TRUE(dataset->reader_stats().empty());
 }
 
+TEST(Dataset, DeviceOptionOnTheHostAndWithoutCuda) {
+  // "cpu" is the host path; a CUDA device needs a CUDA torch (the GPU tests run the copy itself).
+  const auto batches = [](std::optional<c10::Device> device) {
+    ts::DatasetOptions options{.batch_size = 4, .seed = 1};
+    options.device = device;
+    std::vector<int64_t> rows;
+    for (const auto& batch : ts::ShardedDataset(rows_source(10), ts::BlockShuffling(3), options)) {
+      EXPECT_TRUE(batch.at("index").is_cpu());
+      for (int64_t r : std::vector<int64_t>(batch.at("index").data_ptr<int64_t>(),
+                                            batch.at("index").data_ptr<int64_t>() + batch.at("index").numel())) {
+        rows.push_back(r);
+      }
+    }
+    return rows;
+  };
+  EXPECT_EQ(batches(c10::Device("cpu")), batches(std::nullopt));
+  if (!torch::cuda::is_available()) {
+    ts::DatasetOptions options{.batch_size = 4};
+    options.device = c10::Device("cuda");
+    EXPECT_EQ(error_of<c10::ValueError>([&] { ts::ShardedDataset(rows_source(10), ts::Streaming(), options); }),
+              "ShardedDataset: device='cuda' but this torch has no CUDA device (torch.cuda.is_available() is False); "
+              "leave device=None to keep batches on the host");
+  }
+}
+
 TEST(Dataset, BadArgumentsThrowValueErrorsWithThePythonMessages) {
   const auto make = [](ts::DatasetOptions options) {
     return [options] { ts::ShardedDataset(rows_source(20), ts::Streaming(), options); };

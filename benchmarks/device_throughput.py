@@ -1,0 +1,129 @@
+"""Batches delivered into GPU memory (ShardedDataset(device="cuda")) next to
+the physical limit measured in the same run: a pinned host-to-device copy of
+the same bytes. Dense (TensorSource) and sparse CSR (an .h5ad) batches, then
+the loop's wait fraction with a synthetic training step of fixed duration.
+
+    python benchmarks/device_throughput.py      # table + benchmarks/results/device_throughput_<gpu>.{txt,json}
+
+Expected: dense >= 0.8 of the pinned copy limit; wait fraction near 0 once the
+step is longer than reading and copying a batch. Needs a CUDA GPU (prints why
+not and exits 0 without one).
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def pinned_copy_gbps(nbytes, repeats=20):
+    host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    device.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        device.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    return nbytes * repeats / (time.perf_counter() - start) / 1e9
+
+
+def delivered_gbps(dataset, epochs=3):
+    total, start = 0, None
+    for epoch in range(epochs + 1):  # epoch 0 warms the pools
+        if epoch == 1:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+        for batch in dataset:
+            if epoch:
+                total += sum(_nbytes(t) for t in batch.values())
+    torch.cuda.synchronize()
+    return total / (time.perf_counter() - start) / 1e9
+
+
+def _nbytes(tensor):
+    if tensor.layout == torch.sparse_csr:
+        return sum(_nbytes(t) for t in (tensor.crow_indices(), tensor.col_indices(), tensor.values()))
+    return tensor.numel() * tensor.element_size()
+
+
+def wait_fraction(dataset, step_ms):
+    cycles = int(step_ms * 1e-3 * torch.cuda.get_device_properties(0).clock_rate * 1e3)
+    waited = 0.0
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    iterator = iter(dataset)
+    while True:
+        before = time.perf_counter()
+        batch = next(iterator, None)
+        waited += time.perf_counter() - before
+        if batch is None:
+            break
+        torch.cuda._sleep(cycles)  # the training step: fixed GPU time
+        batch["X"].sum()
+        torch.cuda.synchronize()  # a step's end (loss.item())
+    return waited / (time.perf_counter() - start)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--width", type=int, default=2048, help="float32 values per dense row (8 KB)")
+    parser.add_argument("--batch-size", type=int, default=1024)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("device_throughput: needs a CUDA GPU; none here (nothing measured)")
+        return 0
+    import anndata as ad
+    import numpy as np
+    import scipy.sparse as sp
+
+    import torch_shards as ts
+
+    gpu = torch.cuda.get_device_name(0)
+    x = torch.randn(args.rows, args.width)
+    dense = ts.ShardedDataset(
+        ts.TensorSource(x), ts.BlockShuffling(64), batch_size=args.batch_size, seed=0, device="cuda"
+    )
+    batch_bytes = args.batch_size * args.width * 4
+    rows = []
+    limit = pinned_copy_gbps(batch_bytes)
+    ours = delivered_gbps(dense)
+    rows.append(("dense float32", ours, limit))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "csr.h5ad")
+        matrix = sp.random(args.rows, 20_000, density=0.02, format="csr", dtype=np.float32, random_state=0)
+        ad.AnnData(matrix).write_h5ad(path)
+        csr = ts.ShardedDataset(
+            ts.AnnDataSource(path), ts.BlockShuffling(64), batch_size=args.batch_size, seed=0, device="cuda"
+        )
+        rows.append(("CSR (.h5ad, 2% dense)", delivered_gbps(csr), limit))
+    waits = [(ms, wait_fraction(dense, ms)) for ms in (1, 5, 20)]
+    lines = [
+        f"GPU: {gpu}; torch {torch.__version__}",
+        "",
+        "| batches | delivered GB/s | pinned H2D limit GB/s | ratio |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {name} | {gbps:.2f} | {lim:.2f} | {gbps / lim:.2f} |" for name, gbps, lim in rows]
+    lines += ["", "| synthetic step | wait fraction |", "|---|---|"]
+    lines += [f"| {ms} ms | {fraction:.3f} |" for ms, fraction in waits]
+    text = "\n".join(lines)
+    print(text)
+    name = "".join(c if c.isalnum() else "_" for c in gpu).strip("_").lower()
+    out = os.path.join(HERE, "results", f"device_throughput_{name}")
+    with open(out + ".txt", "w") as f:
+        f.write(text + "\n")
+    with open(out + ".json", "w") as f:
+        json.dump({"gpu": gpu, "rows": rows, "wait_fraction": waits}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
