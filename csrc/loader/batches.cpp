@@ -2,7 +2,12 @@
 #include "loader/batches.h"
 
 #include <ATen/ops/_sparse_csr_tensor_unsafe.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/sparse_csr_tensor.h>
+#include <ATen/ops/sub.h>
+#include <ATen/ops/to.h>
 
 #include <algorithm>
 
@@ -12,14 +17,15 @@ namespace torch_shards {
 namespace {
 
 // The batches of a unit's sparse CSR tensor: views of its columns and values,
-// with row offsets rebased for every batch in one shared storage (one
-// allocation, and one shared-memory segment when sent to another process).
+// with row offsets rebased for every batch in `rebased` (or a new tensor).
 template <typename Index>
-std::vector<at::Tensor> split_csr(const at::Tensor& tensor, int64_t batch_size) {
+std::vector<at::Tensor> split_csr(const at::Tensor& tensor, int64_t batch_size, at::Tensor rebased) {
   const at::Tensor offsets = tensor.crow_indices();
   const int64_t rows = tensor.size(0);
   const int64_t batches = (rows + batch_size - 1) / batch_size;
-  at::Tensor rebased = at::empty({rows + batches}, offsets.options());
+  if (!rebased.defined()) rebased = at::empty({rows + batches}, offsets.options());
+  TORCH_INTERNAL_ASSERT(rebased.numel() == rows + batches && rebased.scalar_type() == offsets.scalar_type() &&
+                        rebased.is_contiguous());
   const Index* source = offsets.data_ptr<Index>();
   Index* dest = rebased.data_ptr<Index>();
   std::vector<at::Tensor> out;
@@ -56,7 +62,8 @@ int64_t rows_of(const sources::Batch& batch, const std::string& who) {
   return rows;
 }
 
-std::vector<sources::Batch> split_into_batches(const sources::Batch& unit, int64_t batch_size) {
+std::vector<sources::Batch> split_into_batches(const sources::Batch& unit, int64_t batch_size,
+                                               const sources::Batch& offsets) {
   const int64_t rows = rows_of(unit, "split_into_batches");
   const int64_t batches = (rows + batch_size - 1) / batch_size;
   std::vector<sources::Batch> out(static_cast<size_t>(batches));
@@ -64,15 +71,52 @@ std::vector<sources::Batch> split_into_batches(const sources::Batch& unit, int64
   for (const auto& item : unit) {
     const at::Tensor& tensor = item.value();
     if (tensor.layout() == at::kSparseCsr) {
+      const at::Tensor rebased = offsets.contains(item.key()) ? offsets.at(item.key()) : at::Tensor();
       std::vector<at::Tensor> parts = tensor.crow_indices().scalar_type() == at::kInt
-                                          ? split_csr<int32_t>(tensor, batch_size)
-                                          : split_csr<int64_t>(tensor, batch_size);
+                                          ? split_csr<int32_t>(tensor, batch_size, rebased)
+                                          : split_csr<int64_t>(tensor, batch_size, rebased);
       for (int64_t b = 0; b < batches; ++b) out[b].insert(item.key(), parts[b]);
       continue;
     }
     for (int64_t b = 0; b < batches; ++b) {
       out[b].insert(item.key(), tensor.narrow(0, b * batch_size, std::min(batch_size, rows - b * batch_size)));
     }
+  }
+  return out;
+}
+
+sources::Batch concat_batches(const std::vector<sources::Batch>& parts) {
+  core::check_argument(!parts.empty(), "concat_batches: no batches");
+  if (parts.size() == 1) return parts.front();
+  sources::Batch out;
+  for (const auto& item : parts.front()) {
+    const std::string& name = item.key();
+    std::vector<at::Tensor> pieces;
+    for (const sources::Batch& part : parts) pieces.push_back(part.at(name));
+    if (item.value().layout() != at::kSparseCsr) {
+      out.insert(name, at::cat(pieces, 0));
+      continue;
+    }
+    // Pieces may differ in index width (int32 where they fit): joined as the widest.
+    at::ScalarType index = at::kInt;
+    for (const at::Tensor& piece : pieces) {
+      if (piece.crow_indices().scalar_type() == at::kLong) index = at::kLong;
+    }
+    std::vector<at::Tensor> offsets, columns, values;
+    int64_t rows = 0, stored = 0;
+    for (const at::Tensor& piece : pieces) {
+      const at::Tensor crow = piece.crow_indices().to(index);
+      // Each piece's offsets start at its first stored value; shifted after the previous pieces' values.
+      const at::Tensor shifted = crow.sub(crow.select(0, 0)).add(stored);
+      offsets.push_back(rows == 0 ? shifted : shifted.narrow(0, 1, shifted.size(0) - 1));
+      columns.push_back(piece.col_indices().to(index));
+      values.push_back(piece.values());
+      rows += piece.size(0);
+      stored += piece.col_indices().size(0);
+    }
+    out.insert(name,
+               at::sparse_csr_tensor(at::cat(offsets, 0), at::cat(columns, 0), at::cat(values, 0),
+                                     {rows, item.value().size(1)}, values.front().options().layout(at::kSparseCsr)));
   }
   return out;
 }

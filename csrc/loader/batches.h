@@ -15,10 +15,16 @@ namespace torch_shards {
 // not a tensor with rows or if they disagree.
 int64_t rows_of(const sources::Batch& batch, const std::string& who);
 
-// Batches of batch_size rows (the last may be short). CSR tensors become
-// views of their columns and values with row offsets rebased for every batch
-// in one shared storage (one allocation; one shared-memory segment when sent
-// to another process).
-std::vector<sources::Batch> split_into_batches(const sources::Batch& unit, int64_t batch_size);
+// Batches of batch_size rows (the last may be short): views of the unit's
+// tensors. CSR tensors become views of their columns and values, with row
+// offsets rebased for every batch into `offsets[field]` when given (rows +
+// batches entries of the field's index dtype: the reader carves it from the
+// unit's own storage), else into one new tensor per field.
+std::vector<sources::Batch> split_into_batches(const sources::Batch& unit, int64_t batch_size,
+                                               const sources::Batch& offsets = sources::Batch());
+
+// The pieces of one unit (in order) as one batch: dense fields concatenated,
+// CSR fields joined with their row offsets shifted.
+sources::Batch concat_batches(const std::vector<sources::Batch>& parts);
 
 }  // namespace torch_shards

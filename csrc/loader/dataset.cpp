@@ -19,6 +19,7 @@
 #include "core/shared_state.h"
 #include "core/stable_hash.h"
 #include "loader/batches.h"
+#include "loader/buffer_pool.h"
 #include "loader/device_stage.h"
 #include "loader/epoch_reader.h"
 #include "loader/errors.h"
@@ -100,6 +101,8 @@ ShardedDatasetImpl::ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c1
   // Without CUDA there is nothing to pin for; the doors tell their users (pin_memory() is false).
   if (!at::hasCUDA()) options_.pin_memory = false;
   topology_source_ = topology.source;
+  // Output memory recycled across this process's epochs and iterators (buffer_pool.h).
+  buffers_ = std::make_shared<BufferPool>(options_.prefetch_bytes);
   if (shared_state) {
     // A copy in a DataLoader worker: the main process's seed (a checkpoint may have changed it).
     shared_state_ = checked_shared_state(*shared_state);
@@ -212,6 +215,8 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
   reader.memory = shared_memory         ? sources::Memory::kShared
                   : options_.pin_memory ? sources::Memory::kPinned
                                         : sources::Memory::kPageable;
+  reader.batch_size = options_.batch_size;
+  reader.buffers = buffers_;
   // DataLoader workers hand host batches over; ts.DeviceLoader copies them in the main process.
   const bool on_device = options_.device.has_value() && !iteration.in_worker;
   auto iterator = translate_errors([&] {
@@ -670,25 +675,36 @@ void BatchIteratorImpl::cut(const Batch& unit, bool padding) {
   unit_padding_ = padding;
 }
 
+bool BatchIteratorImpl::refill() {
+  if (next_pending_ < pending_.size()) return true;
+  pending_.clear();
+  next_pending_ = 0;
+  std::optional<EpochReader::Unit> unit = reader_->next();
+  if (!unit) {
+    finished_ = true;
+    return false;
+  }
+  // Cut by the reader threads already (views of one allocation per unit).
+  pending_ = std::move(unit->batches);
+  unit_padding_ = unit->padding;
+  return true;
+}
+
+Batch BatchIteratorImpl::deliver() {
+  Batch batch = pending_[next_pending_];
+  pending_[next_pending_++] = Batch();
+  ++delivered_;
+  ++progress_->delivered;
+  last_padding_ = unit_padding_;
+  if (slot_ != kNoSlot) core::count_delivery(words(shared_state_), slot_, rows_of(batch, "BatchIterator"));
+  return batch;
+}
+
 std::optional<Batch> BatchIteratorImpl::next() {
   return translate_errors([&]() -> std::optional<Batch> {
     TORCH_CHECK(unit_rows_ < 0, "BatchIterator: push_unit() must follow next_unit() before next()");
-    if (next_pending_ >= pending_.size()) {
-      pending_.clear();
-      next_pending_ = 0;
-      std::optional<EpochReader::Unit> unit = reader_->next();
-      if (!unit) {
-        finished_ = true;
-        return std::nullopt;
-      }
-      cut(unit->batch, unit->padding);
-    }
-    Batch batch = pending_[next_pending_];
-    pending_[next_pending_++] = Batch();
-    ++delivered_;
-    ++progress_->delivered;
-    last_padding_ = unit_padding_;
-    if (slot_ != kNoSlot) core::count_delivery(words(shared_state_), slot_, rows_of(batch, "BatchIterator"));
+    if (!refill()) return std::nullopt;
+    Batch batch = deliver();
     if (device_stage_) return device_stage_->deliver(batch);
     return batch;
   });
@@ -713,9 +729,18 @@ std::optional<Batch> BatchIteratorImpl::next_unit() {
       finished_ = true;
       return std::nullopt;
     }
-    unit_rows_ = rows_of(unit->batch, "BatchIterator");
+    // A unit larger than prefetch_bytes arrives in pieces: the transform sees it whole.
+    std::vector<Batch> pieces{unit->batch};
+    for (bool last = unit->last; !last;) {
+      std::optional<EpochReader::Unit> piece = reader_->next();
+      TORCH_INTERNAL_ASSERT(piece, "BatchIterator: the epoch ended inside a unit");
+      pieces.push_back(piece->batch);
+      last = piece->last;
+    }
+    Batch whole = concat_batches(pieces);
+    unit_rows_ = rows_of(whole, "BatchIterator");
     unit_padding_ = unit->padding;
-    return unit->batch;
+    return whole;
   });
 }
 

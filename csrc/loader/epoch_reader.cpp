@@ -1,20 +1,25 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "loader/epoch_reader.h"
 
-#include <ATen/ops/empty.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <set>
 
 #include "core/errors.h"
 #include "io/file.h"
+#include "loader/batches.h"
 #include "loader/python_gil.h"
 
 namespace torch_shards {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Pieces at least this large are read with the shared helper threads: below,
+// handing work to another thread costs more than it saves, and the reader
+// threads already read several pieces at once.
+constexpr int64_t kParallelBytes = int64_t{4} << 20;
 
 int64_t microseconds_since(Clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
@@ -41,15 +46,22 @@ EpochReader::EpochReader(std::shared_ptr<const sources::Source> source, core::Un
       cursor_(std::move(cursor)),
       options_(options),
       num_units_(cursor_.num_units() - cursor_.position()),
+      tensors_(options.memory, options.buffers),
       owner_pid_(io::current_process_id()) {
   core::check_argument(options.num_threads >= 1, "num_threads must be >= 1, got ", options.num_threads);
   core::check_argument(options.prefetch >= 0, "prefetch must be >= 0, got ", options.prefetch);
   core::check_argument(options.prefetch_bytes >= 0, "prefetch_bytes must be >= 0, got ", options.prefetch_bytes);
+  core::check_argument(options.batch_size >= 0, "batch_size must be >= 0, got ", options.batch_size);
+  dense_row_bytes_ = static_cast<int64_t>(sizeof(int64_t));  // the index
+  for (const sources::FieldSpec& field : source_->fields()) {
+    if (field.sparse_csr) continue;
+    int64_t elements = 1;
+    for (int64_t size : field.row_shape) elements *= size;
+    dense_row_bytes_ += elements * static_cast<int64_t>(c10::elementSize(field.dtype));
+  }
   if (options_.prefetch == 0) {
-    main_state_.pool = std::make_unique<core::ThreadPool>(static_cast<int>(options_.num_threads - 1));
-    main_state_.tensors = std::make_unique<sources::TensorPool>(options_.memory);
+    main_pool_ = std::make_unique<core::ThreadPool>(static_cast<int>(options_.num_threads - 1));
   } else {
-    slots_.resize(static_cast<size_t>(options_.prefetch));
     thread_units_.assign(static_cast<size_t>(options_.num_threads), 0);
   }
 }
@@ -73,6 +85,7 @@ void EpochReader::close() {
   const ReleasePythonGil unlocked;  // destroyed from Python, the GIL is held: the threads may need it
   for (auto& thread : threads_) thread->join();
   threads_.clear();
+  helpers_.reset();  // joins the helper threads
 }
 
 bool EpochReader::closed() const {
@@ -80,55 +93,131 @@ bool EpochReader::closed() const {
   return stopping_;
 }
 
-EpochReader::Unit EpochReader::read_unit(const core::WorkUnit& work, const std::vector<int64_t>& rows,
-                                         ReadState& state) {
-  sources::ReadContext context{*state.pool, *state.tensors};
-  Unit unit{source_->read(rows, context), work.padding};
-  at::Tensor indexes = state.tensors->empty({static_cast<int64_t>(rows.size())}, at::kLong);
-  std::memcpy(indexes.data_ptr<int64_t>(), rows.data(), rows.size() * sizeof(int64_t));
+int64_t EpochReader::units_done() const { return units_delivered_.load(); }
+
+int64_t EpochReader::estimate_bytes(int64_t rows) const { return rows * (dense_row_bytes_ + sparse_row_bytes_.load()); }
+
+bool EpochReader::more_pieces() const {
+  return (unit_rows_ && unit_next_row_ < static_cast<int64_t>(unit_rows_->size())) ||
+         cursor_.position() < cursor_.num_units();
+}
+
+EpochReader::Piece EpochReader::claim() {
+  Piece piece;
+  piece.item = claimed_++;
+  if (!unit_rows_ || unit_next_row_ >= static_cast<int64_t>(unit_rows_->size())) {
+    core::WorkUnit work;
+    auto rows = std::make_shared<std::vector<int64_t>>();
+    try {
+      cursor_.next(work, *rows);  // planning is cheap next to reading: done in order, under the lock
+    } catch (...) {
+      piece.error = std::current_exception();
+      unit_rows_.reset();
+      return piece;
+    }
+    unit_rows_ = std::move(rows);
+    unit_padding_ = work.padding;
+    unit_next_row_ = 0;
+    // A unit larger than the budget is read in pieces of whole batches.
+    const int64_t count = static_cast<int64_t>(unit_rows_->size());
+    const int64_t batch = options_.batch_size;
+    piece_rows_ = count;
+    if (batch > 0 && count > batch && estimate_bytes(count) > options_.prefetch_bytes) {
+      piece_rows_ = std::max<int64_t>(1, options_.prefetch_bytes / std::max<int64_t>(1, estimate_bytes(batch))) * batch;
+    }
+  }
+  piece.rows = unit_rows_;
+  piece.padding = unit_padding_;
+  piece.begin = unit_next_row_;
+  piece.end = std::min<int64_t>(static_cast<int64_t>(unit_rows_->size()), unit_next_row_ + piece_rows_);
+  piece.first = piece.begin == 0;
+  piece.last = piece.end == static_cast<int64_t>(unit_rows_->size());
+  piece.estimate = estimate_bytes(piece.end - piece.begin);
+  unit_next_row_ = piece.end;
+  return piece;
+}
+
+EpochReader::Unit EpochReader::read_piece(const Piece& piece, core::ThreadPool& pool) {
+  const bool whole = piece.first && piece.last;
+  std::vector<int64_t> part;
+  if (!whole) part.assign(piece.rows->begin() + piece.begin, piece.rows->begin() + piece.end);
+  const std::vector<int64_t>& rows = whole ? *piece.rows : part;
+  const int64_t count = static_cast<int64_t>(rows.size());
+  sources::ReadContext context{pool, tensors_};
+  std::unique_ptr<sources::PlannedRead> planned = source_->plan(sources::RowRequest{rows}, context);
+  // Every output in one allocation: the fields, the row indices and, for
+  // each CSR field, the row offsets of its batches.
+  std::vector<sources::TensorSpec> specs = sources::tensor_specs(planned->outputs());
+  const size_t num_outputs = specs.size();
+  specs.push_back(sources::TensorSpec{{count}, at::kLong});
+  const int64_t batch = options_.batch_size;
+  const int64_t num_batches = batch > 0 ? (count + batch - 1) / batch : 1;
+  std::vector<std::string> csr_fields;
+  if (num_batches > 1) {
+    for (const sources::OutputSpec& output : planned->outputs()) {
+      if (output.part != sources::OutputSpec::Part::kCsrOffsets) continue;
+      csr_fields.push_back(output.field);
+      specs.push_back(sources::TensorSpec{{count + num_batches}, output.tensor.dtype});
+    }
+  }
+  std::vector<at::Tensor> tensors = tensors_.allocate(specs);
+  Unit unit;
+  unit.batch = planned->fill(std::vector<at::Tensor>(tensors.begin(), tensors.begin() + num_outputs), context);
+  at::Tensor indexes = tensors[num_outputs];
+  if (count > 0) std::memcpy(indexes.data_ptr<int64_t>(), rows.data(), rows.size() * sizeof(int64_t));
   unit.batch.insert("index", indexes);
+  if (batch > 0) {
+    sources::Batch offsets;
+    for (size_t i = 0; i < csr_fields.size(); ++i) offsets.insert(csr_fields[i], tensors[num_outputs + 1 + i]);
+    unit.batches = split_into_batches(unit.batch, batch, offsets);
+  }
+  unit.padding = piece.padding;
+  unit.first = piece.first;
+  unit.last = piece.last;
+  // What a row costs beyond the dense fields (sparse ones), for the next estimates.
+  if (count > 0) {
+    sparse_row_bytes_ = std::max<int64_t>(0, batch_bytes(unit.batch) / count - dense_row_bytes_);
+  }
   return unit;
 }
 
 void EpochReader::start_threads() {
   started_ = true;
+  if (options_.num_threads > 1)
+    helpers_ = std::make_unique<core::ThreadPool>(static_cast<int>(options_.num_threads - 1));
   for (int64_t t = 0; t < options_.num_threads; ++t) {
     threads_.push_back(std::make_unique<std::thread>([this, t] { reader_loop(static_cast<size_t>(t)); }));
   }
 }
 
 void EpochReader::reader_loop(size_t thread) {
-  ReadState state;
-  state.pool = std::make_unique<core::ThreadPool>(0);  // one unit per thread, read inline
-  state.tensors = std::make_unique<sources::TensorPool>(options_.memory);
+  core::ThreadPool inline_pool(0);  // small pieces: read on this thread alone
   const int64_t ahead = options_.prefetch;
-  core::WorkUnit work;
-  std::vector<int64_t> rows;
   for (;;) {
-    int64_t index;
-    Slot result;
+    Piece piece;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      // A unit starts when its slot is free and the queue is under budget (an
-      // empty queue always admits one, so a unit larger than the budget still flows).
-      const auto claimed = [&] { return cursor_.position() - (cursor_.num_units() - num_units_); };
+      // A piece starts while fewer than `prefetch` are out and their bytes are
+      // under budget (none out always admits one, so a piece larger than the
+      // budget still flows).
       room_.wait(lock, [&] {
-        return stopping_ || failed_ || claimed() >= num_units_ ||
-               (claimed() < delivered_ + ahead && (queued_bytes_ < options_.prefetch_bytes || claimed() == delivered_));
+        const int64_t out = claimed_ - delivered_;
+        return stopping_ || failed_ || !more_pieces() ||
+               (out < ahead && (out_bytes_ < options_.prefetch_bytes || out == 0));
       });
-      if (stopping_ || failed_ || claimed() >= num_units_) return;
-      index = claimed();
-      try {
-        cursor_.next(work, rows);  // planning is cheap next to reading: done in order, under the lock
-      } catch (...) {
-        result.error = std::current_exception();
-      }
+      if (stopping_ || failed_ || !more_pieces()) return;
+      piece = claim();
+      slots_.emplace_back();
+      out_bytes_ += piece.estimate;
       ++in_flight_;
     }
+    Slot result;
+    result.error = piece.error;
     const auto start = Clock::now();
     if (!result.error) {
       try {
-        result.unit = read_unit(work, rows, state);
+        core::ThreadPool& pool = helpers_ && piece.estimate >= kParallelBytes ? *helpers_ : inline_pool;
+        result.unit = read_piece(piece, pool);
         result.bytes = batch_bytes(result.unit->batch);
       } catch (...) {
         result.error = std::current_exception();
@@ -141,12 +230,14 @@ void EpochReader::reader_loop(size_t thread) {
       ++thread_units_[thread];
       failed_ = failed_ || result.error != nullptr;
       queued_bytes_ += result.bytes;
+      out_bytes_ += result.bytes - piece.estimate;
       result.ready = true;
       // A c10::Dict moves by sharing: drop this thread's reference before the
       // consumer can see the unit, so the batch never dies on this thread
       // (its tensors may have Python objects by then, freed only with the GIL).
-      slots_[static_cast<size_t>(index % ahead)] = std::move(result);
+      slots_[static_cast<size_t>(piece.item - delivered_)] = std::move(result);
       result = Slot{};
+      piece = Piece{};
     }
     unit_ready_.notify_all();
     room_.notify_all();
@@ -160,50 +251,59 @@ void EpochReader::check_open() const {
 
 std::optional<EpochReader::Unit> EpochReader::next() {
   check_open();
-  if (delivered_ >= num_units_) return std::nullopt;
+  if (units_delivered_ >= num_units_) return std::nullopt;
   if (options_.prefetch == 0) {
     const auto start = Clock::now();
-    core::WorkUnit work;
-    std::vector<int64_t> rows;
-    cursor_.next(work, rows);
-    Unit unit = read_unit(work, rows, main_state_);
+    Piece piece;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      piece = claim();
+    }
+    if (piece.error) std::rethrow_exception(piece.error);
+    Unit unit = read_piece(piece, *main_pool_);
     read_us_ += microseconds_since(start);
     ++delivered_;
-    rows_delivered_ += static_cast<int64_t>(rows.size());
+    if (unit.last) ++units_delivered_;
+    rows_delivered_ += unit.batch.at("index").size(0);
     bytes_delivered_ += batch_bytes(unit.batch);
     return unit;
   }
   const auto start = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
   if (!started_) start_threads();
-  Slot& slot = slots_[static_cast<size_t>(delivered_ % options_.prefetch)];
-  unit_ready_.wait(lock, [&] { return slot.ready || stopping_; });
+  const auto ready = [&] {
+    return stopping_ || (failed_ && slots_.empty()) || (!slots_.empty() && slots_.front().ready);
+  };
+  unit_ready_.wait(lock, ready);
   wait_us_ += microseconds_since(start);
   if (stopping_) throw std::runtime_error("EpochReader: read after close()");
-  return take(slot);
+  if (slots_.empty()) throw std::runtime_error("EpochReader: read after a failed read");
+  return take(slots_.front());
 }
 
 bool EpochReader::wait(int64_t timeout_ms) {
   check_open();
-  if (options_.prefetch == 0 || delivered_ >= num_units_) return true;
+  if (options_.prefetch == 0 || units_delivered_ >= num_units_) return true;
   const auto start = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
   if (!started_) start_threads();
-  Slot& slot = slots_[static_cast<size_t>(delivered_ % options_.prefetch)];
-  const bool ready = unit_ready_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0)),
-                                          [&] { return slot.ready || stopping_; });
+  const bool ready = unit_ready_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0)), [&] {
+    return stopping_ || (failed_ && slots_.empty()) || (!slots_.empty() && slots_.front().ready);
+  });
   wait_us_ += microseconds_since(start);
   return ready;
 }
 
 EpochReader::Unit EpochReader::take(Slot& slot) {
-  // Called with mutex_ held.
+  // Called with mutex_ held; slot is slots_.front().
   Slot taken = std::move(slot);
-  slot = Slot{};
+  slots_.pop_front();
   queued_bytes_ -= taken.bytes;
+  out_bytes_ -= taken.bytes;
   ++delivered_;
   room_.notify_all();
   if (taken.error) std::rethrow_exception(taken.error);  // the reader thread's exception, unchanged
+  if (taken.unit->last) ++units_delivered_;
   rows_delivered_ += taken.unit->batch.at("index").size(0);
   bytes_delivered_ += taken.bytes;
   return std::move(*taken.unit);
@@ -212,7 +312,7 @@ EpochReader::Unit EpochReader::take(Slot& slot) {
 c10::Dict<std::string, int64_t> EpochReader::stats() const {
   c10::Dict<std::string, int64_t> out;
   std::lock_guard<std::mutex> lock(mutex_);
-  out.insert("units", delivered_);
+  out.insert("units", units_delivered_.load());
   out.insert("units_total", num_units_);
   out.insert("rows", rows_delivered_.load());
   out.insert("bytes", bytes_delivered_.load());
@@ -226,6 +326,13 @@ c10::Dict<std::string, int64_t> EpochReader::stats() const {
   out.insert("threads", static_cast<int64_t>(threads_.size()));
   for (size_t t = 0; t < thread_units_.size(); ++t)
     out.insert("thread" + std::to_string(t) + "_units", thread_units_[t]);
+  if (options_.buffers) {
+    const BufferPool::Stats pool = options_.buffers->stats();
+    out.insert("pool_allocations", pool.allocations);
+    out.insert("pool_reuses", pool.reuses);
+    out.insert("pool_untracked", pool.untracked);
+    out.insert("pool_kept_bytes", pool.kept_bytes);
+  }
   return out;
 }
 

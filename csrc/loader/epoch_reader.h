@@ -5,15 +5,21 @@
 // prefetch == 0: each unit is read when asked for, on the calling thread plus
 // num_threads - 1 pool threads.
 // prefetch > 0: num_threads reader threads read up to `prefetch` units ahead
-// (and, beyond the first, no more than prefetch_bytes queued), each unit on
-// one thread, and hand them over in order. Threads start on the first read
-// (inside iteration, never before a fork) and are joined by close(), whatever
-// ended the iteration. An exception in a reader thread reaches the consumer
-// unchanged.
+// and hand them over in order; a unit starts only while the bytes out (read
+// and not yet taken, or being read) stay under prefetch_bytes (one is always
+// allowed). Each thread reads its own unit; a large unit (a few MB and more)
+// is read with the help of num_threads - 1 shared pool threads, so that the
+// copy work of one fetch is spread over every thread. Threads start on the
+// first read (inside iteration, never before a fork) and are joined by
+// close(), whatever ended the iteration. An exception in a reader thread
+// reaches the consumer unchanged.
 //
-// Output tensors come from per-thread TensorPools in options.memory: recycled
-// once no batch holds them (pageable or pinned), or in shared memory that
-// DataLoader workers send without a copy.
+// A unit larger than prefetch_bytes is read in pieces of whole batches, each
+// its own allocation, handed over in order (Unit::first / last).
+//
+// Every tensor of a unit (or piece) is one allocation from the TensorPool in
+// options.memory, recycled by options.buffers once no batch holds it; with
+// options.batch_size the reader threads also cut it into batches (views).
 #pragma once
 
 #include <ATen/core/Dict.h>
@@ -21,6 +27,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -30,6 +37,7 @@
 
 #include "core/planner.h"
 #include "core/thread_pool.h"
+#include "loader/buffer_pool.h"
 #include "loader/sources/source.h"
 #include "loader/tensor_pool.h"
 
@@ -38,15 +46,20 @@ namespace torch_shards {
 struct ReaderOptions {
   int64_t num_threads = 1;
   int64_t prefetch = 0;                                 // units read ahead; 0: read on demand
-  int64_t prefetch_bytes = int64_t{1} << 30;            // queued bytes beyond which no new unit starts
+  int64_t prefetch_bytes = int64_t{1} << 30;            // bytes out beyond which no new unit starts
   sources::Memory memory = sources::Memory::kPageable;  // of the output tensors
+  int64_t batch_size = 0;               // > 0: units are cut into batches of this many rows (and split by them)
+  std::shared_ptr<BufferPool> buffers;  // recycled output memory; null: plain allocations
 };
 
 class EpochReader {
  public:
   struct Unit {
-    sources::Batch batch;  // the unit's rows of every field, plus "index"
-    bool padding = false;  // repeats rows another rank delivers (even_batches="pad")
+    sources::Batch batch;                 // the rows of every field, plus "index"
+    std::vector<sources::Batch> batches;  // `batch` cut into batches (views of it), when batch_size > 0
+    bool padding = false;                 // repeats rows another rank delivers (even_batches="pad")
+    bool first = true;                    // the first piece of its unit
+    bool last = true;                     // the last piece of its unit
   };
 
   EpochReader(std::shared_ptr<const sources::Source> source, core::UnitCursor cursor, const ReaderOptions& options);
@@ -54,26 +67,32 @@ class EpochReader {
   EpochReader(const EpochReader&) = delete;
   EpochReader& operator=(const EpochReader&) = delete;
 
-  // The next unit, or nullopt at the end.
+  // The next unit (or piece of one), or nullopt at the end.
   std::optional<Unit> next();
   // Waits at most timeout_ms; true once next() will not block.
   bool wait(int64_t timeout_ms);
-  // Stops reading (the reader threads finish their unit and exit); later reads
-  // raise instead of waiting. Idempotent.
+  // Stops reading (the reader threads finish their piece and exit); later
+  // reads raise instead of waiting. Idempotent.
   void close();
   bool closed() const;
 
   int64_t num_units() const { return num_units_; }
-  int64_t units_done() const { return delivered_; }
+  int64_t units_done() const;
   // Counters for monitoring: units, rows, bytes delivered, queue_depth,
-  // in_flight, wait_us (consumer waiting), read_us, threads, thread<k>_units.
+  // queued_bytes, in_flight, wait_us (consumer waiting), read_us, threads,
+  // thread<k>_units, and the buffer pool's allocations, reuses, untracked
+  // and kept_bytes.
   c10::Dict<std::string, int64_t> stats() const;
 
  private:
-  // A thread's reading state: its pool and output tensors.
-  struct ReadState {
-    std::unique_ptr<core::ThreadPool> pool;
-    std::unique_ptr<sources::TensorPool> tensors;
+  // What a thread reads: a unit, or a piece of one (whole batches).
+  struct Piece {
+    int64_t item = 0;                                  // position in delivery order
+    std::shared_ptr<const std::vector<int64_t>> rows;  // the unit's rows
+    int64_t begin = 0, end = 0;                        // this piece's
+    bool padding = false, first = true, last = true;
+    int64_t estimate = 0;      // bytes
+    std::exception_ptr error;  // planning failed
   };
   struct Slot {
     bool ready = false;
@@ -82,28 +101,43 @@ class EpochReader {
     int64_t bytes = 0;
   };
 
-  void check_open() const;  // raises after close()
-  Unit read_unit(const core::WorkUnit& work, const std::vector<int64_t>& rows, ReadState& state);
+  void check_open() const;   // raises after close()
+  bool more_pieces() const;  // under mutex_
+  Piece claim();             // under mutex_
+  Unit read_piece(const Piece& piece, core::ThreadPool& pool);
+  int64_t estimate_bytes(int64_t rows) const;
   void start_threads();
   void reader_loop(size_t thread);
   Unit take(Slot& slot);
 
   std::shared_ptr<const sources::Source> source_;
-  core::UnitCursor cursor_;  // guarded by mutex_ once the threads run
+  core::UnitCursor cursor_;  // guarded by mutex_
   ReaderOptions options_;
   int64_t num_units_;
+  sources::TensorPool tensors_;
+  int64_t dense_row_bytes_ = 0;               // output bytes per row of the dense fields and the index
+  std::atomic<int64_t> sparse_row_bytes_{0};  // and of the sparse ones, as last read
 
-  int64_t delivered_ = 0;  // units handed to the consumer
-  ReadState main_state_;   // prefetch == 0
+  // The unit being cut into pieces (guarded by mutex_).
+  std::shared_ptr<const std::vector<int64_t>> unit_rows_;
+  bool unit_padding_ = false;
+  int64_t unit_next_row_ = 0, piece_rows_ = 0;
+
+  int64_t claimed_ = 0;    // pieces claimed
+  int64_t delivered_ = 0;  // pieces handed to the consumer
+  std::atomic<int64_t> units_delivered_{0};
+  std::unique_ptr<core::ThreadPool> main_pool_;  // prefetch == 0: the calling thread's helpers
+  std::unique_ptr<core::ThreadPool> helpers_;    // prefetch > 0: shared by the reader threads for large pieces
 
   // prefetch > 0
   mutable std::mutex mutex_;
   std::condition_variable unit_ready_;  // consumer waits
   std::condition_variable room_;        // reader threads wait
-  std::vector<Slot> slots_;             // unit i lives in slots_[i % prefetch]
+  std::deque<Slot> slots_;              // pieces [delivered_, claimed_)
   std::vector<std::unique_ptr<std::thread>> threads_;
   std::vector<int64_t> thread_units_;
-  int64_t queued_bytes_ = 0;
+  int64_t queued_bytes_ = 0;  // read, not yet taken
+  int64_t out_bytes_ = 0;     // read or being read (estimated), not yet taken
   int64_t in_flight_ = 0;
   bool started_ = false;
   bool stopping_ = false;

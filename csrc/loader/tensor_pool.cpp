@@ -7,8 +7,30 @@
 #include <algorithm>
 
 #include "core/errors.h"
+#include "loader/buffer_pool.h"
 
 namespace torch_shards::sources {
+namespace {
+
+constexpr size_t kAlignment = 64;
+
+size_t aligned(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
+  return strides;
+}
+
+c10::Storage plain_storage(size_t bytes, Memory memory) {
+  // Shared memory is never reused: the main process may hold its batches for any time.
+  if (memory == Memory::kShared) return c10::Storage(at::new_shm_fd_storage(std::max<size_t>(bytes, 1)));
+  return at::empty({static_cast<int64_t>(bytes)},
+                   at::TensorOptions().dtype(at::kByte).pinned_memory(memory == Memory::kPinned))
+      .storage();
+}
+
+}  // namespace
 
 Memory memory_from_name(const std::string& name) {
   if (name == "pageable") return Memory::kPageable;
@@ -17,33 +39,47 @@ Memory memory_from_name(const std::string& name) {
   throw core::InvalidArgument(core::concat("memory must be 'pageable', 'pinned' or 'shared', got '", name, "'"));
 }
 
+size_t TensorSpec::bytes() const {
+  int64_t count = 1;
+  for (int64_t size : shape) count *= size;
+  return static_cast<size_t>(count) * c10::elementSize(dtype);
+}
+
+TensorPool::TensorPool(Memory memory, std::shared_ptr<BufferPool> buffers)
+    : memory_(memory), buffers_(std::move(buffers)) {}
+
+TensorPool::~TensorPool() = default;
+
+std::vector<at::Tensor> TensorPool::carve(const std::vector<TensorSpec>& specs, Memory memory) {
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (const TensorSpec& spec : specs) {
+    offsets.push_back(total);
+    total += aligned(spec.bytes());
+  }
+  total = std::max<size_t>(total, kAlignment);
+  c10::Storage storage =
+      buffers_ && memory != Memory::kShared ? buffers_->acquire(total, memory) : plain_storage(total, memory);
+  std::vector<at::Tensor> out;
+  out.reserve(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const TensorSpec& spec = specs[i];
+    at::Tensor tensor = at::empty({0}, at::TensorOptions().dtype(spec.dtype));
+    tensor.set_(storage, static_cast<int64_t>(offsets[i] / c10::elementSize(spec.dtype)), spec.shape,
+                contiguous_strides(spec.shape));
+    out.push_back(std::move(tensor));
+  }
+  return out;
+}
+
+std::vector<at::Tensor> TensorPool::allocate(const std::vector<TensorSpec>& specs) { return carve(specs, memory_); }
+
 at::Tensor TensorPool::empty(at::IntArrayRef shape, at::ScalarType dtype) {
-  int64_t numel = 1;
-  for (int64_t size : shape) numel *= size;
-  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  if (memory_ == Memory::kShared) {
-    at::Tensor tensor = at::empty({0}, at::TensorOptions().dtype(dtype));
-    tensor.set_(c10::Storage(at::new_shm_fd_storage(std::max<size_t>(bytes, 1))), 0, shape);
-    return tensor;
-  }
-  // Storages moved elsewhere (to shared memory, to send them) are never reused: let them go.
-  kept_.erase(
-      std::remove_if(kept_.begin(), kept_.end(), [](const Kept& kept) { return kept.storage.data() != kept.data; }),
-      kept_.end());
-  // Reuse a storage only we hold, big enough but not wastefully bigger.
-  for (Kept& kept : kept_) {
-    const size_t capacity = kept.storage.nbytes();
-    if (kept.storage.use_count() == 1 && capacity >= bytes && capacity <= 2 * bytes + 4096) {
-      at::Tensor tensor = at::empty({0}, at::TensorOptions().dtype(dtype));
-      tensor.set_(kept.storage, 0, shape);
-      return tensor;
-    }
-  }
-  const bool pinned = memory_ == Memory::kPinned;
-  at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(dtype).pinned_memory(pinned));
-  if (kept_.size() == max_kept_) kept_.erase(kept_.begin());  // the oldest goes
-  kept_.push_back(Kept{tensor.storage(), tensor.storage().data()});
-  return tensor;
+  return allocate({TensorSpec{std::vector<int64_t>(shape.begin(), shape.end()), dtype}}).front();
+}
+
+std::vector<at::Tensor> TensorPool::scratch(const std::vector<TensorSpec>& specs) {
+  return carve(specs, Memory::kPageable);
 }
 
 }  // namespace torch_shards::sources

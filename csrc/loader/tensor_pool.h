@@ -1,24 +1,30 @@
-// Output tensors of one reader, in the memory their consumer needs.
+// Where a read's output tensors come from, in the memory their consumer
+// needs.
 //
-// A fetch's output (tens of MB) freshly allocated every time costs page
-// faults and kernel zeroing on every fetch. The pool keeps the storages it
-// handed out and reuses one when the reader holds the only reference again
-// (every batch view of it is gone). A storage whose memory changed since it
-// was handed out (a DataLoader worker moved it to shared memory to send it)
-// is never reused.
+// Every output tensor of a unit (every field, the row indices, the CSR
+// arrays and the batches' rebased row offsets) is carved out of one storage:
+// one allocation per unit, and one shared-memory segment when DataLoader
+// workers send it. With a BufferPool the storage is recycled once no batch
+// holds it (no page faults after the first epoch); without one (Source.read)
+// it is a plain allocation.
 //
-// Memory::kPinned: new storages are pinned host memory, ready for
-// asynchronous copies to the GPU. Memory::kShared (DataLoader workers): new
-// storages are shared memory that torch sends to the main process by file
-// descriptor, without the copy it would otherwise make; they are never
-// reused, as the main process may hold their batches for any time.
+// Memory::kPinned: pinned host memory, ready for asynchronous copies to the
+// GPU. Memory::kShared (DataLoader workers): a new shared-memory segment per
+// unit, which torch sends to the main process by file descriptor without the
+// copy it would otherwise make; never reused, as the main process may hold its
+// batches for any time.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
-#include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+namespace torch_shards {
+class BufferPool;
+}
 
 namespace torch_shards::sources {
 
@@ -27,22 +33,32 @@ enum class Memory { kPageable, kPinned, kShared };
 // "pageable", "pinned" or "shared"; InvalidArgument otherwise.
 Memory memory_from_name(const std::string& name);
 
+struct TensorSpec {
+  std::vector<int64_t> shape;
+  at::ScalarType dtype = at::kFloat;
+  size_t bytes() const;
+};
+
 class TensorPool {
  public:
-  explicit TensorPool(Memory memory = Memory::kPageable, size_t max_kept = 8) : memory_(memory), max_kept_(max_kept) {}
+  explicit TensorPool(Memory memory = Memory::kPageable, std::shared_ptr<BufferPool> buffers = nullptr);
+  ~TensorPool();
 
-  // An uninitialised contiguous tensor.
+  Memory memory() const { return memory_; }
+  // Uninitialised contiguous tensors, one per spec, all views of one storage
+  // (each 64-byte aligned).
+  std::vector<at::Tensor> allocate(const std::vector<TensorSpec>& specs);
+  // One uninitialised contiguous tensor.
   at::Tensor empty(at::IntArrayRef shape, at::ScalarType dtype);
+  // Uninitialised pageable memory to stage data in before it reaches the
+  // outputs (recycled like them), one tensor per spec, views of one storage.
+  std::vector<at::Tensor> scratch(const std::vector<TensorSpec>& specs);
 
  private:
-  struct Kept {
-    at::Storage storage;
-    const void* data = nullptr;  // where the memory was when handed out
-  };
+  std::vector<at::Tensor> carve(const std::vector<TensorSpec>& specs, Memory memory);
 
   Memory memory_;
-  size_t max_kept_;
-  std::vector<Kept> kept_;
+  std::shared_ptr<BufferPool> buffers_;
 };
 
 }  // namespace torch_shards::sources

@@ -40,6 +40,7 @@ namespace core {
 class Planner;
 struct ResumeSegment;
 }  // namespace core
+class BufferPool;
 class EpochReader;
 class BatchIteratorImpl;
 struct Iteration;
@@ -203,6 +204,8 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   std::shared_ptr<IterationProgress> current_;
   // A DataLoader worker's own state, loaded in that worker (StatefulDataLoader): its next iteration resumes it.
   std::shared_ptr<const Iteration> worker_resume_;
+  // Output memory recycled across this process's iterations (a copy rebuilt in a worker makes its own).
+  std::shared_ptr<BufferPool> buffers_;
 };
 
 // torch.classes.torch_shards.BatchIterator: one epoch of one rank's (or
@@ -227,6 +230,7 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   bool finished() const { return finished_; }
   // For a per-unit (fetch) transform: the next unit of rows read at once, or
   // nullopt at the end. Only when no batch of the previous unit is pending.
+  // A unit larger than prefetch_bytes, read in pieces, is joined here.
   std::optional<Batch> next_unit();
   // The transformed unit: must keep its rows (count and order); cut into the
   // batches next() returns.
@@ -251,6 +255,8 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
 
  private:
   void cut(const Batch& unit, bool padding);
+  bool refill();    // pending_ has a batch, or the epoch ended
+  Batch deliver();  // the next pending batch, counted
 
   std::unique_ptr<EpochReader> reader_;
   std::shared_ptr<IterationProgress> progress_;

@@ -49,19 +49,66 @@ std::vector<FieldSpec> AnnDataSource::fields() const {
   return specs;
 }
 
-Batch AnnDataSource::read(const std::vector<int64_t>& rows, ReadContext& context) const {
-  const int64_t count = static_cast<int64_t>(rows.size());
-  // Segments (a sort of the rows) only for dense arrays: CSR plans its own reads.
-  std::vector<io::Segment> segments;
-  if (!matrix_.csr || !obs_.empty()) segments = io::segments_in_delivery_order(rows);
-  Batch batch;
-  batch.insert("X", matrix_.csr ? read_csr(*matrix_.csr, rows, dense_, context)
-                                : read_dense(*matrix_.dense, segments, count, context));
-  for (const io::ObsColumn& column : obs_) {
-    batch.insert(column.name, read_dense(*column.values, segments, count, context));
-    if (column.mask) batch.insert(mask_field(column.name), read_dense(*column.mask, segments, count, context));
+namespace {
+
+class AnnDataRead : public PlannedRead {
+ public:
+  AnnDataRead(const io::MatrixData& matrix, const std::vector<io::ObsColumn>& obs, bool dense,
+              const RowRequest& request, core::ThreadPool& pool)
+      : matrix_(matrix), obs_(obs), request_(request) {
+    // Segments (a sort of the rows) only for dense arrays: CSR plans its own reads.
+    if (!matrix_.csr || !obs_.empty()) segments_ = request_segments(request);
+    const int64_t rows = request.num_out_rows();
+    if (matrix_.csr) {
+      csr_ = CsrRead::plan_rows(*matrix_.csr, request, dense, "X", outputs_, pool);
+    } else {
+      outputs_.push_back(OutputSpec{"X", OutputSpec::Part::kDense, dense_spec(*matrix_.dense, rows)});
+    }
+    for (const io::ObsColumn& column : obs_) {
+      outputs_.push_back(OutputSpec{column.name, OutputSpec::Part::kDense, dense_spec(*column.values, rows)});
+      if (column.mask) {
+        outputs_.push_back(
+            OutputSpec{mask_field(column.name), OutputSpec::Part::kDense, dense_spec(*column.mask, rows)});
+      }
+    }
   }
-  return batch;
+
+  Batch fill(const std::vector<at::Tensor>& tensors, ReadContext& context) override {
+    Batch batch;
+    size_t next = 0;
+    if (matrix_.csr) {
+      batch.insert("X", csr_.fill(tensors, 0, request_, context));
+      next = csr_.num_outputs();
+    } else {
+      at::Tensor out = tensors[next++];
+      read_dense(*matrix_.dense, segments_, out, context);
+      batch.insert("X", out);
+    }
+    for (const io::ObsColumn& column : obs_) {
+      at::Tensor values = tensors[next++];
+      read_dense(*column.values, segments_, values, context);
+      batch.insert(column.name, values);
+      if (column.mask) {
+        at::Tensor mask = tensors[next++];
+        read_dense(*column.mask, segments_, mask, context);
+        batch.insert(mask_field(column.name), mask);
+      }
+    }
+    return batch;
+  }
+
+ private:
+  const io::MatrixData& matrix_;
+  const std::vector<io::ObsColumn>& obs_;
+  RowRequest request_;
+  std::vector<io::Segment> segments_;
+  CsrRead csr_;
+};
+
+}  // namespace
+
+std::unique_ptr<PlannedRead> AnnDataSource::plan(const RowRequest& request, ReadContext& context) const {
+  return std::make_unique<AnnDataRead>(matrix_, obs_, dense_, request, context.pool);
 }
 
 std::string AnnDataSource::describe() const {

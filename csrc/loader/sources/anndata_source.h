@@ -21,7 +21,7 @@ class AnnDataSource : public Source {
 
   int64_t num_rows() const override { return store_->n_obs(); }
   std::vector<FieldSpec> fields() const override;
-  Batch read(const std::vector<int64_t>& rows, ReadContext& context) const override;
+  std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const override;
   std::string describe() const override;
 
   const io::AnnDataStore& store() const { return *store_; }

@@ -33,13 +33,36 @@ std::vector<FieldSpec> ArraySource::fields() const {
   return specs;
 }
 
-Batch ArraySource::read(const std::vector<int64_t>& rows, ReadContext& context) const {
-  const std::vector<io::Segment> segments = io::segments_in_delivery_order(rows);
-  Batch batch;
-  for (const auto& [name, array] : arrays_) {
-    batch.insert(name, read_dense(*array, segments, static_cast<int64_t>(rows.size()), context));
+namespace {
+
+class ArrayRead : public PlannedRead {
+ public:
+  ArrayRead(const std::vector<ArraySource::NamedArray>& arrays, const RowRequest& request)
+      : arrays_(arrays), segments_(request_segments(request)) {
+    for (const auto& [name, array] : arrays_) {
+      outputs_.push_back(OutputSpec{name, OutputSpec::Part::kDense, dense_spec(*array, request.num_out_rows())});
+    }
   }
-  return batch;
+
+  Batch fill(const std::vector<at::Tensor>& tensors, ReadContext& context) override {
+    Batch batch;
+    for (size_t i = 0; i < arrays_.size(); ++i) {
+      at::Tensor out = tensors[i];
+      read_dense(*arrays_[i].second, segments_, out, context);
+      batch.insert(arrays_[i].first, out);
+    }
+    return batch;
+  }
+
+ private:
+  const std::vector<ArraySource::NamedArray>& arrays_;
+  std::vector<io::Segment> segments_;
+};
+
+}  // namespace
+
+std::unique_ptr<PlannedRead> ArraySource::plan(const RowRequest& request, ReadContext&) const {
+  return std::make_unique<ArrayRead>(arrays_, request);
 }
 
 std::string ArraySource::describe() const {

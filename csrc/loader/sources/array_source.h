@@ -22,7 +22,7 @@ class ArraySource : public Source {
 
   int64_t num_rows() const override { return num_rows_; }
   std::vector<FieldSpec> fields() const override;
-  Batch read(const std::vector<int64_t>& rows, ReadContext& context) const override;
+  std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const override;
   std::string describe() const override;
 
   const std::vector<NamedArray>& arrays() const { return arrays_; }

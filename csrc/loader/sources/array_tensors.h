@@ -1,9 +1,11 @@
-// Tensors read from io arrays: dense rows land directly in the output
-// tensor's memory; CSR rows become torch sparse CSR tensors (or dense ones).
+// Tensors read from io arrays: dense rows land directly in their output
+// rows; CSR rows become the three arrays of a torch sparse CSR tensor (or
+// dense rows).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
 #include <vector>
 
 #include "io/array.h"
@@ -14,13 +16,29 @@ namespace torch_shards::sources {
 
 at::ScalarType to_scalar_type(io::DType dtype);
 
-// Rows of `array` given by `segments` (destinations 0 .. rows-1) as a
-// [rows, *array.shape[1:]] tensor of the array's dtype.
-at::Tensor read_dense(const io::Array& array, const std::vector<io::Segment>& segments, int64_t rows,
-                      ReadContext& context);
+// The output of `rows` rows of a dense array: [rows, *array.shape[1:]].
+TensorSpec dense_spec(const io::Array& array, int64_t rows);
+// Reads the segments of `array` into `out` (a contiguous tensor of dense_spec's shape).
+void read_dense(const io::Array& array, const std::vector<io::Segment>& segments, at::Tensor& out,
+                ReadContext& context);
+// The segments of a request (sorted by source row, runs merged).
+std::vector<io::Segment> request_segments(const RowRequest& request);
 
-// Rows (delivery order) of a CSR matrix as a sparse CSR tensor of shape
-// [rows, columns] (int32 indices when they fit), or densified when `dense`.
-at::Tensor read_csr(const io::CsrMatrix& matrix, const std::vector<int64_t>& rows, bool dense, ReadContext& context);
+// Rows of a CSR matrix, planned: the row offsets are read.
+struct CsrRead {
+  const io::CsrMatrix* matrix = nullptr;
+  io::CsrPlan plan;
+  bool dense = false;                    // densified rows instead of a sparse tensor
+  at::ScalarType index_type = at::kInt;  // of the sparse outputs (int32 when they fit)
+
+  // Plans reading `request`'s rows; declares the outputs of `field` in `outputs`.
+  static CsrRead plan_rows(const io::CsrMatrix& matrix, const RowRequest& request, bool dense, const std::string& field,
+                           std::vector<OutputSpec>& outputs, core::ThreadPool& pool);
+  // Number of outputs plan_rows declared (3 sparse, 1 dense).
+  size_t num_outputs() const { return dense ? 1 : 3; }
+  // Writes the rows into outputs[first .. first + num_outputs()) and returns the field's tensor.
+  at::Tensor fill(const std::vector<at::Tensor>& outputs, size_t first, const RowRequest& request,
+                  ReadContext& context) const;
+};
 
 }  // namespace torch_shards::sources

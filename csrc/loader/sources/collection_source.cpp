@@ -1,12 +1,12 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "loader/sources/collection_source.h"
 
-#include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
 #include <ATen/ops/sparse_csr_tensor.h>
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <map>
 
 #include "core/errors.h"
 
@@ -16,63 +16,163 @@ using core::check_argument;
 
 namespace {
 
-// The rows one part delivers: its local rows and where they go in the batch.
+// The rows one part delivers: its local rows, their rows in the collection's
+// request (CSR order) and their destinations in the dense outputs.
 struct PartRows {
+  size_t part = 0;
   std::vector<int64_t> local;
-  std::vector<int64_t> positions;
+  std::vector<int64_t> order;
+  std::vector<int64_t> dests;
+  std::unique_ptr<PlannedRead> read;
 };
 
-at::Tensor merge_dense(const std::vector<std::pair<PartRows*, at::Tensor>>& parts, int64_t rows) {
-  const at::Tensor& first = parts.front().second;
-  std::vector<int64_t> shape(first.sizes().begin(), first.sizes().end());
-  shape[0] = rows;
-  at::Tensor out = at::empty(shape, first.options());
-  for (const auto& [part, values] : parts) {
-    const at::Tensor index =
-        at::from_blob(part->positions.data(), {static_cast<int64_t>(part->positions.size())}, at::kLong);
-    out.index_copy_(0, index, values);
-  }
-  return out;
+int64_t offset_at(const at::Tensor& offsets, int64_t i) {
+  return offsets.scalar_type() == at::kInt ? offsets.const_data_ptr<int32_t>()[i]
+                                           : offsets.const_data_ptr<int64_t>()[i];
 }
 
-at::Tensor merge_csr(const std::vector<std::pair<PartRows*, at::Tensor>>& parts, int64_t rows, int64_t columns) {
-  // Index dtypes may differ between parts (int32 where they fit): merge as the widest.
-  bool wide = false;
-  for (const auto& [part, matrix] : parts) wide |= matrix.crow_indices().scalar_type() == at::kLong;
-  const at::ScalarType index_type = wide ? at::kLong : at::kInt;
-  std::vector<at::Tensor> offsets;
+// A CSR field merged from the parts' staged CSR tensors into the final arrays.
+at::Tensor merge_csr(const std::vector<PartRows>& parts, const std::vector<at::Tensor>& staged, int64_t rows,
+                     int64_t columns, at::Tensor offsets, at::Tensor out_columns, at::Tensor out_values,
+                     core::ThreadPool& pool) {
   std::vector<int64_t> row_offsets(static_cast<size_t>(rows) + 1, 0);
-  for (const auto& [part, matrix] : parts) {
-    offsets.push_back(matrix.crow_indices().to(at::kLong).contiguous());
-    const int64_t* crow = offsets.back().data_ptr<int64_t>();
-    for (size_t i = 0; i < part->positions.size(); ++i) row_offsets[part->positions[i] + 1] = crow[i + 1] - crow[i];
-  }
-  for (int64_t i = 0; i < rows; ++i) row_offsets[i + 1] += row_offsets[i];
-  const int64_t total = row_offsets.back();
-  const at::Tensor& first = parts.front().second;
-  at::Tensor out_columns = at::empty({total}, at::TensorOptions().dtype(index_type));
-  at::Tensor out_values = at::empty({total}, first.values().options());
-  const size_t value_size = out_values.element_size();
-  auto* values_out = static_cast<uint8_t*>(out_values.data_ptr());
   for (size_t p = 0; p < parts.size(); ++p) {
-    const auto& [part, matrix] = parts[p];
-    const int64_t* crow = offsets[p].data_ptr<int64_t>();
-    const at::Tensor columns = matrix.col_indices().to(index_type).contiguous();
-    const at::Tensor values = matrix.values().contiguous();
-    const auto* values_in = static_cast<const uint8_t*>(values.data_ptr());
-    for (size_t i = 0; i < part->positions.size(); ++i) {
-      const int64_t source = crow[i], length = crow[i + 1] - crow[i], dest = row_offsets[part->positions[i]];
-      std::memcpy(static_cast<uint8_t*>(out_columns.data_ptr()) + dest * columns.element_size(),
-                  static_cast<const uint8_t*>(columns.data_ptr()) + source * columns.element_size(),
-                  length * columns.element_size());
-      std::memcpy(values_out + dest * value_size, values_in + source * value_size, length * value_size);
+    const at::Tensor crow = staged[p].crow_indices();
+    for (size_t i = 0; i < parts[p].order.size(); ++i) {
+      row_offsets[parts[p].order[i] + 1] = offset_at(crow, static_cast<int64_t>(i) + 1) - offset_at(crow, i);
     }
   }
-  at::Tensor out_rows = at::empty({rows + 1}, at::TensorOptions().dtype(at::kLong));
-  std::memcpy(out_rows.data_ptr<int64_t>(), row_offsets.data(), row_offsets.size() * sizeof(int64_t));
-  return at::sparse_csr_tensor(out_rows.to(index_type), out_columns, out_values, {rows, columns},
+  for (int64_t i = 0; i < rows; ++i) row_offsets[i + 1] += row_offsets[i];
+  if (offsets.scalar_type() == at::kInt) {
+    auto* out = offsets.data_ptr<int32_t>();
+    for (int64_t i = 0; i <= rows; ++i) out[i] = static_cast<int32_t>(row_offsets[i]);
+  } else {
+    std::memcpy(offsets.data_ptr<int64_t>(), row_offsets.data(), row_offsets.size() * sizeof(int64_t));
+  }
+  constexpr int64_t kRowsPerTask = 1024;
+  std::vector<std::pair<size_t, int64_t>> tasks;  // (part, first row of the task)
+  for (size_t p = 0; p < parts.size(); ++p) {
+    for (int64_t first = 0; first < static_cast<int64_t>(parts[p].order.size()); first += kRowsPerTask) {
+      tasks.emplace_back(p, first);
+    }
+  }
+  const size_t value_size = out_values.element_size();
+  pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
+    const auto [p, first] = tasks[static_cast<size_t>(t)];
+    const at::Tensor& part = staged[p];
+    const at::Tensor crow = part.crow_indices(), cols = part.col_indices(), vals = part.values();
+    const auto* values_in = static_cast<const uint8_t*>(vals.const_data_ptr());
+    auto* values_out = static_cast<uint8_t*>(out_values.data_ptr());
+    const int64_t end = std::min<int64_t>(first + kRowsPerTask, static_cast<int64_t>(parts[p].order.size()));
+    for (int64_t i = first; i < end; ++i) {
+      const int64_t source = offset_at(crow, i), length = offset_at(crow, i + 1) - source;
+      const int64_t dest = row_offsets[parts[p].order[i]];
+      std::memcpy(values_out + dest * value_size, values_in + source * value_size, length * value_size);
+      if (cols.scalar_type() == out_columns.scalar_type()) {
+        const size_t index_size = cols.element_size();
+        std::memcpy(static_cast<uint8_t*>(out_columns.data_ptr()) + dest * index_size,
+                    static_cast<const uint8_t*>(cols.const_data_ptr()) + source * index_size, length * index_size);
+      } else {  // an int32 part into int64 arrays
+        const int32_t* in = cols.const_data_ptr<int32_t>() + source;
+        std::copy(in, in + length, out_columns.data_ptr<int64_t>() + dest);
+      }
+    }
+  });
+  return at::sparse_csr_tensor(offsets, out_columns, out_values, {rows, columns},
                                out_values.options().layout(at::kSparseCsr));
 }
+
+// All rows from one part: its read is the collection's.
+class SinglePartRead : public PlannedRead {
+ public:
+  explicit SinglePartRead(std::vector<PartRows> parts) : parts_(std::move(parts)) {
+    outputs_ = parts_.front().read->outputs();
+  }
+  Batch fill(const std::vector<at::Tensor>& tensors, ReadContext& context) override {
+    return parts_.front().read->fill(tensors, context);
+  }
+
+ private:
+  std::vector<PartRows> parts_;  // one; its rows are referred to by its read
+};
+
+class CollectionRead : public PlannedRead {
+ public:
+  CollectionRead(const std::vector<FieldSpec>& fields, std::vector<PartRows> parts, const RowRequest& request)
+      : fields_(fields), parts_(std::move(parts)), rows_(static_cast<int64_t>(request.rows.size())) {
+    const int64_t out_rows = request.num_out_rows();
+    // The final outputs: a dense field once, written by every part; a CSR field's three arrays.
+    for (const FieldSpec& field : fields_) {
+      if (!field.sparse_csr) {
+        std::vector<int64_t> shape{out_rows};
+        shape.insert(shape.end(), field.row_shape.begin(), field.row_shape.end());
+        outputs_.push_back(OutputSpec{field.name, OutputSpec::Part::kDense, TensorSpec{shape, field.dtype}});
+        continue;
+      }
+      // Index dtypes may differ between parts (int32 where they fit): merged as the widest.
+      int64_t nnz = 0;
+      bool wide = false;
+      for (const PartRows& part : parts_) {
+        for (const OutputSpec& output : part.read->outputs()) {
+          if (output.field != field.name) continue;
+          if (output.part == OutputSpec::Part::kCsrColumns) nnz += output.tensor.shape.at(0);
+          wide |= output.part == OutputSpec::Part::kCsrOffsets && output.tensor.dtype == at::kLong;
+        }
+      }
+      wide |= nnz > std::numeric_limits<int32_t>::max();
+      const at::ScalarType index = wide ? at::kLong : at::kInt;
+      outputs_.push_back(OutputSpec{field.name, OutputSpec::Part::kCsrOffsets, TensorSpec{{rows_ + 1}, index}});
+      outputs_.push_back(OutputSpec{field.name, OutputSpec::Part::kCsrColumns, TensorSpec{{nnz}, index}});
+      outputs_.push_back(OutputSpec{field.name, OutputSpec::Part::kCsrValues, TensorSpec{{nnz}, field.dtype}});
+    }
+  }
+
+  Batch fill(const std::vector<at::Tensor>& tensors, ReadContext& context) override {
+    std::map<std::string, at::Tensor> dense;
+    std::map<std::string, std::vector<at::Tensor>> csr;
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      if (outputs_[i].part == OutputSpec::Part::kDense) {
+        dense[outputs_[i].field] = tensors[i];
+      } else {
+        csr[outputs_[i].field].push_back(tensors[i]);
+      }
+    }
+    // The parts' CSR arrays are staged, together, in recycled memory.
+    std::vector<TensorSpec> staging_specs;
+    for (const PartRows& part : parts_) {
+      for (const OutputSpec& output : part.read->outputs()) {
+        if (output.part != OutputSpec::Part::kDense) staging_specs.push_back(output.tensor);
+      }
+    }
+    std::vector<at::Tensor> staging = context.tensors.scratch(staging_specs);
+    std::map<std::string, std::vector<at::Tensor>> staged;  // per CSR field, one sparse tensor per part
+    size_t next = 0;
+    for (PartRows& part : parts_) {
+      std::vector<at::Tensor> inputs;
+      for (const OutputSpec& output : part.read->outputs()) {
+        inputs.push_back(output.part == OutputSpec::Part::kDense ? dense.at(output.field) : staging[next++]);
+      }
+      Batch batch = part.read->fill(inputs, context);
+      for (const auto& [name, arrays] : csr) staged[name].push_back(batch.at(name));
+    }
+    Batch out;
+    for (const FieldSpec& field : fields_) {
+      if (!field.sparse_csr) {
+        out.insert(field.name, dense.at(field.name));
+        continue;
+      }
+      const std::vector<at::Tensor>& arrays = csr.at(field.name);
+      out.insert(field.name, merge_csr(parts_, staged.at(field.name), rows_, field.row_shape.at(0), arrays[0],
+                                       arrays[1], arrays[2], context.pool));
+    }
+    return out;
+  }
+
+ private:
+  const std::vector<FieldSpec>& fields_;
+  std::vector<PartRows> parts_;
+  int64_t rows_;
+};
 
 // The fix when the parts differ only in the layout of a field (a dense and a CSR matrix).
 std::string layout_hint(const std::vector<FieldSpec>& first, const std::vector<FieldSpec>& other) {
@@ -110,28 +210,28 @@ CollectionSource::CollectionSource(std::vector<std::shared_ptr<const Source>> pa
   }
 }
 
-Batch CollectionSource::read(const std::vector<int64_t>& rows, ReadContext& context) const {
+std::unique_ptr<PlannedRead> CollectionSource::plan(const RowRequest& request, ReadContext& context) const {
+  const std::vector<int64_t>& rows = request.rows;
   std::vector<PartRows> split(parts_.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     const size_t part =
         static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), rows[i]) - offsets_.begin()) - 1;
     split[part].local.push_back(rows[i] - offsets_[part]);
-    split[part].positions.push_back(static_cast<int64_t>(i));
+    split[part].order.push_back(static_cast<int64_t>(i));
+    split[part].dests.push_back(request.dest(i));
   }
-  std::vector<std::pair<PartRows*, Batch>> batches;
+  std::vector<PartRows> parts;
   for (size_t p = 0; p < parts_.size(); ++p) {
-    if (!split[p].local.empty()) batches.emplace_back(&split[p], parts_[p]->read(split[p].local, context));
+    if (split[p].local.empty()) continue;
+    split[p].part = p;
+    parts.push_back(std::move(split[p]));
   }
-  if (batches.size() == 1) return batches.front().second;  // all rows from one part, already in order
-  const int64_t count = static_cast<int64_t>(rows.size());
-  Batch out;
-  for (const FieldSpec& field : fields_) {
-    std::vector<std::pair<PartRows*, at::Tensor>> parts;
-    for (const auto& [part, batch] : batches) parts.emplace_back(part, batch.at(field.name));
-    out.insert(field.name,
-               field.sparse_csr ? merge_csr(parts, count, field.row_shape.at(0)) : merge_dense(parts, count));
+  // The rows of each part are read by the part straight into their places (its CSR arrays, in request order).
+  for (PartRows& part : parts) {
+    part.read = parts_[part.part]->plan(RowRequest{part.local, &part.dests, request.num_out_rows()}, context);
   }
-  return out;
+  if (parts.size() == 1) return std::make_unique<SinglePartRead>(std::move(parts));
+  return std::make_unique<CollectionRead>(fields_, std::move(parts), request);
 }
 
 std::string CollectionSource::describe() const {

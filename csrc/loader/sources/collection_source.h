@@ -1,6 +1,8 @@
 // Many sources as one row space (e.g. the 14 plates of a 100M-cell dataset):
 // global row = offset of its source + local row. Every part must have the
-// same fields (names, dtypes, row shapes, sparse or dense).
+// same fields (names, dtypes, row shapes, sparse or dense). Dense fields are
+// read by every part straight into their rows of the output; CSR fields are
+// staged per part (in recycled memory) and merged.
 #pragma once
 
 #include <memory>
@@ -16,7 +18,7 @@ class CollectionSource : public Source {
 
   int64_t num_rows() const override { return offsets_.back(); }
   std::vector<FieldSpec> fields() const override { return fields_; }
-  Batch read(const std::vector<int64_t>& rows, ReadContext& context) const override;
+  std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const override;
   std::string describe() const override;
 
   const std::vector<std::shared_ptr<const Source>>& parts() const { return parts_; }

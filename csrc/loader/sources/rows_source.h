@@ -4,6 +4,7 @@
 // reads, in which units and batches; Python fetches them from the collection.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,8 @@ class RowsSource : public Source {
   RowsSource(int64_t num_rows, std::string description);
   int64_t num_rows() const override { return num_rows_; }
   std::vector<FieldSpec> fields() const override { return {}; }
-  Batch read(const std::vector<int64_t>& rows, ReadContext& context) const override { return Batch(); }
+  // Nothing to read: the unit's "index" is its batch.
+  std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const override;
   std::string describe() const override;
 
  private:

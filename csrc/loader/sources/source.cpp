@@ -20,4 +20,16 @@ std::vector<std::string> Source::field_names() const {
   return names;
 }
 
+Batch Source::read(const std::vector<int64_t>& rows, ReadContext& context) const {
+  std::unique_ptr<PlannedRead> planned = plan(RowRequest{rows}, context);
+  return planned->fill(context.tensors.allocate(tensor_specs(planned->outputs())), context);
+}
+
+std::vector<TensorSpec> tensor_specs(const std::vector<OutputSpec>& outputs) {
+  std::vector<TensorSpec> specs;
+  specs.reserve(outputs.size());
+  for (const OutputSpec& output : outputs) specs.push_back(output.tensor);
+  return specs;
+}
+
 }  // namespace torch_shards::sources

@@ -3,12 +3,19 @@
 // matrix). Readers hand it the rows of one unit of work (in delivery order,
 // possibly repeated) and get back one tensor per field with exactly those
 // rows, in that order.
+//
+// A read has two steps, so that every output tensor of a unit can be carved
+// out of one allocation (one recycled storage; one shared-memory segment for
+// DataLoader workers): plan() reads what decides the sizes (a CSR matrix's
+// row offsets) and declares the outputs; PlannedRead::fill() writes the rows
+// straight into them, in their final order.
 #pragma once
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,19 +43,59 @@ struct FieldSpec {
   std::string describe() const;  // "X: float32[2000] (sparse CSR)"
 };
 
+// One output tensor of a read: a dense field, or one array of a sparse CSR field.
+struct OutputSpec {
+  enum class Part { kDense, kCsrOffsets, kCsrColumns, kCsrValues };
+  std::string field;
+  Part part = Part::kDense;
+  TensorSpec tensor;
+};
+
+// The rows of a read: rows[i] lands in row dests[i] of the dense outputs
+// (row i when dests is null), which have out_rows rows (rows.size() when
+// negative). Sparse CSR outputs always hold the rows in the order of `rows`:
+// the caller places them.
+struct RowRequest {
+  const std::vector<int64_t>& rows;
+  const std::vector<int64_t>* dests = nullptr;
+  int64_t out_rows = -1;
+  int64_t num_out_rows() const { return out_rows >= 0 ? out_rows : static_cast<int64_t>(rows.size()); }
+  int64_t dest(size_t i) const { return dests ? (*dests)[i] : static_cast<int64_t>(i); }
+};
+
+// A read whose outputs are known and not yet written (it refers to the
+// request's rows: they must outlive it).
+class PlannedRead {
+ public:
+  virtual ~PlannedRead() = default;
+  // The tensors fill() writes, in order.
+  const std::vector<OutputSpec>& outputs() const { return outputs_; }
+  // Writes the rows into `tensors` (uninitialised, one per output, in order;
+  // they may be views of one storage) and returns the batch: one tensor per
+  // field, CSR fields assembled from their three outputs.
+  virtual Batch fill(const std::vector<at::Tensor>& tensors, ReadContext& context) = 0;
+
+ protected:
+  std::vector<OutputSpec> outputs_;
+};
+
 class Source {
  public:
   virtual ~Source() = default;
   virtual int64_t num_rows() const = 0;
   virtual std::vector<FieldSpec> fields() const = 0;
-  // One tensor per field, row i of each holding source row rows[i]. Reads
-  // run on the context's pool (its threads plus the calling thread) into
-  // tensors from its TensorPool.
-  virtual Batch read(const std::vector<int64_t>& rows, ReadContext& context) const = 0;
+  // Plans reading the request's rows (the row offsets of CSR fields are read
+  // here, on the context's pool).
+  virtual std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const = 0;
   // Canonical description (type, files and their sizes, fields, shapes).
   virtual std::string describe() const = 0;
 
+  // One tensor per field, row i of each holding source row rows[i]: plan,
+  // one allocation from the context's TensorPool, fill.
+  Batch read(const std::vector<int64_t>& rows, ReadContext& context) const;
   std::vector<std::string> field_names() const;
 };
+
+std::vector<TensorSpec> tensor_specs(const std::vector<OutputSpec>& outputs);
 
 }  // namespace torch_shards::sources

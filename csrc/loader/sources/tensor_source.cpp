@@ -4,6 +4,8 @@
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/index_select.h>
 
+#include <algorithm>
+#include <cstring>
 #include <sstream>
 
 #include "core/errors.h"
@@ -11,6 +13,84 @@
 namespace torch_shards::sources {
 
 using core::check_argument;
+
+namespace {
+
+// Copy tasks of at least this many bytes: enough to amortise handing a task to a thread.
+constexpr size_t kTaskBytes = 1 << 20;
+
+class TensorRead : public PlannedRead {
+ public:
+  TensorRead(const Batch& fields, const RowRequest& request) : fields_(fields), request_(request) {
+    for (const auto& item : fields_) {
+      const at::Tensor& tensor = item.value();
+      if (!tensor.device().is_cpu()) continue;  // gathered on its own device, outside the unit's storage
+      std::vector<int64_t> shape(tensor.sizes().begin(), tensor.sizes().end());
+      shape[0] = request.num_out_rows();
+      outputs_.push_back(OutputSpec{item.key(), OutputSpec::Part::kDense, TensorSpec{shape, tensor.scalar_type()}});
+    }
+  }
+
+  Batch fill(const std::vector<at::Tensor>& tensors, ReadContext& context) override {
+    const std::vector<int64_t>& rows = request_.rows;
+    const auto index = at::from_blob(const_cast<int64_t*>(rows.data()), {static_cast<int64_t>(rows.size())},
+                                     at::TensorOptions().dtype(at::kLong));
+    Batch out;
+    size_t next = 0;
+    for (const auto& item : fields_) {
+      const at::Tensor& tensor = item.value();
+      if (!tensor.device().is_cpu()) {
+        check_argument(request_.dests == nullptr, "Collection: field '", item.key(), "' is a tensor on ",
+                       tensor.device(), "; a Collection reads CPU tensors only");
+        out.insert(item.key(), at::index_select(tensor, 0, index.to(tensor.device())));
+        continue;
+      }
+      at::Tensor gathered = tensors[next++];
+      if (tensor.is_contiguous()) {
+        const size_t row_bytes = tensor.size(0) == 0 ? 0 : tensor.nbytes() / static_cast<size_t>(tensor.size(0));
+        gather_rows(static_cast<const uint8_t*>(tensor.const_data_ptr()), row_bytes, request_,
+                    static_cast<uint8_t*>(gathered.data_ptr()), context.pool);
+      } else if (request_.dests == nullptr) {
+        at::index_select_out(gathered, tensor, 0, index);
+      } else {
+        const auto dests =
+            at::from_blob(const_cast<int64_t*>(request_.dests->data()), {static_cast<int64_t>(request_.dests->size())},
+                          at::TensorOptions().dtype(at::kLong));
+        gathered.index_copy_(0, dests, at::index_select(tensor, 0, index));
+      }
+      out.insert(item.key(), gathered);
+    }
+    return out;
+  }
+
+ private:
+  Batch fields_;
+  RowRequest request_;
+};
+
+}  // namespace
+
+void gather_rows(const uint8_t* source, size_t row_bytes, const RowRequest& request, uint8_t* out,
+                 core::ThreadPool& pool) {
+  const std::vector<int64_t>& rows = request.rows;
+  const int64_t count = static_cast<int64_t>(rows.size());
+  if (count == 0 || row_bytes == 0) return;
+  const int64_t rows_per_task = std::max<int64_t>(1, static_cast<int64_t>(kTaskBytes / row_bytes));
+  const int64_t tasks = (count + rows_per_task - 1) / rows_per_task;
+  pool.parallel_for(tasks, [&](int64_t task) {
+    const int64_t end = std::min(count, (task + 1) * rows_per_task);
+    for (int64_t i = task * rows_per_task; i < end;) {
+      // A run: consecutive source rows going to consecutive destinations.
+      int64_t length = 1;
+      while (i + length < end && rows[i + length] == rows[i] + length &&
+             request.dest(i + length) == request.dest(i) + length) {
+        ++length;
+      }
+      std::memcpy(out + request.dest(i) * row_bytes, source + rows[i] * row_bytes, length * row_bytes);
+      i += length;
+    }
+  });
+}
 
 TensorSource::TensorSource(Batch fields) : fields_(std::move(fields)) {
   check_argument(!fields_.empty(), "TensorSource: needs at least one tensor");
@@ -43,23 +123,8 @@ std::vector<FieldSpec> TensorSource::fields() const {
   return specs;
 }
 
-Batch TensorSource::read(const std::vector<int64_t>& rows, ReadContext& context) const {
-  const auto index = at::from_blob(const_cast<int64_t*>(rows.data()), {static_cast<int64_t>(rows.size())},
-                                   at::TensorOptions().dtype(at::kLong));
-  Batch out;
-  for (const auto& item : fields_) {
-    const at::Tensor& tensor = item.value();
-    if (!tensor.device().is_cpu()) {  // gathered on its own device
-      out.insert(item.key(), at::index_select(tensor, 0, index.to(tensor.device())));
-      continue;
-    }
-    std::vector<int64_t> shape(tensor.sizes().begin(), tensor.sizes().end());
-    shape[0] = static_cast<int64_t>(rows.size());
-    at::Tensor gathered = context.tensors.empty(shape, tensor.scalar_type());
-    at::index_select_out(gathered, tensor, 0, index);
-    out.insert(item.key(), gathered);
-  }
-  return out;
+std::unique_ptr<PlannedRead> TensorSource::plan(const RowRequest& request, ReadContext&) const {
+  return std::make_unique<TensorRead>(fields_, request);
 }
 
 std::string TensorSource::describe() const {

@@ -1,6 +1,9 @@
-// Rows of in-memory tensors: one field per tensor, gathered with index_select.
+// Rows of in-memory tensors: one field per tensor. CPU tensors are gathered
+// straight into the output, row by row, on the read's threads; tensors on
+// another device are gathered there with index_select.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,7 +16,7 @@ class TensorSource : public Source {
   explicit TensorSource(Batch fields);
   int64_t num_rows() const override { return num_rows_; }
   std::vector<FieldSpec> fields() const override;
-  Batch read(const std::vector<int64_t>& rows, ReadContext& context) const override;
+  std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const override;
   std::string describe() const override;
 
   const Batch& tensors() const { return fields_; }
@@ -22,5 +25,10 @@ class TensorSource : public Source {
   Batch fields_;
   int64_t num_rows_ = 0;
 };
+
+// Copies rows[i] of `source` (rows of row_bytes bytes, contiguous) to row
+// request.dest(i) of `out`, runs of consecutive rows at once, on the pool.
+void gather_rows(const uint8_t* source, size_t row_bytes, const RowRequest& request, uint8_t* out,
+                 core::ThreadPool& pool);
 
 }  // namespace torch_shards::sources

@@ -1,0 +1,192 @@
+"""The host path: how close the reader gets to a hand-written torch gather of the same rows.
+
+    python benchmarks/host_path.py                  # 100,000 rows of 8 KB (float32 x 2048), 5 epochs
+    python benchmarks/host_path.py --rows 40000     # quicker
+
+For each source (TensorSource over an in-memory tensor, HDF5 contiguous, HDF5 chunked (64-row chunks,
+uncompressed); the files live in /dev/shm when it has room, so in memory) and each batch size (256 and
+4096, default fetch_factor 16), epochs alternate between
+
+  torch_shards  ShardedDataset(source, BlockShuffling(64), batch_size=b, num_threads=T) iterated
+                in-process (the loop only counts rows)
+  torch gather  torch.index_select(X, 0, rows, out=buf) into one reused buffer, batch after batch, with
+                the rows of the same epoch's plan (the same rows in the same block order), from the
+                in-memory tensor, torch.set_num_threads(T)
+
+and reports rows/s (median over the epochs after the first), the ratio torch_shards / torch gather,
+and minor page faults (getrusage, the whole process) per epoch as a fraction of the epoch's bytes
+(a fault per 4 KB page delivered is 1.0): in the first epoch, and the mean and largest after it. T is the
+machine's core count unless --threads says otherwise.
+
+Writes benchmarks/results/host_path.txt and .json (--out names another prefix).
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import tempfile
+import time
+
+import h5py
+import torch
+
+import torch_shards as ts
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BLOCK = 64
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def minor_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def data_dir(bytes_needed):
+    try:
+        stat = os.statvfs("/dev/shm")
+        if stat.f_bavail * stat.f_frsize > 3 * bytes_needed:
+            return tempfile.mkdtemp(prefix="torch_shards_host_path_", dir="/dev/shm")
+    except OSError:
+        pass
+    return tempfile.mkdtemp(prefix="torch_shards_host_path_")
+
+
+def ours_epoch(dataset):
+    rows = 0
+    faults = minor_faults()
+    start = time.perf_counter()
+    for batch in dataset:
+        rows += batch["index"].numel()
+    seconds = time.perf_counter() - start
+    return rows, seconds, minor_faults() - faults
+
+
+def torch_epoch(x, plan, batch_size, buffer):
+    faults = minor_faults()
+    start = time.perf_counter()
+    for begin in range(0, plan.numel(), batch_size):
+        rows = plan[begin : begin + batch_size]
+        out = buffer[: rows.numel()]
+        torch.index_select(x, 0, rows, out=out)
+    seconds = time.perf_counter() - start
+    return plan.numel(), seconds, minor_faults() - faults
+
+
+def measure(name, make_source, x, batch_size, epochs, threads, seed=0):
+    strategy = ts.BlockShuffling(BLOCK)
+    dataset = ts.ShardedDataset(make_source(), strategy, batch_size=batch_size, seed=seed, num_threads=threads)
+    row_bytes = x[0].numel() * x.element_size()
+    buffer = torch.empty((batch_size, *x.shape[1:]), dtype=x.dtype)
+    ours, theirs = [], []
+    for epoch in range(epochs):
+        plan = strategy.plan(x.shape[0], seed, epoch)  # the rows of ours' epoch, in block order
+        rows, seconds, faults = ours_epoch(dataset)
+        assert rows == x.shape[0], (rows, x.shape[0])
+        ours.append((rows / seconds, faults * PAGE / (rows * row_bytes)))
+        rows, seconds, faults = torch_epoch(x, plan, batch_size, buffer)
+        theirs.append((rows / seconds, faults * PAGE / (rows * row_bytes)))
+    steady = slice(1, None)
+    result = {
+        "source": name,
+        "batch_size": batch_size,
+        "torch_shards_rows_per_s": statistics.median(r for r, _ in ours[steady]),
+        "torch_rows_per_s": statistics.median(r for r, _ in theirs[steady]),
+        "torch_shards_faults_first": ours[0][1],
+        "torch_shards_faults_after": statistics.mean(f for _, f in ours[steady]),
+        "torch_shards_faults_after_max": max(f for _, f in ours[steady]),
+        "torch_faults_after": max(f for _, f in theirs[steady]),
+        "epochs": {"torch_shards": ours, "torch": theirs},
+    }
+    result["ratio"] = result["torch_shards_rows_per_s"] / result["torch_rows_per_s"]
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--columns", type=int, default=2048, help="float32 values per row (2048: 8 KB)")
+    parser.add_argument("--epochs", type=int, default=5, help="per method and configuration (the first is warm-up)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 4096])
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "host_path"))
+    args = parser.parse_args()
+    if args.epochs < 2:
+        parser.error("--epochs must be >= 2 (the first is the warm-up)")
+    torch.set_num_threads(args.threads)
+
+    x = torch.randn(args.rows, args.columns)
+    directory = data_dir(x.numel() * x.element_size())
+    contiguous, chunked = os.path.join(directory, "contiguous.h5"), os.path.join(directory, "chunked.h5")
+    with h5py.File(contiguous, "w") as f:
+        f.create_dataset("X", data=x.numpy())
+    with h5py.File(chunked, "w") as f:
+        f.create_dataset("X", data=x.numpy(), chunks=(BLOCK, args.columns))
+    sources = {
+        "TensorSource": lambda: ts.TensorSource({"X": x}),
+        "HDF5 contiguous": lambda: ts.HDF5Source(contiguous, "X"),
+        "HDF5 chunked": lambda: ts.HDF5Source(chunked, "X"),
+    }
+    results = []
+    try:
+        for name, make_source in sources.items():
+            for batch_size in args.batch_sizes:
+                result = measure(name, make_source, x, batch_size, args.epochs, args.threads)
+                results.append(result)
+                print(
+                    f"{name:16s} b={batch_size:5d}  ours {result['torch_shards_rows_per_s']:.3g} rows/s  "
+                    f"torch {result['torch_rows_per_s']:.3g} rows/s  ratio {result['ratio']:.2f}  "
+                    f"faults {result['torch_shards_faults_first']:.2f} -> {result['torch_shards_faults_after']:.3f}",
+                    flush=True,
+                )
+    finally:
+        for path in (contiguous, chunked):
+            if os.path.exists(path):
+                os.remove(path)
+        os.rmdir(directory)
+
+    gigabytes = args.rows * args.columns * 4 / 1e9
+    lines = [
+        f"host path: {args.rows} rows x {args.columns} float32 ({gigabytes:.2f} GB), BlockShuffling({BLOCK}), "
+        f"fetch_factor 16, {args.threads} threads, {args.epochs} alternated epochs (first = warm-up), "
+        f"torch {torch.__version__}",
+        "",
+        "| source | batch | torch_shards rows/s | torch gather rows/s | ratio | faults epoch 1 |"
+        " faults after (mean / max) | time per row vs smallest batch |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    base = {r["source"]: r["torch_shards_rows_per_s"] for r in results if r["batch_size"] == min(args.batch_sizes)}
+    for r in results:
+        slowdown = base[r["source"]] / r["torch_shards_rows_per_s"]
+        r["slowdown_vs_smallest_batch"] = slowdown
+        lines.append(
+            f"| {r['source']} | {r['batch_size']} | {r['torch_shards_rows_per_s']:.3g} | {r['torch_rows_per_s']:.3g} "
+            f"| {r['ratio']:.2f} | {r['torch_shards_faults_first']:.1%} | {r['torch_shards_faults_after']:.2%} / "
+            f"{r['torch_shards_faults_after_max']:.2%} "
+            f"| {slowdown:.2f}x |"
+        )
+    text = "\n".join(lines)
+    print()
+    print(text)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out + ".txt", "w") as f:
+        f.write(text + "\n")
+    with open(args.out + ".json", "w") as f:
+        json.dump(
+            {
+                "rows": args.rows,
+                "columns": args.columns,
+                "threads": args.threads,
+                "epochs": args.epochs,
+                "torch": torch.__version__,
+                "cpu_count": os.cpu_count(),
+                "results": results,
+            },
+            f,
+            indent=1,
+        )
+
+
+if __name__ == "__main__":
+    main()

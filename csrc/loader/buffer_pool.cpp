@@ -1,0 +1,117 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include "loader/buffer_pool.h"
+
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+
+#include "core/errors.h"
+#include "io/file.h"
+
+namespace torch_shards {
+namespace {
+
+// Sizes rounded up to an eighth of their power of two (at least a page):
+// units of slightly different sizes share a class, wasting at most 12.5%.
+size_t size_class(size_t bytes) {
+  constexpr size_t kPage = 4096;
+  if (bytes <= kPage) return kPage;
+  const int top = 63 - __builtin_clzll(static_cast<unsigned long long>(bytes));
+  const size_t step = std::max<size_t>(kPage, size_t{1} << std::max(0, top - 3));
+  return (bytes + step - 1) / step * step;
+}
+
+c10::Storage allocate(size_t bytes, sources::Memory memory) {
+  const bool pinned = memory == sources::Memory::kPinned;
+  return at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned)).storage();
+}
+
+}  // namespace
+
+BufferPool::BufferPool(int64_t budget_bytes)
+    : budget_(std::max<int64_t>(budget_bytes, 0)), owner_pid_(io::current_process_id()) {}
+
+BufferPool::~BufferPool() {
+  if (owner_pid_ != io::current_process_id()) adopt_after_fork();
+}
+
+void BufferPool::adopt_after_fork() {
+  // The parent's threads (and whoever held the lock) do not exist here: never
+  // touch the inherited lock. Pinned memory belongs to the parent's CUDA
+  // context: leave it alone; plain memory is ours to let go.
+  (void)sync_.release();
+  sync_ = std::make_unique<Sync>();
+  for (Kept& kept : kept_) {
+    if (kept.memory == sources::Memory::kPinned) (void)kept.storage.unsafeReleaseStorageImpl();
+  }
+  kept_.clear();
+  kept_bytes_ = 0;
+  largest_ = 0;
+  owner_pid_ = io::current_process_id();
+}
+
+bool BufferPool::is_free(const Kept& kept) {
+  // Only the pool holds it: every tensor (and batch) viewing it is gone, on whatever thread it died.
+  return kept.storage.use_count() == 1 && kept.storage.data() == kept.data;
+}
+
+c10::Storage BufferPool::acquire(size_t bytes, sources::Memory memory) {
+  core::check_argument(memory != sources::Memory::kShared, "BufferPool: shared memory is never pooled");
+  if (owner_pid_ != io::current_process_id()) adopt_after_fork();
+  const size_t wanted = size_class(bytes);
+  std::lock_guard<std::mutex> lock(sync_->mutex);
+  largest_ = std::max(largest_, wanted);
+  // Storages whose memory moved (to be sent elsewhere) are no longer ours to reuse.
+  for (auto it = kept_.begin(); it != kept_.end();) {
+    if (it->storage.data() != it->data) {
+      kept_bytes_ -= it->size_class;
+      it = kept_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // The most recently used free storage of the class: its pages are the likeliest to be in cache.
+  Kept* best = nullptr;
+  for (Kept& kept : kept_) {
+    if (kept.memory == memory && kept.size_class == wanted && is_free(kept) &&
+        (best == nullptr || kept.last_use > best->last_use)) {
+      best = &kept;
+    }
+  }
+  if (best != nullptr) {
+    best->last_use = ++clock_;
+    ++counts_.reuses;
+    return best->storage;
+  }
+  // Room for a new one: the least recently used free storages go first.
+  const size_t limit = static_cast<size_t>(budget_) + 2 * largest_;
+  while (kept_bytes_ + wanted > limit) {
+    auto victim = kept_.end();
+    for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+      if (is_free(*it) && (victim == kept_.end() || it->last_use < victim->last_use)) victim = it;
+    }
+    if (victim == kept_.end()) break;
+    kept_bytes_ -= victim->size_class;
+    kept_.erase(victim);
+  }
+  c10::Storage storage = allocate(wanted, memory);
+  ++counts_.allocations;
+  if (kept_bytes_ + wanted <= limit) {
+    kept_.push_back(Kept{storage, storage.data(), memory, wanted, ++clock_});
+    kept_bytes_ += wanted;
+  } else {
+    ++counts_.untracked;  // beyond the budget (the consumer holds the rest): freed when dropped
+  }
+  return storage;
+}
+
+BufferPool::Stats BufferPool::stats() const {
+  if (owner_pid_ != io::current_process_id()) return Stats{};
+  std::lock_guard<std::mutex> lock(sync_->mutex);
+  Stats out = counts_;
+  out.kept_bytes = static_cast<int64_t>(kept_bytes_);
+  out.kept = static_cast<int64_t>(kept_.size());
+  return out;
+}
+
+}  // namespace torch_shards
