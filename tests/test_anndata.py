@@ -312,3 +312,24 @@ def test_dense_true_sums_duplicate_entries_like_scipy(tmp_path):
     ad.AnnData(matrix).write_h5ad(path)
     got = ts.AnnDataSource(path, dense=True).read([1, 0])["X"]
     assert torch.equal(got, torch.from_numpy(matrix.toarray()[[1, 0]]))
+
+
+def test_repeated_categories_are_refused_naming_the_element(tmp_path):
+    # Two codes meaning one value: a corrupt file (pandas and anndata refuse it too), never silent data.
+    path = tmp_path / "dup.h5ad"
+    obs = pd.DataFrame({"cell_type": pd.Categorical(["a", "b", "c", "a"])}, index=[f"c{i}" for i in range(4)])
+    ad.AnnData(np.zeros((4, 2), dtype=np.float32), obs=obs).write_h5ad(path)
+    with h5py.File(path, "r+") as f:
+        categories = f["obs/cell_type/categories"]
+        categories[2] = "a"
+    with pytest.raises(RuntimeError, match=r"obs/cell_type/categories: categories must be unique, \"a\" appears more"):
+        list(ts.ShardedDataset(ts.AnnDataSource(path, obs=["cell_type"]), ts.Streaming(), batch_size=2))
+
+
+def test_x_wider_than_var_is_refused(tmp_path):
+    path = tmp_path / "wide.h5ad"
+    ad.AnnData(sp.random(6, 4, density=0.5, format="csr", dtype=np.float32, random_state=0)).write_h5ad(path)
+    with h5py.File(path, "r+") as f:
+        f["X"].attrs["shape"] = np.array([6, 2**40])
+    with pytest.raises(RuntimeError, match=r"/X: has 1099511627776 columns but var has 4 rows"):
+        ts.AnnDataSource(path)

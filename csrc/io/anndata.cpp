@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "../core/errors.h"
 #include "chunked_array.h"
@@ -178,7 +179,7 @@ json numeric_values_json(const Array& array, const std::vector<uint8_t>& missing
 
 // The categories element of a categorical: a string-array, a numeric or bool
 // array, or a nullable-{string-array,integer,boolean} group.
-json read_categories(const Group& parent, const std::string& name) {
+json read_category_values(const Group& parent, const std::string& name) {
   const std::string where = where_of(parent, name);
   if (parent.has_group(name)) {
     auto group = parent.group(name);
@@ -204,6 +205,20 @@ json read_categories(const Group& parent, const std::string& name) {
   }
   if (!parent.has_array(name)) throw ReadError(concat(where, ": no categories there"));
   return numeric_values_json(*parent.array(name), {});
+}
+
+// The categories, unique as pandas requires (a repeated one would make two
+// codes mean the same value: a corrupt file, which anndata refuses too).
+json read_categories(const Group& parent, const std::string& name) {
+  json values = read_category_values(parent, name);
+  std::set<json> seen;
+  for (const json& value : values) {
+    if (!value.is_null() && !seen.insert(value).second) {
+      throw ReadError(
+          concat(where_of(parent, name), ": categories must be unique, ", value.dump(), " appears more than once"));
+    }
+  }
+  return values;
 }
 
 // Codes of a categorical as int64: each stored code checked against the
@@ -479,6 +494,10 @@ MatrixData AnnDataStore::matrix_in(const Group& parent, const std::string& name)
   }
   if (n_obs_ != 0 && matrix.rows != n_obs_) {
     throw ReadError(concat(where, ": has ", matrix.rows, " rows but obs has ", n_obs_));
+  }
+  // n_vars_ is set (from var) once the store is open; the constructor asks before, without var.
+  if (n_vars_ != 0 && matrix.cols != n_vars_) {
+    throw ReadError(concat(where, ": has ", matrix.cols, " columns but var has ", n_vars_, " rows"));
   }
   return matrix;
 }

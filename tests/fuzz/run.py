@@ -59,7 +59,7 @@ import readers  # noqa: E402
 import seeds as seed_files  # noqa: E402
 
 FAILURES = ["refused", "silent difference", "crash", "hang", "memory blow-up", "unclear error"]
-CLASSES = ["same data", "original data", "both refuse", "refused, listed", "deferred (issue 12)"] + FAILURES
+CLASSES = ["same data", "original data", "both refuse", "refused, listed"] + FAILURES
 
 # Refusals of files the reference reads, each with why torch_shards is right
 # to refuse: (regular expression on torch_shards' message, when: "altered"
@@ -154,17 +154,6 @@ KNOWN_REFUSALS = [
         "any",
         "zarr-python accepts a bare integer where the zarr specification requires a list of integers",
     ),
-]
-
-# Findings that belong to issue 12 (AnnData-level validation in csrc/io/anndata.*,
-# worked on separately): counted apart, not as failures, until that work is
-# merged; then this list must go (regular expressions on a case's detail).
-DEFERRED_TO_ISSUE_12 = [
-    r"codes need to be between -1 and len\(categories\)-1",
-    r"Categorical categories must be unique",
-    r"must have as many rows as `X` has columns",
-    r"\[json\.exception\.type_error",
-    r"No read method registered for IOSpec",
 ]
 
 MEMORY_MESSAGES = re.compile(r"bad_alloc|MemoryError|out of memory|memory allocation failed|Cannot allocate", re.I)
@@ -370,8 +359,6 @@ class Runner:
             for index, (seed, case_dir, mutation, _) in prepared.items():
                 ours, reference = outcomes[(index, "ours")], outcomes[(index, "reference")]
                 kind, detail = self.classify(seed, case_dir, ours, reference)
-                if kind in FAILURES and any(re.search(pattern, detail) for pattern in DEFERRED_TO_ISSUE_12):
-                    kind = "deferred (issue 12)"
                 record = {
                     "case": index,
                     "seed": seed["name"],
