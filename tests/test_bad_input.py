@@ -287,7 +287,7 @@ AUDIT = [
     (
         "metadata not UTF-8",
         lambda f: ts.ZarrSource(f / "not_utf8.zarr"),
-        RuntimeError,  # a corrupt file is a read error (as every other), with a message Python can hold
+        ValueError,  # unparseable metadata, as zarr-python's json.JSONDecodeError; a message Python can hold
         r"not_utf8\.zarr.*\\xff",
     ),
     ("missing file", lambda f: ts.HDF5Source(f / "nope.h5", "/x"), FileNotFoundError, "nope.h5"),

@@ -7,11 +7,12 @@
 #include <string>
 #include <string_view>
 
+#include "../core/utf8.h"
+
 namespace torch_shards::io {
 
-// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or
-// code points above U+10FFFF).
-bool is_valid_utf8(std::string_view text);
+// Whether `text` is well-formed UTF-8 (core/utf8.h).
+using core::is_valid_utf8;
 // `text` for a message: bytes that are not valid UTF-8, and control
 // characters, escaped as \xNN; cut to `limit` bytes with "..." (0: no limit).
 std::string printable(std::string_view text, size_t limit = 200);

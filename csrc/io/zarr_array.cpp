@@ -121,9 +121,9 @@ std::optional<json> read_json_file(const std::string& dir, const std::string& na
   try {
     value = parse_json(std::string(bytes.begin(), bytes.end()));
   } catch (const json::exception& error) {
-    throw ReadError(concat(where, ": invalid JSON in ", name, ": ", printable(error.what())));
+    throw core::MetadataError(concat(where, ": invalid JSON in ", name, ": ", printable(error.what())));
   }
-  if (!value.is_object()) throw ReadError(concat(where, ": ", name, " is not a JSON object"));
+  if (!value.is_object()) throw core::MetadataError(concat(where, ": ", name, " is not a JSON object"));
   return value;
 }
 

@@ -11,6 +11,7 @@
 #include <new>
 
 #include "core/errors.h"
+#include "core/utf8.h"
 
 namespace torch_shards {
 
@@ -20,6 +21,8 @@ auto translate_errors(F&& body) -> decltype(body()) {
     return body();
   } catch (const c10::Error&) {
     throw;
+  } catch (const core::MetadataError& e) {
+    TORCH_CHECK_VALUE(false, core::valid_utf8(e.what()));
   } catch (const core::InvalidArgument& e) {
     TORCH_CHECK_VALUE(false, core::valid_utf8(e.what()));
   } catch (const std::bad_alloc&) {

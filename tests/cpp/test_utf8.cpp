@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "errors.h"
+#include "utf8.h"
 
 namespace torch_shards::core {
 namespace {
