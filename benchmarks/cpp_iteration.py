@@ -90,20 +90,29 @@ def main():
         for _ in range(args.rounds):  # alternated: the machine's noise hits both alike
             python.append(python_rows_per_second(kind, path, args.block_size, args.threads, args.seconds))
             cpp.append(cpp_rows_per_second(program, kind, path, args.block_size, args.threads, args.seconds))
+        ratios = sorted(c / p for c, p in zip(cpp, python))  # each round's pair ran back to back
         results.append(
-            {"file": name, "python": statistics.median(python), "cpp": statistics.median(cpp), "rounds": args.rounds}
+            {
+                "file": name,
+                "python": statistics.median(python),
+                "cpp": statistics.median(cpp),
+                "ratio": statistics.median(ratios),
+                "ratio_range": [ratios[0], ratios[-1]],
+                "python_rounds": python,
+                "cpp_rounds": cpp,
+            }
         )
 
     lines = [
         f"BlockShuffling({args.block_size}), batch 256, fetch_factor 16, {args.threads} threads, "
-        f"{args.seconds:g} s x {args.rounds} alternated rounds (medians)",
+        f"{args.seconds:g} s x {args.rounds} alternated rounds (medians; the ratio is the median of each round's pair)",
         "",
-        f"{'file':<10} {'Python rows/s':>14} {'C++ rows/s':>12} {'C++ / Python':>13}",
-        "-" * 52,
+        f"{'file':<10} {'Python rows/s':>14} {'C++ rows/s':>12} {'C++ / Python':>13} {'pair range':>14}",
+        "-" * 67,
     ]
-    for result in results:
-        ratio = result["cpp"] / result["python"]
-        lines.append(f"{result['file']:<10} {result['python']:>14.3g} {result['cpp']:>12.3g} {ratio:>13.3f}")
+    for r in results:
+        spread = f"{r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f}"
+        lines.append(f"{r['file']:<10} {r['python']:>14.3g} {r['cpp']:>12.3g} {r['ratio']:>13.3f} {spread:>14}")
     print("\n".join(lines))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out + ".txt", "w") as out:
