@@ -1,6 +1,5 @@
 #include "text.h"
 
-
 namespace torch_shards::io {
 
 std::string printable(std::string_view text, size_t limit) {
