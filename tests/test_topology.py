@@ -25,6 +25,27 @@ def rows_of(batches):
     return [row for batch in batches for row in batch["index"].tolist()]
 
 
+def rows_or_refusal(dataset, num_workers):
+    """The rows a DataLoader yields, or the ValueError's message. After a
+    worker raised in __iter__, torch's DataLoader terminates its idle workers
+    at shutdown (after a 5 s join; a plain IterableDataset that raises does
+    the same), and its SIGCHLD handler may then raise "killed by signal:
+    Terminated" at any later point of the process: the workers are
+    unregistered from that handler before the shutdown."""
+    from torch.utils.data._utils import signal_handling
+
+    iterator = iter(DataLoader(dataset, batch_size=None, num_workers=num_workers))
+    try:
+        return rows_of(iterator)
+    except ValueError as error:
+        return str(error)
+    finally:
+        if num_workers:
+            signal_handling._remove_worker_pids(id(iterator))
+            signal_handling._set_worker_pids(id(iterator), ())  # still registered, with no pid to watch
+            iterator._shutdown_workers()
+
+
 def _built_before_init_then_iterated(rank, world_size):
     dataset = shuffled()  # RANK / WORLD_SIZE from torchrun's environment, no group yet, seed=None
     init_group()
@@ -53,12 +74,8 @@ def test_torchrun_order_dataset_after_init():
 
 
 def _no_group_at_all(rank, world_size, num_workers):
-    dataset = shuffled()
-    try:
-        rows_of(DataLoader(dataset, batch_size=None, num_workers=num_workers))
-    except ValueError as error:
-        return str(error)
-    return "iterated"
+    result = rows_or_refusal(shuffled(), num_workers)
+    return result if isinstance(result, str) else "iterated"
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -81,11 +98,8 @@ def test_ranks_without_a_group_but_with_one_seed_read_exactly_once():
 def _built_before_init_read_by_workers(rank, world_size):
     dataset = shuffled()
     init_group()
-    try:
-        rows_of(DataLoader(dataset, batch_size=None, num_workers=2))
-    except ValueError as error:
-        return str(error)
-    return "iterated"
+    result = rows_or_refusal(dataset, 2)
+    return result if isinstance(result, str) else "iterated"
 
 
 def test_workers_cannot_agree_for_a_dataset_built_before_the_group():
