@@ -34,13 +34,14 @@ def rows_or_refusal(dataset, num_workers):
     unregistered from that handler before the shutdown."""
     from torch.utils.data._utils import signal_handling
 
-    iterator = iter(DataLoader(dataset, batch_size=None, num_workers=num_workers))
+    iterator = None
     try:
+        iterator = iter(DataLoader(dataset, batch_size=None, num_workers=num_workers))  # in-process: starts here
         return rows_of(iterator)
     except ValueError as error:
         return str(error)
     finally:
-        if num_workers:
+        if num_workers and iterator is not None:
             signal_handling._remove_worker_pids(id(iterator))
             signal_handling._set_worker_pids(id(iterator), ())  # still registered, with no pid to watch
             iterator._shutdown_workers()
