@@ -16,47 +16,6 @@ using core::ReadError;
 
 namespace {
 
-bool is_integer(DType dtype) {
-  switch (dtype) {
-    case DType::kInt8:
-    case DType::kUInt8:
-    case DType::kInt16:
-    case DType::kUInt16:
-    case DType::kInt32:
-    case DType::kUInt32:
-    case DType::kInt64:
-    case DType::kUInt64:
-      return true;
-    default:
-      return false;
-  }
-}
-
-// Element i of an integer buffer of the given dtype, as int64 (uint64 values
-// above INT64_MAX come out negative and fail the range checks).
-int64_t integer_at(const uint8_t* buffer, DType dtype, size_t i) {
-  switch (dtype) {
-    case DType::kInt8:
-      return reinterpret_cast<const int8_t*>(buffer)[i];
-    case DType::kUInt8:
-      return buffer[i];
-    case DType::kInt16:
-      return reinterpret_cast<const int16_t*>(buffer)[i];
-    case DType::kUInt16:
-      return reinterpret_cast<const uint16_t*>(buffer)[i];
-    case DType::kInt32:
-      return reinterpret_cast<const int32_t*>(buffer)[i];
-    case DType::kUInt32:
-      return reinterpret_cast<const uint32_t*>(buffer)[i];
-    case DType::kInt64:
-      return reinterpret_cast<const int64_t*>(buffer)[i];
-    case DType::kUInt64:
-      return static_cast<int64_t>(reinterpret_cast<const uint64_t*>(buffer)[i]);
-    default:
-      return 0;
-  }
-}
-
 std::vector<int64_t> read_integers(const Array& array, const std::vector<Segment>& segments, int64_t count,
                                    core::ThreadPool& pool) {
   std::vector<uint8_t> raw(static_cast<size_t>(count) * dtype_size(array.info().dtype));

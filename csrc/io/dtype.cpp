@@ -1,5 +1,6 @@
 #include "dtype.h"
 
+#include <cstdint>
 #include <stdexcept>
 
 namespace torch_shards::io {
@@ -109,6 +110,49 @@ DType parse_zarr_v3_dtype(const std::string& name) {
     if (name == text) return dtype;
   }
   throw std::invalid_argument("unsupported data_type '" + name + "'");
+}
+
+bool is_integer(DType dtype) {
+  switch (dtype) {
+    case DType::kInt8:
+    case DType::kUInt8:
+    case DType::kInt16:
+    case DType::kUInt16:
+    case DType::kInt32:
+    case DType::kUInt32:
+    case DType::kInt64:
+    case DType::kUInt64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Element i of a buffer of integers of the given dtype, as int64 (uint64
+// values above INT64_MAX saturate: they are out of any valid range anyway).
+int64_t integer_at(const uint8_t* data, DType dtype, size_t i) {
+  switch (dtype) {
+    case DType::kInt8:
+      return reinterpret_cast<const int8_t*>(data)[i];
+    case DType::kUInt8:
+      return data[i];
+    case DType::kInt16:
+      return reinterpret_cast<const int16_t*>(data)[i];
+    case DType::kUInt16:
+      return reinterpret_cast<const uint16_t*>(data)[i];
+    case DType::kInt32:
+      return reinterpret_cast<const int32_t*>(data)[i];
+    case DType::kUInt32:
+      return reinterpret_cast<const uint32_t*>(data)[i];
+    case DType::kInt64:
+      return reinterpret_cast<const int64_t*>(data)[i];
+    case DType::kUInt64: {
+      const uint64_t value = reinterpret_cast<const uint64_t*>(data)[i];
+      return value > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(value);
+    }
+    default:
+      throw std::logic_error("integer_at: not an integer dtype");
+  }
 }
 
 }  // namespace torch_shards::io

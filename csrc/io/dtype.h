@@ -27,6 +27,10 @@ enum class DType {
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);  // numpy-style: "float32", "bool", ...
+bool is_integer(DType dtype);
+// Element i of a buffer of integers of the given dtype, as int64 (uint64
+// values above INT64_MAX saturate: they are out of any valid range anyway).
+int64_t integer_at(const uint8_t* data, DType dtype, size_t i);
 // The bytes swapped to reverse a big-endian element (half the size for complex).
 size_t dtype_swap_unit(DType dtype);
 
