@@ -1,6 +1,7 @@
 """torch_shards: exactly-once, DDP-aware streaming of large datasets into PyTorch."""
 
 from ._library import LIBRARY_PATH
+from .dataloader import DataLoader
 from .dataset import ShardedDataset
 from .device import DeviceLoader
 from .monitor import MonitoredLoader
@@ -28,6 +29,7 @@ __all__ = [
     "BlockWeightedSampling",
     "ClassBalancedSampling",
     "CustomStrategy",
+    "DataLoader",
     "DeviceLoader",
     "DistributedSampler",
     "MonitoredLoader",

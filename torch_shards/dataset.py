@@ -14,6 +14,7 @@ import warnings
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data._utils.collate import default_convert
 
 from . import _convert
 from ._library import ops
@@ -22,6 +23,7 @@ from .device import device_name
 from .distributed import boxed, rank_from_dist_info, resolve_group
 from .sources import RowsSource, Source, TensorSource
 from .strategies import Strategy
+from .transfer import Packed
 
 _POLL_MS = 100
 
@@ -46,15 +48,20 @@ def _wait(iterator):
         pass
 
 
-def _refuse_auto_collation():
-    """Raises if DataLoader is about to collate our batches (``batch_size`` not
-    None): it would wrap each one in a batch of one ([1, B, ...] tensors) or
-    fail on sparse ones. DataLoader's fetcher calls iter() on the dataset from
-    its __init__, whose arguments say whether it collates."""
+def _fetcher_arguments():
+    """The arguments of DataLoader's fetcher when it is the caller of
+    __iter__ (it calls iter() on the dataset from its __init__), else None."""
     caller = sys._getframe(2)
     if caller.f_code.co_name != "__init__" or type(caller.f_locals.get("self")).__name__ != "_IterableDatasetFetcher":
-        return
-    if caller.f_locals.get("auto_collation"):
+        return None
+    return caller.f_locals
+
+
+def _refuse_auto_collation(fetcher):
+    """Raises if DataLoader is about to collate our batches (``batch_size`` not
+    None): it would wrap each one in a batch of one ([1, B, ...] tensors) or
+    fail on sparse ones."""
+    if fetcher is not None and fetcher.get("auto_collation"):
         raise ValueError(
             "ShardedDataset yields whole batches: create the DataLoader with batch_size=None, e.g. "
             "DataLoader(dataset, batch_size=None, num_workers=k) (the dataset's batch_size= sets the batch size); "
@@ -363,7 +370,8 @@ class ShardedDataset(IterableDataset, NativeBacked):
         self.native.set_epoch(_convert.check_int("ShardedDataset: epoch", epoch))
 
     def __iter__(self):
-        _refuse_auto_collation()
+        fetcher = _fetcher_arguments()
+        _refuse_auto_collation(fetcher)
         # The epoch is claimed now, not at the first next(): a DataLoader
         # worker calls iter() once per generation, at start-up.
         info = get_worker_info()
@@ -379,9 +387,22 @@ class ShardedDataset(IterableDataset, NativeBacked):
         else:
             generation = info.seed - info.id
             shared = _shares_by_descriptor()
+            # Batches cross to the main process packed (transfer.py) when they go from here straight into
+            # DataLoader's queue: nothing else (a custom collate_fn, a batch_transform, a dataset wrapping
+            # this one) then holds views of the recycled shared memory outside the leases.
+            packed = (
+                fetcher is not None
+                and fetcher.get("collate_fn") is default_convert
+                and self.batch_transform is None
+                and self.collection is None
+            )
+            whole = packed and getattr(self, "_whole_units", False)
 
             def start():
-                return self.native.iter_worker(info.id, info.num_workers, generation, shared)
+                return self.native.iter_worker(info.id, info.num_workers, generation, shared, packed and shared)
+
+            if packed:
+                return self._epochs(self._started(start), start, (whole, self.cycle))
 
         return self._epochs(self._started(start), start)
 
@@ -391,10 +412,14 @@ class ShardedDataset(IterableDataset, NativeBacked):
         self.strategy._provide(len(self.source), self.native.seed(), iterator.epoch())
         return iterator
 
-    def _epochs(self, iterator, start):
-        batches = self._batches if self.collection is None else self._collection_batches
+    def _epochs(self, iterator, start, packed=None):
+        """Epoch after epoch (one unless cycle=True). packed: (whole units, endless) for a worker whose
+        batches cross packed, else None."""
         while True:
-            yield from batches(iterator)
+            if self.collection is not None:
+                yield from self._collection_batches(iterator)
+            else:
+                yield from self._batches(iterator, packed)
             if not self.cycle:
                 return
             iterator = self._started(start)
@@ -429,7 +454,7 @@ class ShardedDataset(IterableDataset, NativeBacked):
         finally:
             iterator.close()
 
-    def _batches(self, iterator):
+    def _batches(self, iterator, packed=None):
         fetch_transform, batch_transform = self.fetch_transform, self.batch_transform
         try:
             while True:
@@ -440,12 +465,18 @@ class ShardedDataset(IterableDataset, NativeBacked):
                         return
                     iterator.push_unit(_as_unit(fetch_transform(unit)))
                 # Short waits: Ctrl-C is handled between them.
-                batch = iterator.poll(_POLL_MS)
+                if packed is not None:
+                    batch = iterator.poll_packed(_POLL_MS, packed[0])
+                else:
+                    batch = iterator.poll(_POLL_MS)
                 if batch is None:
                     if iterator.finished():
                         return
                     continue
-                yield batch if batch_transform is None else batch_transform(batch)
+                if packed is not None:
+                    yield Packed(batch, *packed)
+                else:
+                    yield batch if batch_transform is None else batch_transform(batch)
         finally:
             # Ended, broken out of, deleted or interrupted: stop the reader threads now.
             iterator.close()

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "loader/device_stage.h"
+#include "loader/transfer.h"
 #include "torch_shards/dataset.h"
 #include "torch_shards/sampler.h"
 #include "torch_shards/source.h"
@@ -89,6 +90,7 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("wait", &BatchIteratorImpl::wait)
       .def("poll", &BatchIteratorImpl::poll)
       .def("finished", &BatchIteratorImpl::finished)
+      .def("poll_packed", &BatchIteratorImpl::poll_packed)
       .def("next_unit", &BatchIteratorImpl::next_unit)
       .def("push_unit", &BatchIteratorImpl::push_unit)
       .def("pending", &BatchIteratorImpl::pending)
@@ -117,7 +119,9 @@ TORCH_LIBRARY(torch_shards, m) {
            torch::arg("pin_memory") = false, torch::arg("shared_state") = torch::arg::none(),
            torch::arg("device") = torch::arg::none()})  // names and defaults as in Python
       .def("iter", &ShardedDatasetImpl::iter)
-      .def("iter_worker", &ShardedDatasetImpl::iter_worker)
+      .def("iter_worker", &ShardedDatasetImpl::iter_worker, "",
+           {torch::arg("worker"), torch::arg("num_workers"), torch::arg("generation_seed"), torch::arg("shared_memory"),
+            torch::arg("recycled") = false})
       .def("iter_epoch", &ShardedDatasetImpl::iter_epoch, "",
            {torch::arg("epoch"), torch::arg("worker") = 0, torch::arg("num_workers") = 1})
       .def("set_epoch", &ShardedDatasetImpl::set_epoch)
@@ -229,6 +233,8 @@ TORCH_LIBRARY(torch_shards, m) {
       "collection(__torch__.torch.classes.torch_shards.Source[] parts) -> __torch__.torch.classes.torch_shards.Source",
       &SourceImpl::collection);
   m.def("probe(str path) -> str", &probe);
+  m.def("unpack_batches(Tensor[] storages, Tensor description, str[] names) -> (Dict(str, Tensor)[], int, int[])",
+        &unpack);
   m.def("merge_state_dicts(Dict(str, int)[] states) -> Dict(str, int)", &ShardedDatasetImpl::merge_state_dicts);
   m.def(
       "sharded_dataset(__torch__.torch.classes.torch_shards.Source source, "

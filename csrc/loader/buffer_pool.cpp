@@ -1,12 +1,16 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "loader/buffer_pool.h"
 
+#include <ATen/MapAllocator.h>
+#include <ATen/StorageUtils.h>
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/errors.h"
 #include "io/file.h"
+#include "loader/transfer.h"
 
 namespace torch_shards {
 namespace {
@@ -22,6 +26,11 @@ size_t size_class(size_t bytes) {
 }
 
 c10::Storage allocate(size_t bytes, sources::Memory memory) {
+  if (memory == sources::Memory::kSharedPooled) {
+    c10::Storage storage(at::new_shm_fd_storage(bytes));
+    std::memset(storage.mutable_data(), 0, kLeaseHeaderBytes);  // no lease yet
+    return storage;
+  }
   const bool pinned = memory == sources::Memory::kPinned;
   return at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned)).storage();
 }
@@ -51,12 +60,30 @@ void BufferPool::adopt_after_fork() {
 }
 
 bool BufferPool::is_free(const Kept& kept) {
-  // Only the pool holds it: every tensor (and batch) viewing it is gone, on whatever thread it died.
-  return kept.storage.use_count() == 1 && kept.storage.data() == kept.data;
+  // Only the pool holds it: every tensor (and batch) viewing it is gone, on whatever thread it died,
+  // and, in shared memory, the main process gave back every lease on it. A storage Python ever saw
+  // (torch makes a Python storage object to pickle a tensor) keeps that object alive, holding one
+  // reference, as long as any C++ reference exists: it counts as the pool's when nothing else in
+  // Python refers to it.
+  const uint32_t holders = kept.storage.use_count();
+  const bool only_pool =
+      holders == 1 || (holders == 2 && kept.storage.unsafeGetStorageImpl()->pyobj_slot()->has_unique_reference());
+  return only_pool && kept.storage.data() == kept.data &&
+         (kept.memory != sources::Memory::kSharedPooled || leases(kept.storage) == 0);
+}
+
+bool BufferPool::recycles_shared(const c10::Storage& storage) const {
+  if (owner_pid_ != io::current_process_id()) return false;
+  std::lock_guard<std::mutex> lock(sync_->mutex);
+  for (const Kept& kept : kept_) {
+    if (kept.memory == sources::Memory::kSharedPooled && kept.storage.is_alias_of(storage)) return true;
+  }
+  return false;
 }
 
 c10::Storage BufferPool::acquire(size_t bytes, sources::Memory memory) {
-  core::check_argument(memory != sources::Memory::kShared, "BufferPool: shared memory is never pooled");
+  core::check_argument(memory != sources::Memory::kShared, "BufferPool: shared memory is never pooled (",
+                       "kSharedPooled is, under leases)");
   if (owner_pid_ != io::current_process_id()) adopt_after_fork();
   const size_t wanted = size_class(bytes);
   std::lock_guard<std::mutex> lock(sync_->mutex);

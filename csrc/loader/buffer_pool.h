@@ -11,10 +11,12 @@
 // pages are already there.
 //
 // Memory::kPageable and kPinned storages are reused when the pool holds the
-// only reference. Memory::kShared storages (DataLoader workers) are never
-// pooled: once sent, the main process may hold their batches for any time,
-// and nothing tells this process when it lets go (TensorPool allocates them
-// fresh). A storage whose memory was moved since (torch moves plain memory
+// only reference. Memory::kSharedPooled storages (DataLoader workers whose
+// batches cross through transfer.h) are reused when, besides, the main
+// process gave back every lease on them. Memory::kShared storages are never
+// pooled: once sent as torch sends them, the main process may hold their
+// batches for any time and nothing tells this process when it lets go
+// (TensorPool allocates them fresh). A storage whose memory was moved since (torch moves plain memory
 // into its own shared memory to send it) is never reused.
 //
 // The pool keeps at most `budget` bytes (plus two of the largest storages
@@ -54,9 +56,13 @@ class BufferPool {
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
-  // A storage of at least `bytes` bytes, uninitialised, pageable or pinned
-  // (InvalidArgument for Memory::kShared).
+  // A storage of at least `bytes` bytes, uninitialised (but for the lease
+  // word of kSharedPooled), pageable, pinned or shared (InvalidArgument for
+  // Memory::kShared).
   c10::Storage acquire(size_t bytes, sources::Memory memory);
+  // Whether `storage` is one of this pool's kSharedPooled storages (one whose
+  // leases it honours).
+  bool recycles_shared(const c10::Storage& storage) const;
   Stats stats() const;
 
  private:

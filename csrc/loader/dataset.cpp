@@ -26,6 +26,7 @@
 #include "loader/iteration.h"
 #include "loader/process_group.h"
 #include "loader/topology.h"
+#include "loader/transfer.h"
 
 namespace torch_shards {
 namespace {
@@ -150,11 +151,13 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter() {
   iteration.epoch = translate_errors([&] { return core::epoch_state_claim_main(words(shared_state_)); });
   core::set_last_workers(words(shared_state_), 0);
   iteration.prior = prior_segments(iteration.epoch);
-  return start(std::move(iteration), core::kMainSlot, false);
+  return start(std::move(iteration), core::kMainSlot,
+               options_.pin_memory ? sources::Memory::kPinned : sources::Memory::kPageable);
 }
 
 c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_worker(int64_t worker, int64_t num_workers,
-                                                                      int64_t generation_seed, bool shared_memory) {
+                                                                      int64_t generation_seed, bool shared_memory,
+                                                                      bool recycled) {
   TORCH_CHECK_VALUE(num_workers >= 1 && worker >= 0 && worker < num_workers, kWho,
                     ": worker must be in [0, num_workers=", num_workers, "), got ", worker);
   check_agreed();
@@ -181,7 +184,10 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_worker(int64_t wo
   iteration.worker = worker;
   iteration.num_workers = num_workers;
   iteration.in_worker = true;
-  return start(std::move(iteration), worker, shared_memory);
+  const sources::Memory memory = !shared_memory ? sources::Memory::kPageable
+                                 : recycled     ? sources::Memory::kSharedPooled
+                                                : sources::Memory::kShared;
+  return start(std::move(iteration), worker, memory);
 }
 
 c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_epoch(int64_t epoch, int64_t worker,
@@ -190,7 +196,8 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_epoch(int64_t epo
   iteration.epoch = epoch;
   iteration.worker = worker;
   iteration.num_workers = num_workers;
-  return start(std::move(iteration), kNoSlot, false);
+  return start(std::move(iteration), kNoSlot,
+               options_.pin_memory ? sources::Memory::kPinned : sources::Memory::kPageable);
 }
 
 std::vector<core::ResumeSegment> ShardedDatasetImpl::prior_segments(int64_t epoch) {
@@ -200,7 +207,8 @@ std::vector<core::ResumeSegment> ShardedDatasetImpl::prior_segments(int64_t epoc
   return record->segments;
 }
 
-c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iteration, int64_t slot, bool shared_memory) {
+c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iteration, int64_t slot,
+                                                                sources::Memory memory) {
   const int64_t epoch = iteration.epoch, worker = iteration.worker, num_workers = iteration.num_workers;
   TORCH_CHECK_VALUE(epoch >= 0, kWho, ": epoch must be >= 0, got ", epoch);
   TORCH_CHECK_VALUE(num_workers >= 1 && worker >= 0 && worker < num_workers, kWho,
@@ -212,9 +220,7 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
       options_.num_threads.value_or(std::clamp<int64_t>(available_cpus() / num_workers, 1, kMaxThreads));
   reader.prefetch = options_.prefetch;
   reader.prefetch_bytes = options_.prefetch_bytes;
-  reader.memory = shared_memory         ? sources::Memory::kShared
-                  : options_.pin_memory ? sources::Memory::kPinned
-                                        : sources::Memory::kPageable;
+  reader.memory = memory;
   reader.batch_size = options_.batch_size;
   reader.buffers = buffers_;
   // DataLoader workers hand host batches over; ts.DeviceLoader copies them in the main process.
@@ -228,6 +234,9 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
     core::check_argument(batches >= 0, "worker ", worker, " consumed ", iteration.consumed_before,
                          " batches but delivers only ", resumption->worker_batches(rank_, worker));
     iteration.rank_batches = resumption->rank_batches(rank_);
+    for (int64_t w = 0; w < num_workers; ++w) {
+      iteration.worker_batches.push_back(w == worker ? batches : resumption->worker_batches(rank_, w));
+    }
     std::shared_ptr<const core::Dealing> dealing(resumption, &resumption->dealing());
     core::UnitCursor cursor(planner_, std::move(dealing), static_cast<uint64_t>(seed_), epoch, rank_, worker,
                             num_workers, skip);
@@ -717,6 +726,21 @@ bool BatchIteratorImpl::wait(int64_t timeout_ms) {
 std::optional<Batch> BatchIteratorImpl::poll(int64_t timeout_ms) {
   if (!wait(timeout_ms)) return std::nullopt;
   return next();
+}
+
+std::optional<std::tuple<std::vector<at::Tensor>, at::Tensor, std::vector<std::string>>> BatchIteratorImpl::poll_packed(
+    int64_t timeout_ms, bool whole_unit) {
+  if (!wait(timeout_ms)) return std::nullopt;
+  return translate_errors(
+      [&]() -> std::optional<std::tuple<std::vector<at::Tensor>, at::Tensor, std::vector<std::string>>> {
+        TORCH_CHECK(unit_rows_ < 0, "BatchIterator: push_unit() must follow next_unit() before poll_packed()");
+        TORCH_CHECK(!device_stage_, "BatchIterator: poll_packed() hands host batches to another process");
+        if (!refill()) return std::nullopt;
+        std::vector<Batch> batches{deliver()};
+        while (whole_unit && next_pending_ < pending_.size()) batches.push_back(deliver());
+        const Iteration& iteration = *progress_->iteration;
+        return pack(batches, reader_->buffers(), iteration.worker, iteration.worker_batches);
+      });
 }
 
 std::optional<Batch> BatchIteratorImpl::next_unit() {

@@ -25,6 +25,8 @@ struct Iteration {
   int64_t consumed_before = 0;
   // Batches the rank delivers in this segment, all its workers together.
   int64_t rank_batches = 0;
+  // Batches each of the rank's workers delivers in this iteration.
+  std::vector<int64_t> worker_batches;
 };
 
 // An iteration and how many batches it delivered, kept by its dataset after

@@ -8,6 +8,7 @@
 
 #include "core/errors.h"
 #include "loader/buffer_pool.h"
+#include "loader/transfer.h"
 
 namespace torch_shards::sources {
 namespace {
@@ -24,7 +25,9 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
 
 c10::Storage plain_storage(size_t bytes, Memory memory) {
   // Shared memory is never reused: the main process may hold its batches for any time.
-  if (memory == Memory::kShared) return c10::Storage(at::new_shm_fd_storage(std::max<size_t>(bytes, 1)));
+  if (memory == Memory::kShared || memory == Memory::kSharedPooled) {
+    return c10::Storage(at::new_shm_fd_storage(std::max<size_t>(bytes, 1)));
+  }
   return at::empty({static_cast<int64_t>(bytes)},
                    at::TensorOptions().dtype(at::kByte).pinned_memory(memory == Memory::kPinned))
       .storage();
@@ -36,7 +39,9 @@ Memory memory_from_name(const std::string& name) {
   if (name == "pageable") return Memory::kPageable;
   if (name == "pinned") return Memory::kPinned;
   if (name == "shared") return Memory::kShared;
-  throw core::InvalidArgument(core::concat("memory must be 'pageable', 'pinned' or 'shared', got '", name, "'"));
+  if (name == "shared_pooled") return Memory::kSharedPooled;
+  throw core::InvalidArgument(
+      core::concat("memory must be 'pageable', 'pinned', 'shared' or 'shared_pooled', got '", name, "'"));
 }
 
 size_t TensorSpec::bytes() const {
@@ -51,8 +56,10 @@ TensorPool::TensorPool(Memory memory, std::shared_ptr<BufferPool> buffers)
 TensorPool::~TensorPool() = default;
 
 std::vector<at::Tensor> TensorPool::carve(const std::vector<TensorSpec>& specs, Memory memory) {
+  // Pooled shared storages start with their lease word (transfer.h).
+  const bool leased = buffers_ && memory == Memory::kSharedPooled;
   std::vector<size_t> offsets;
-  size_t total = 0;
+  size_t total = leased ? kLeaseHeaderBytes : 0;
   for (const TensorSpec& spec : specs) {
     offsets.push_back(total);
     total += aligned(spec.bytes());

@@ -12,7 +12,10 @@
 // GPU. Memory::kShared (DataLoader workers): a new shared-memory segment per
 // unit, which torch sends to the main process by file descriptor without the
 // copy it would otherwise make; never reused, as the main process may hold its
-// batches for any time.
+// batches for any time. Memory::kSharedPooled (DataLoader workers whose
+// batches cross through transfer.h): shared memory recycled by the
+// BufferPool under the main process's leases, each storage starting with
+// its lease word (kLeaseHeaderBytes).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,9 +31,9 @@ class BufferPool;
 
 namespace torch_shards::sources {
 
-enum class Memory { kPageable, kPinned, kShared };
+enum class Memory { kPageable, kPinned, kShared, kSharedPooled };
 
-// "pageable", "pinned" or "shared"; InvalidArgument otherwise.
+// "pageable", "pinned", "shared" or "shared_pooled"; InvalidArgument otherwise.
 Memory memory_from_name(const std::string& name);
 
 struct TensorSpec {

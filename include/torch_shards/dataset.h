@@ -36,6 +36,9 @@ namespace torch_shards {
 
 class DeviceStage;  // loader/device_stage.h
 
+namespace sources {
+enum class Memory;  // loader/tensor_pool.h
+}  // namespace sources
 namespace core {
 class Planner;
 struct ResumeSegment;
@@ -100,9 +103,11 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   // Starts the epoch of a DataLoader worker's generation: the first worker of
   // a DataLoader iteration claims the next epoch and the others join it.
   // generation_seed: DataLoader's base seed of that iteration (worker seed - id);
-  // shared_memory: assemble batches in shared memory sent without a copy.
+  // shared_memory: assemble batches in shared memory sent without a copy;
+  // recycled: and recycle it under the main process's leases, for a worker
+  // whose every batch leaves through poll_packed() (transfer.h).
   c10::intrusive_ptr<BatchIteratorImpl> iter_worker(int64_t worker, int64_t num_workers, int64_t generation_seed,
-                                                    bool shared_memory);
+                                                    bool shared_memory, bool recycled = false);
   // One worker's share of a given epoch, leaving the epoch counter alone (inspection, tests).
   c10::intrusive_ptr<BatchIteratorImpl> iter_epoch(int64_t epoch, int64_t worker, int64_t num_workers);
 
@@ -179,7 +184,7 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   static c10::intrusive_ptr<ShardedDatasetImpl> from_state(const State& state);
 
  private:
-  c10::intrusive_ptr<BatchIteratorImpl> start(Iteration iteration, int64_t slot, bool shared_memory);
+  c10::intrusive_ptr<BatchIteratorImpl> start(Iteration iteration, int64_t slot, sources::Memory memory);
   // Throws c10::ValueError unless the ranks agree on the seed (a single rank always does).
   void check_agreed() const;
   // The segments `epoch` ran before, if the shared resume record is for it (and its seed, taken on).
@@ -235,6 +240,13 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   // The transformed unit: must keep its rows (count and order); cut into the
   // batches next() returns.
   void push_unit(const Batch& unit);
+  // What a DataLoader worker sends the main process (transfer.h): the next
+  // batch, or with whole_unit every batch left of the current unit, packed
+  // as the storages they view and their description (each counted as
+  // delivered); nullopt as poll(). The description carries this worker and
+  // the batches every worker of the iteration delivers.
+  std::optional<std::tuple<std::vector<at::Tensor>, at::Tensor, std::vector<std::string>>> poll_packed(
+      int64_t timeout_ms, bool whole_unit);
   // Batches of the current unit not delivered yet.
   int64_t pending() const { return static_cast<int64_t>(pending_.size() - next_pending_); }
   // Stops the reader threads; later reads raise. Idempotent.

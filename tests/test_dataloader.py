@@ -1,0 +1,204 @@
+"""Batches crossing from DataLoader workers packed as the storages they view
+(torch_shards/transfer.py), in recycled shared memory leased to the main
+process; and ts.DataLoader, whose workers send whole fetches: the same
+batches in torch's order, never overwritten while held."""
+
+import json
+import os
+
+import anndata as ad
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from conftest import STRATEGIES, make_strategy
+from torch.utils.data import DataLoader
+
+import torch_shards as ts
+from torch_shards._library import ops
+
+ROWS, WIDTH = 1000, 6
+
+
+def values():
+    # Row r holds r * 10 + column: any batch can be checked against its index.
+    return torch.arange(ROWS * WIDTH, dtype=torch.float32).reshape(ROWS, WIDTH) // WIDTH * 10 + torch.arange(WIDTH)
+
+
+def dataset(strategy=None, **kwargs):
+    arguments = dict(batch_size=16, fetch_factor=4, seed=5, num_threads=1)
+    arguments.update(kwargs)
+    return ts.ShardedDataset(ts.TensorSource(values()), strategy or ts.BlockShuffling(8), **arguments)
+
+
+def intact(batch):
+    expected = batch["index"].double().unsqueeze(1) * 10 + torch.arange(WIDTH)
+    return torch.equal(batch["X"].double(), expected)
+
+
+def order(loader):
+    return [tuple(batch["index"].tolist()) for batch in loader]
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+@pytest.mark.parametrize("even_batches, drop_last", [("pad", False), (None, True), ("drop", False)])
+def test_ts_dataloader_gives_torchs_batches_in_torchs_order(num_workers, even_batches, drop_last):
+    kwargs = dict(even_batches=even_batches, drop_last=drop_last, rank=1, world_size=3)
+    for epoch in range(2):
+        theirs = dataset(**kwargs)
+        theirs.set_epoch(epoch)
+        ours = dataset(**kwargs)
+        ours.set_epoch(epoch)
+        expected = order(DataLoader(theirs, batch_size=None, num_workers=num_workers))
+        loader = ts.DataLoader(ours, batch_size=None, num_workers=num_workers)
+        assert len(loader) == len(expected)
+        assert order(loader) == expected
+
+
+@pytest.mark.parametrize("strategy_name", STRATEGIES)
+def test_every_strategy_crosses_packed_unchanged(strategy_name):
+    def make():
+        return dataset(make_strategy(strategy_name, ROWS, block_size=4))
+
+    in_process = order(make())
+    plain = list(DataLoader(make(), batch_size=None, num_workers=2))
+    whole = list(ts.DataLoader(make(), batch_size=None, num_workers=2))
+    assert all(intact(batch) for batch in plain + whole)
+    assert sorted(order(plain)) == sorted(in_process) == sorted(order(whole))
+    assert order(whole) == order(plain)
+
+
+class RecordingDataset(ts.ShardedDataset):
+    """Writes each worker's buffer-pool counters at the end of its epochs (next to the test's files)."""
+
+    record_dir = None
+
+    def _batches(self, iterator, packed=None):
+        yield from super()._batches(iterator, packed)
+        stats = iterator.stats()
+        path = os.path.join(self.record_dir, f"{os.getpid()}-{iterator.epoch()}.json")
+        with open(path, "w") as file:
+            json.dump({key: stats[key] for key in stats if key.startswith("pool_")}, file)
+
+
+def pool_counts(directory):
+    records = [json.load(open(os.path.join(directory, name))) for name in os.listdir(directory)]
+    return sum(r["pool_reuses"] for r in records), sum(r["pool_allocations"] for r in records)
+
+
+@pytest.mark.parametrize("loader_class", [DataLoader, ts.DataLoader])
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_held_batches_are_never_overwritten_while_dropped_ones_are_recycled(tmp_path, loader_class, context):
+    # Every third batch of the first epoch is held to the end (with the rest of its fetch's storage);
+    # the other batches are dropped at once, so their memory goes back to the workers' pools and
+    # is written again while the held ones must keep their values.
+    ds = RecordingDataset(ts.TensorSource(values()), ts.BlockShuffling(8), batch_size=16, fetch_factor=4, seed=5)
+    ds.record_dir = str(tmp_path)
+    loader = loader_class(ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context=context)
+    held, seen = [], []
+    for epoch in range(3):
+        for i, batch in enumerate(loader):
+            assert intact(batch)
+            seen.append(tuple(batch["index"].tolist()))
+            if epoch == 0 and i % 3 == 0:
+                held.append(batch)
+        assert sorted(i for b in seen[-len(ds) :] for i in b) == list(range(ROWS))
+    del loader  # workers exit: their records are complete
+    assert all(intact(batch) for batch in held)
+    reuses, allocations = pool_counts(tmp_path)
+    assert reuses >= 10  # recycled across the processes
+
+
+def test_packed_batches_of_a_sparse_anndata_arrive_equal(tmp_path):
+    rng = np.random.default_rng(0)
+    matrix = sp.random(300, 40, density=0.1, format="csr", dtype=np.float32, random_state=rng)
+    path = str(tmp_path / "x.h5ad")
+    ad.AnnData(X=matrix).write_h5ad(path)
+
+    def make():
+        return ts.ShardedDataset(ts.AnnDataSource(path), ts.BlockShuffling(4), batch_size=8, fetch_factor=4, seed=3)
+
+    dense = matrix.toarray()
+    for loader in (
+        DataLoader(make(), batch_size=None, num_workers=2),
+        ts.DataLoader(make(), batch_size=None, num_workers=2),
+    ):
+        rows = []
+        for batch in loader:
+            assert batch["X"].layout == torch.sparse_csr
+            np.testing.assert_array_equal(batch["X"].to_dense().numpy(), dense[batch["index"].numpy()])
+            rows.extend(batch["index"].tolist())
+        assert sorted(rows) == list(range(300))
+
+
+def test_ts_dataloader_resumes_from_the_loops_count_like_torchs():
+    consumed = 9
+    for loader_class in (DataLoader, ts.DataLoader):
+        ds = dataset()
+        loader = loader_class(ds, batch_size=None, num_workers=3)
+        first = []
+        for batch in loader:
+            first.append(tuple(batch["index"].tolist()))
+            if len(first) == consumed:
+                break
+        state = ds.state_dict(consumed_batches=consumed)
+        resumed = dataset()
+        resumed.load_state_dict(state)
+        rest = order(loader_class(resumed, batch_size=None, num_workers=2))
+        assert sorted(i for b in first + rest for i in b) == list(range(ROWS))
+        if loader_class is DataLoader:
+            expected = (first, rest)
+        else:
+            assert (first, rest) == expected
+
+
+def test_ts_dataloader_endless_stream_keeps_torchs_order():
+    theirs = iter(DataLoader(dataset(cycle=True), batch_size=None, num_workers=2))
+    ours = iter(ts.DataLoader(dataset(cycle=True), batch_size=None, num_workers=2))
+    for _ in range(3 * 63):
+        a, b = next(theirs), next(ours)
+        assert a["index"].tolist() == b["index"].tolist() and intact(b)
+
+
+def test_transforms_and_custom_collate_still_work_through_ts_dataloader():
+    def double(batch):
+        return {**batch, "X": batch["X"] * 2}
+
+    expected = order(DataLoader(dataset(batch_transform=double), batch_size=None, num_workers=2))
+    got = list(ts.DataLoader(dataset(batch_transform=double), batch_size=None, num_workers=2))
+    assert order(got) == expected
+    assert all(torch.equal(b["X"], values()[b["index"]] * 2) for b in got)
+    unit_transformed = list(ts.DataLoader(dataset(fetch_transform=double), batch_size=None, num_workers=2))
+    assert order(unit_transformed) == expected
+    assert all(torch.equal(b["X"], values()[b["index"]] * 2) for b in unit_transformed)
+    collated = list(
+        ts.DataLoader(dataset(), batch_size=None, num_workers=2, collate_fn=lambda b: {**b, "tag": torch.ones(1)})
+    )
+    assert order(collated) == expected and all("tag" in b and intact(b) for b in collated)
+
+
+def test_ts_dataloader_is_torchs_for_other_datasets_and_in_process():
+    data = torch.utils.data.TensorDataset(torch.arange(10))
+    assert [b[0].tolist() for b in ts.DataLoader(data, batch_size=4)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert order(ts.DataLoader(dataset(), batch_size=None)) == order(dataset())
+    loader = ts.DataLoader(dataset(), batch_size=None, num_workers=2, worker_init_fn=lambda i: None)
+    assert loader.dataset.batch_size == 16 and len(list(loader)) == len(loader)
+    with pytest.raises(TypeError):
+        ts.DataLoader(dataset(), batch_size=None, bad_argument=1)
+
+
+def test_a_damaged_description_is_refused_not_followed():
+    storage = torch.zeros(256, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="description"):
+        ops.unpack_batches([storage], torch.tensor([2, 1, 1], dtype=torch.long), ["X"])
+    with pytest.raises(ValueError, match="storage"):
+        ops.unpack_batches([storage], torch.tensor([1, 2, 1, 0, 0], dtype=torch.long), ["X"])
+    # A tensor reaching past its storage: 1 storage, 1 batch, worker 0 of 0, not leased, one dense field
+    # of float32 (dtype code 6) at offset 0 with 1000 elements.
+    past = torch.tensor([1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 6, 0, 1, 1000, 1], dtype=torch.long)
+    with pytest.raises(ValueError, match="past its storage"):
+        ops.unpack_batches([storage], past, ["X"])
+    fits = past.clone()
+    fits[13] = 64
+    batches, worker, counts = ops.unpack_batches([storage], fits, ["X"])
+    assert batches[0]["X"].shape == (64,) and worker == 0 and counts == []

@@ -1,0 +1,129 @@
+"""ts.DataLoader: torch's DataLoader, whose workers send a ShardedDataset's
+batches a whole unit (fetch) at a time, split back into batches here.
+
+Each item a worker sends costs torch an inter-process round trip per
+storage; a unit of fetch_factor batches crossing at once (views of one
+recycled shared storage) costs one. The batches come out in exactly the
+order torch's DataLoader gives them (round-robin over the workers, batch by
+batch, skipping workers that are done), so exactly-once, len(), epochs and
+state_dict(consumed_batches=...) are unchanged. Any other dataset, and
+num_workers=0, behave as with torch's DataLoader."""
+
+import collections
+import inspect
+
+import torch.utils.data
+from torch.utils.data import get_worker_info
+
+from .dataset import ShardedDataset
+from .transfer import Unit
+
+
+class _WholeUnits:
+    """worker_init_fn: tells the worker's copy of the dataset to send whole
+    units, then runs the user's worker_init_fn (picklable for spawn)."""
+
+    def __init__(self, user_fn):
+        self.user_fn = user_fn
+
+    def __call__(self, worker_id):
+        get_worker_info().dataset._whole_units = True
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+
+class _Batches:
+    """The loader's iterator: units split into batches, in torch's order."""
+
+    def __init__(self, items, num_workers, length):
+        self._items = items
+        self._num_workers = num_workers
+        self._length = length
+        self._queues = [collections.deque() for _ in range(num_workers)]
+        self._other = collections.deque()  # items that are not units (batch_transform's outputs): as they come
+        self._left = None  # batches each worker has still to deliver (None: not known yet, or endless)
+        self._turn = 0  # the worker whose batch comes next
+        self._ended = False
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return self._length
+
+    def _pull(self):
+        """Receives the next item; False at the end of the underlying iterator."""
+        if self._ended:
+            return False
+        try:
+            item = next(self._items)
+        except StopIteration:
+            self._ended = True
+            return False
+        if not isinstance(item, Unit):
+            self._other.append(item)
+        else:
+            if self._left is None and item.worker_batches is not None:
+                self._left = list(item.worker_batches)
+            self._queues[item.worker].extend(item.batches)
+        return True
+
+    def __next__(self):
+        while True:
+            if self._other:
+                return self._other.popleft()
+            if self._left is not None:
+                if not any(self._left):
+                    while self._pull():  # the underlying iterator sees its end: workers stop, the epoch ends
+                        pass
+                    if self._other:
+                        continue
+                    raise StopIteration
+                while not self._left[self._turn]:  # done workers are skipped, as torch skips them
+                    self._turn = (self._turn + 1) % self._num_workers
+            worker = self._turn
+            if self._queues[worker]:
+                if self._left is not None:
+                    self._left[worker] -= 1
+                self._turn = (worker + 1) % self._num_workers
+                return self._queues[worker].popleft()
+            if not self._pull():
+                # Ended with batches of other workers left (only if a worker sent fewer than planned): in order.
+                for queue in self._queues:
+                    if queue:
+                        return queue.popleft()
+                raise StopIteration
+
+
+_TORCH_SIGNATURE = inspect.signature(torch.utils.data.DataLoader.__init__)
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """torch.utils.data.DataLoader, same arguments and behaviour, whose
+    workers send a :class:`ShardedDataset`'s batches a whole fetch at a time
+    (``fetch_factor`` batches as one recycled shared-memory storage), split
+    back into batches in this process in the order torch's DataLoader gives
+    them. Use it as torch's::
+
+        loader = ts.DataLoader(dataset, batch_size=None, num_workers=4)
+
+    Each worker then sends whole fetches, so ``prefetch_factor`` counts
+    fetches, not batches. ``loader.dataset`` is the dataset given. With any
+    other dataset, or ``num_workers=0``, it is torch's DataLoader.
+    """
+
+    __signature__ = _TORCH_SIGNATURE
+
+    def __init__(self, *args, **kwargs):
+        bound = _TORCH_SIGNATURE.bind(None, *args, **kwargs)
+        arguments = bound.arguments
+        self._whole_units = isinstance(arguments.get("dataset"), ShardedDataset) and arguments.get("num_workers", 0) > 0
+        if self._whole_units:
+            arguments["worker_init_fn"] = _WholeUnits(arguments.get("worker_init_fn"))
+        super().__init__(*bound.args[1:], **bound.kwargs)
+
+    def __iter__(self):
+        if not self._whole_units:
+            return super().__iter__()
+        length = None if self.dataset.cycle else len(self)
+        return _Batches(super().__iter__(), self.num_workers, length)
