@@ -14,7 +14,12 @@ For each block size, every method reads --seconds worth of batches of 256 rows, 
 
   torch_shards threads ShardedDataset(AnnDataSource / HDF5Source) iterated in-process: the native
                        prefetch pipeline on --cores threads; sparse CSR batches
-  torch_shards workers the same through DataLoader(num_workers=--cores), one thread per worker
+  torch_shards workers the same through torch's DataLoader(num_workers=--cores), one thread per worker
+                       (each batch crosses as one recycled shared storage)
+  ts.DataLoader        the same through ts.DataLoader: workers send whole fetches, split back into
+                       batches in the main process
+  worker ceiling       torch's DataLoader(num_workers=--cores) over a dataset that makes batches of the
+                       same shapes and reads nothing: the most torch's worker transfer delivers
   torch_shards dense   threads, with dense=True (dense rows, what the others return)
   scDataset            scDataset over backed AnnData with adata_to_mindex (its documented setup)
   map-style h5py       DataLoader(Dataset reading one row per __getitem__ through h5py, batch_size=256)
@@ -102,8 +107,9 @@ def run_for(iterable, seconds, rows_of):
             return 0, 0.0
 
 
-def torch_shards_reader(source, block_size, cores, seconds, workers=0):
-    """In-process (native threads, workers=0) or through DataLoader worker processes."""
+def torch_shards_reader(source, block_size, cores, seconds, workers=0, loader_class=None):
+    """In-process (native threads, workers=0) or through DataLoader worker processes (torch's
+    DataLoader, or loader_class)."""
     import torch_shards as ts
 
     strategy = ts.Streaming() if block_size is None else ts.BlockShuffling(block_size)
@@ -119,20 +125,50 @@ def torch_shards_reader(source, block_size, cores, seconds, workers=0):
     )
     if workers == 0:
         return run_for(dataset, seconds, lambda b: b["index"].shape[0])
-    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=True)
+    loader_class = loader_class or torch.utils.data.DataLoader
+    loader = loader_class(dataset, batch_size=None, num_workers=workers, persistent_workers=True)
     return run_for(loader, seconds, lambda b: b["index"].shape[0])
 
 
-def read_anndata(path, options, block_size, args, workers=0):
+def read_anndata(path, options, block_size, args, workers=0, loader_class=None):
     import torch_shards as ts
 
-    return torch_shards_reader(ts.AnnDataSource(path, **options), block_size, args.cores, args.seconds, workers)
+    source = ts.AnnDataSource(path, **options)
+    return torch_shards_reader(source, block_size, args.cores, args.seconds, workers, loader_class)
 
 
-def read_hdf5(path, block_size, args, workers=0):
+def read_hdf5(path, block_size, args, workers=0, loader_class=None):
     import torch_shards as ts
 
-    return torch_shards_reader(ts.HDF5Source(path, "X"), block_size, args.cores, args.seconds, workers)
+    return torch_shards_reader(ts.HDF5Source(path, "X"), block_size, args.cores, args.seconds, workers, loader_class)
+
+
+class SameShapes(torch.utils.data.IterableDataset):
+    """torch's own ceiling for worker processes: batches of the benchmark's shapes (dense rows, or
+    CSR rows with the file's non-zeros per row, plus "index"), made anew each time as any dataset
+    makes them, without reading anything."""
+
+    def __init__(self, kind, nnz_per_row):
+        self.kind, self.nnz_per_row = kind, nnz_per_row
+
+    def __iter__(self):
+        nnz = int(BATCH_SIZE * self.nnz_per_row)
+        offsets = torch.arange(BATCH_SIZE + 1, dtype=torch.int64) * int(self.nnz_per_row)
+        while True:
+            if self.kind == "dense":
+                x = torch.empty(BATCH_SIZE, COLUMNS)
+            else:
+                x = torch.sparse_csr_tensor(
+                    offsets.clone(), torch.zeros(nnz, dtype=torch.int32), torch.empty(nnz), (BATCH_SIZE, COLUMNS)
+                )
+            yield {"X": x, "index": torch.empty(BATCH_SIZE, dtype=torch.int64)}
+
+
+def worker_ceiling(kind, nnz_per_row, cores, seconds):
+    loader = torch.utils.data.DataLoader(
+        SameShapes(kind, nnz_per_row), batch_size=None, num_workers=cores, persistent_workers=True
+    )
+    return run_for(loader, seconds, lambda b: b["index"].shape[0])
 
 
 class H5adRows(torch.utils.data.Dataset):
@@ -328,6 +364,8 @@ def main():
     )
     print("\n" + header + "\n" + "-" * len(header), flush=True)
 
+    import torch_shards as ts
+
     results = []
     for kind, info in files.items():
         raw_bytes, raw_seconds = raw_reader(info["path"], info["ranges"], args.seconds)
@@ -338,6 +376,11 @@ def main():
             f"{raw_rate * info['bytes_per_row'] / 1e6:>8.0f} {'':>13}",
             flush=True,
         )
+        if "worker ceiling" not in skip:
+            samples, seconds = worker_ceiling(kind, nnz / args.rows, args.cores, args.seconds)
+            rate = samples / seconds
+            results.append((kind, "any", "worker ceiling", rate, info["bytes_per_row"]))
+            print(f"{kind:<6} {'any':<10} {'worker ceiling':<20} {rate:>11.0f}", flush=True)
         for block_size in block_sizes:
             order_name = "Streaming" if block_size is None else f"block {block_size}"
             order = None if block_size is None else block_order(info["rows"], block_size)
@@ -345,6 +388,11 @@ def main():
                 methods = [
                     ("torch_shards threads", read_anndata, (info["path"], {}, block_size, args)),
                     ("torch_shards workers", read_anndata, (info["path"], {}, block_size, args, args.cores)),
+                    (
+                        "ts.DataLoader",
+                        read_anndata,
+                        (info["path"], {}, block_size, args, args.cores, ts.DataLoader),
+                    ),
                     ("torch_shards dense", read_anndata, (info["path"], {"dense": True}, block_size, args)),
                 ]
                 map_style = H5adRows(info["path"])
@@ -352,6 +400,7 @@ def main():
                 methods = [
                     ("torch_shards threads", read_hdf5, (info["path"], block_size, args)),
                     ("torch_shards workers", read_hdf5, (info["path"], block_size, args, args.cores)),
+                    ("ts.DataLoader", read_hdf5, (info["path"], block_size, args, args.cores, ts.DataLoader)),
                 ]
                 map_style = H5Rows(info["path"])
             if have_scdataset:
@@ -374,6 +423,7 @@ def main():
                     f"{ratio:>13} {rate / raw_rate:>7.2f}",
                     flush=True,
                 )
+    print_worker_ratios(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
@@ -381,10 +431,37 @@ def main():
         plot(results, args.plot)
 
 
+def print_worker_ratios(results):
+    """DataLoader worker modes against torch's ceiling (same shapes, nothing read) and each other."""
+    rate = {(r[0], r[1], r[2]): r[3] for r in results}
+    rows = [(r[0], r[1]) for r in results if r[2] == "ts.DataLoader"]
+    if not rows:
+        return
+    header = (
+        f"{'file':<6} {'order':<10} {'workers/ceiling':>16} {'ts.DataLoader/ceiling':>22} {'ts.DataLoader/workers':>22}"
+    )
+    print("\nDataLoader workers (ceiling: torch's DataLoader over a dataset yielding the same shapes)")
+    print(header + "\n" + "-" * len(header))
+    for kind, order in rows:
+        ceiling = rate.get((kind, "any", "worker ceiling"))
+        workers = rate.get((kind, order, "torch_shards workers"))
+        whole = rate[(kind, order, "ts.DataLoader")]
+
+        def ratio(a, b):
+            return f"{a / b:.2f}" if a and b else "-"
+
+        print(
+            f"{kind:<6} {order:<10} {ratio(workers, ceiling):>16} {ratio(whole, ceiling):>22} "
+            f"{ratio(whole, workers):>22}"
+        )
+
+
 COLORS = {
     "torch_shards threads": "tab:blue",
     "torch_shards workers": "tab:cyan",
     "torch_shards dense": "tab:purple",
+    "ts.DataLoader": "tab:green",
+    "worker ceiling": "tab:olive",
     "scDataset": "tab:red",
     "map-style h5py": "tab:gray",
 }
