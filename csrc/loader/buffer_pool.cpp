@@ -46,14 +46,14 @@ BufferPool::~BufferPool() {
 
 void BufferPool::adopt_after_fork() {
   // The parent's threads (and whoever held the lock) do not exist here: never
-  // touch the inherited lock. Pinned memory belongs to the parent's CUDA
-  // context: leave it alone; plain memory is ours to let go.
+  // touch the inherited lock, nor the inherited list, which a parent thread
+  // may have been changing at the fork. Its storages are the parent's: they
+  // are left as they are (their pages are copies the child never touches; no
+  // destructor runs, so none touches CUDA's or Python's state without its lock).
   (void)sync_.release();
   sync_ = std::make_unique<Sync>();
-  for (Kept& kept : kept_) {
-    if (kept.memory == sources::Memory::kPinned) (void)kept.storage.unsafeReleaseStorageImpl();
-  }
-  kept_.clear();
+  auto* abandoned = new std::vector<Kept>();
+  std::swap(*abandoned, kept_);  // exchanges the three pointers only; never freed
   kept_bytes_ = 0;
   largest_ = 0;
   owner_pid_ = io::current_process_id();
