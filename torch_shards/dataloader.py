@@ -49,6 +49,8 @@ class _Batches:
         return self
 
     def __len__(self):
+        if self._length is None:
+            raise TypeError("ts.DataLoader over ShardedDataset(cycle=True) is endless: it has no len()")
         return self._length
 
     def _pull(self):

@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "core/errors.h"
 #include "io/file.h"
+#include "loader/python_gil.h"
 #include "loader/transfer.h"
 
 namespace torch_shards {
@@ -40,8 +42,21 @@ c10::Storage allocate(size_t bytes, sources::Memory memory) {
 BufferPool::BufferPool(int64_t budget_bytes)
     : budget_(std::max<int64_t>(budget_bytes, 0)), owner_pid_(io::current_process_id()) {}
 
-BufferPool::~BufferPool() {
-  if (owner_pid_ != io::current_process_id()) adopt_after_fork();
+BufferPool::~BufferPool() { adopt_if_forked(); }
+
+void BufferPool::adopt_if_forked() {
+  const int pid = io::current_process_id();
+  int owner = owner_pid_.load(std::memory_order_acquire);
+  // The first of this process's threads to get here adopts; the others wait for it.
+  while (owner != pid) {
+    if (owner != kAdopting && owner_pid_.compare_exchange_weak(owner, kAdopting, std::memory_order_acquire)) {
+      adopt_after_fork();
+      owner_pid_.store(pid, std::memory_order_release);
+      return;
+    }
+    std::this_thread::yield();
+    owner = owner_pid_.load(std::memory_order_acquire);
+  }
 }
 
 void BufferPool::adopt_after_fork() {
@@ -56,20 +71,26 @@ void BufferPool::adopt_after_fork() {
   std::swap(*abandoned, kept_);  // exchanges the three pointers only; never freed
   kept_bytes_ = 0;
   largest_ = 0;
-  owner_pid_ = io::current_process_id();
 }
 
 bool BufferPool::is_free(const Kept& kept) {
   // Only the pool holds it: every tensor (and batch) viewing it is gone, on whatever thread it died,
-  // and, in shared memory, the main process gave back every lease on it. A storage Python ever saw
-  // (torch makes a Python storage object to pickle a tensor) keeps that object alive, holding one
-  // reference, as long as any C++ reference exists: it counts as the pool's when nothing else in
-  // Python refers to it.
+  // and, in shared memory, the main process gave back every lease on it. A storage Python saw keeps
+  // its Python object, which holds one reference (note_python_holders()).
   const uint32_t holders = kept.storage.use_count();
-  const bool only_pool =
-      holders == 1 || (holders == 2 && kept.storage.unsafeGetStorageImpl()->pyobj_slot()->has_unique_reference());
-  return only_pool && kept.storage.data() == kept.data &&
+  return (holders == 1 || (holders == 2 && kept.python_only)) && kept.storage.data() == kept.data &&
          (kept.memory != sources::Memory::kSharedPooled || leases(kept.storage) == 0);
+}
+
+void BufferPool::note_python_holders() {
+  if (owner_pid_ != io::current_process_id()) return;
+  const HoldPythonGil gil;  // before the lock, as everywhere: asking Python needs it
+  if (!gil.held()) return;  // no Python: no Python objects
+  std::lock_guard<std::mutex> lock(sync_->mutex);
+  for (Kept& kept : kept_) {
+    kept.python_only = kept.memory == sources::Memory::kSharedPooled && kept.storage.use_count() == 2 &&
+                       kept.storage.unsafeGetStorageImpl()->pyobj_slot()->has_unique_reference();
+  }
 }
 
 bool BufferPool::recycles_shared(const c10::Storage& storage) const {
@@ -84,14 +105,18 @@ bool BufferPool::recycles_shared(const c10::Storage& storage) const {
 c10::Storage BufferPool::acquire(size_t bytes, sources::Memory memory) {
   core::check_argument(memory != sources::Memory::kShared, "BufferPool: shared memory is never pooled (",
                        "kSharedPooled is, under leases)");
-  if (owner_pid_ != io::current_process_id()) adopt_after_fork();
+  adopt_if_forked();
   const size_t wanted = size_class(bytes);
+  // Storages let go of are freed after the lock: one Python saw gives back its Python object then,
+  // which takes the GIL (never under this lock: note_python_holders() takes them in the other order).
+  std::vector<c10::Storage> released;
   std::lock_guard<std::mutex> lock(sync_->mutex);
   largest_ = std::max(largest_, wanted);
   // Storages whose memory moved (to be sent elsewhere) are no longer ours to reuse.
   for (auto it = kept_.begin(); it != kept_.end();) {
     if (it->storage.data() != it->data) {
       kept_bytes_ -= it->size_class;
+      released.push_back(std::move(it->storage));
       it = kept_.erase(it);
     } else {
       ++it;
@@ -107,6 +132,7 @@ c10::Storage BufferPool::acquire(size_t bytes, sources::Memory memory) {
   }
   if (best != nullptr) {
     best->last_use = ++clock_;
+    best->python_only = false;
     ++counts_.reuses;
     return best->storage;
   }
@@ -119,6 +145,7 @@ c10::Storage BufferPool::acquire(size_t bytes, sources::Memory memory) {
     }
     if (victim == kept_.end()) break;
     kept_bytes_ -= victim->size_class;
+    released.push_back(std::move(victim->storage));
     kept_.erase(victim);
   }
   c10::Storage storage = allocate(wanted, memory);

@@ -60,6 +60,13 @@ class BufferPool {
   // word of kSharedPooled), pageable, pinned or shared (InvalidArgument for
   // Memory::kShared).
   c10::Storage acquire(size_t bytes, sources::Memory memory);
+  // torch makes a Python object for a storage it pickles (a DataLoader
+  // worker's batches), and that object holds a reference for as long as any
+  // C++ reference exists: the pool's would keep it forever. Marks the
+  // kSharedPooled storages whose only other holder is that object, unseen by
+  // Python, as free (to reuse once their leases are back). Takes the GIL,
+  // then the pool's lock (the pool never takes the GIL under its lock).
+  void note_python_holders();
   // Whether `storage` is one of this pool's kSharedPooled storages (one whose
   // leases it honours).
   bool recycles_shared(const c10::Storage& storage) const;
@@ -72,13 +79,16 @@ class BufferPool {
     sources::Memory memory = sources::Memory::kPageable;
     size_t size_class = 0;
     uint64_t last_use = 0;
+    bool python_only = false;  // besides the pool, only its Python object holds it (note_python_holders)
   };
   struct Sync {
     std::mutex mutex;
   };
 
   static bool is_free(const Kept& kept);
-  void adopt_after_fork();
+  // In a forked child, the first call starts the pool afresh (thread-safe: reader threads race here).
+  void adopt_if_forked();
+  void adopt_after_fork();  // by adopt_if_forked()
 
   int64_t budget_;
   std::unique_ptr<Sync> sync_ = std::make_unique<Sync>();
@@ -86,7 +96,8 @@ class BufferPool {
   size_t kept_bytes_ = 0;
   size_t largest_ = 0;  // largest request seen
   uint64_t clock_ = 0;
-  int owner_pid_;
+  static constexpr int kAdopting = -1;
+  std::atomic<int> owner_pid_;  // the process the pool belongs to (kAdopting while a child adopts it)
   Stats counts_;
 };
 

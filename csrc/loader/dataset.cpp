@@ -25,6 +25,7 @@
 #include "loader/errors.h"
 #include "loader/iteration.h"
 #include "loader/process_group.h"
+#include "loader/python_gil.h"
 #include "loader/topology.h"
 #include "loader/transfer.h"
 
@@ -739,6 +740,8 @@ std::optional<std::tuple<std::vector<at::Tensor>, at::Tensor, std::vector<std::s
         std::vector<Batch> batches{deliver()};
         while (whole_unit && next_pending_ < pending_.size()) batches.push_back(deliver());
         const Iteration& iteration = *progress_->iteration;
+        // What was sent before is pickled by now: torch's Python objects of those storages hold them.
+        if (reader_->buffers() != nullptr) reader_->buffers()->note_python_holders();
         return pack(batches, reader_->buffers(), iteration.worker, iteration.worker_batches);
       });
 }

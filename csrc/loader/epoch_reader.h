@@ -78,7 +78,7 @@ class EpochReader {
 
   int64_t num_units() const { return num_units_; }
   // The pool recycling this reader's output memory (null: none).
-  const BufferPool* buffers() const { return options_.buffers.get(); }
+  BufferPool* buffers() const { return options_.buffers.get(); }
   int64_t units_done() const;
   // Counters for monitoring: units, rows, bytes delivered, queue_depth,
   // queued_bytes, in_flight, wait_us (consumer waiting), read_us, threads,

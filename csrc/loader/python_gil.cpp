@@ -12,6 +12,8 @@ struct PythonApi {
   int (*holds_gil)() = nullptr;             // PyGILState_Check
   void* (*save_thread)() = nullptr;         // PyEval_SaveThread
   void (*restore_thread)(void*) = nullptr;  // PyEval_RestoreThread
+  int (*ensure)() = nullptr;                // PyGILState_Ensure
+  void (*release)(int) = nullptr;           // PyGILState_Release
 
   bool available() const { return is_initialized && holds_gil && save_thread && restore_thread; }
 };
@@ -28,12 +30,26 @@ const PythonApi& python_api() {
     look_up(found.holds_gil, "PyGILState_Check");
     look_up(found.save_thread, "PyEval_SaveThread");
     look_up(found.restore_thread, "PyEval_RestoreThread");
+    look_up(found.ensure, "PyGILState_Ensure");
+    look_up(found.release, "PyGILState_Release");
     return found;
   }();
   return api;
 }
 
 }  // namespace
+
+HoldPythonGil::HoldPythonGil() {
+  const PythonApi& api = python_api();
+  if (api.available() && api.ensure && api.release && api.is_initialized()) {
+    state_ = api.ensure();
+    held_ = true;
+  }
+}
+
+HoldPythonGil::~HoldPythonGil() {
+  if (held_) python_api().release(state_);
+}
 
 ReleasePythonGil::ReleasePythonGil() {
   const PythonApi& api = python_api();

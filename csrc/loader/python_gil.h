@@ -9,6 +9,20 @@
 
 namespace torch_shards {
 
+// Takes the Python GIL for a scope (a no-op without Python).
+class HoldPythonGil {
+ public:
+  HoldPythonGil();
+  ~HoldPythonGil();
+  HoldPythonGil(const HoldPythonGil&) = delete;
+  HoldPythonGil& operator=(const HoldPythonGil&) = delete;
+  bool held() const { return held_; }
+
+ private:
+  bool held_ = false;
+  int state_ = 0;  // PyGILState_STATE
+};
+
 class ReleasePythonGil {
  public:
   ReleasePythonGil();
