@@ -375,6 +375,7 @@ class ShardedDataset(IterableDataset, NativeBacked):
         # The epoch is claimed now, not at the first next(): a DataLoader
         # worker calls iter() once per generation, at start-up.
         info = get_worker_info()
+        packed = None  # (whole units, endless) for a worker whose batches cross packed
         if info is None:
             # A process group initialised after this dataset was built: agree on the seed and check
             # the ranks' claims now (a single rank has nothing to agree on).
@@ -390,21 +391,19 @@ class ShardedDataset(IterableDataset, NativeBacked):
             # Batches cross to the main process packed (transfer.py) when they go from here straight into
             # DataLoader's queue: nothing else (a custom collate_fn, a batch_transform, a dataset wrapping
             # this one) then holds views of the recycled shared memory outside the leases.
-            packed = (
+            if (
                 fetcher is not None
                 and fetcher.get("collate_fn") is default_convert
                 and self.batch_transform is None
                 and self.collection is None
-            )
-            whole = packed and getattr(self, "_whole_units", False)
+            ):
+                packed = (getattr(self, "_whole_units", False), self.cycle)
+            recycled = packed is not None and shared
 
             def start():
-                return self.native.iter_worker(info.id, info.num_workers, generation, shared, packed and shared)
+                return self.native.iter_worker(info.id, info.num_workers, generation, shared, recycled)
 
-            if packed:
-                return self._epochs(self._started(start), start, (whole, self.cycle))
-
-        return self._epochs(self._started(start), start)
+        return self._epochs(self._started(start), start, packed)
 
     def _started(self, start):
         iterator = start()
