@@ -22,11 +22,11 @@
 #include <thread>
 #include <vector>
 
-#include "chunked_array.h"
-#include "file.h"
-#include "hdf5_group.h"
-#include "thread_pool.h"
-#include "zarr_group.h"
+#include "io/chunked_array.h"
+#include "io/file.h"
+#include "io/hdf5_group.h"
+#include "core/thread_pool.h"
+#include "io/zarr_group.h"
 
 namespace io = torch_shards::io;
 
