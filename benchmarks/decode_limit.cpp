@@ -22,10 +22,10 @@
 #include <thread>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "io/chunked_array.h"
 #include "io/file.h"
 #include "io/hdf5_group.h"
-#include "core/thread_pool.h"
 #include "io/zarr_group.h"
 
 namespace io = torch_shards::io;

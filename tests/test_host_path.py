@@ -267,6 +267,60 @@ def test_output_memory_is_recycled_across_epochs():
     assert stats["pool_reuses"] > 0 and stats["pool_kept_bytes"] <= ds.prefetch_bytes + 2 * 16 * 256 * 4 * width
 
 
+# ---- outputs past the caches are streamed out (core/streaming_copy.h) ----------------------------------------
+
+STREAMED_ROWS = 5000  # one whole fetch (batch 256 x fetch_factor 16 = 4096 rows) of >= 8 MB: streamed out
+
+
+def _epoch_by_row(dataset, field):
+    """Every row of one epoch, by source row, as dense numpy (CSR batches densified)."""
+    out = {}
+    for batch in dataset:
+        values = batch[field]
+        values = values.to_dense() if values.layout == torch.sparse_csr else values
+        for row, value in zip(batch["index"].tolist(), values.numpy()):
+            assert row not in out
+            out[row] = value
+    return out
+
+
+@pytest.mark.parametrize("columns", [1001, 2048])  # rows of 4004 bytes (not 16-byte aligned) and of 8 KB
+def test_large_tensor_fetches_are_gathered_exactly(columns):
+    x = torch.randn(STREAMED_ROWS, columns)
+    dataset = ts.ShardedDataset(ts.TensorSource({"X": x}), ts.BlockShuffling(64), batch_size=256, seed=3)
+    for _ in range(2):  # the second epoch writes into recycled memory
+        rows = _epoch_by_row(dataset, "X")
+        assert sorted(rows) == list(range(STREAMED_ROWS))
+        np.testing.assert_array_equal(np.stack([rows[i] for i in range(STREAMED_ROWS)]), x.numpy())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.bool_])
+def test_large_dense_outputs_of_csr_match_scipy(tmp_path, dtype):
+    """dense=True with fetches of many MB: rows are built in a small buffer and streamed out, which must
+    zero every column between rows and sum duplicate column entries as scipy's toarray() does."""
+    columns = 2100  # a fetch's output is >= 8.6 MB for every dtype
+    rng = np.random.default_rng(11)
+    matrix = sp.random(STREAMED_ROWS, columns, density=0.02, format="csr", random_state=11, dtype=np.float64)
+    matrix.data = rng.integers(1, 4, size=matrix.nnz).astype(np.float64)
+    # Row 5 lists column 7 three times (non-canonical CSR): scipy sums them.
+    indptr, indices, data = matrix.indptr.copy(), matrix.indices.copy(), matrix.data.copy()
+    insert_at = indptr[5]
+    indices = np.insert(indices, insert_at, [7, 7, 7])
+    data = np.insert(data, insert_at, [1.0, 2.0, 1.0])
+    indptr[6:] += 3
+    matrix = sp.csr_matrix((data.astype(dtype), indices, indptr), shape=(STREAMED_ROWS, columns))
+    path = tmp_path / "wide.h5ad"
+    ad.AnnData(matrix).write_h5ad(path)
+    want = matrix.toarray()
+    dataset = ts.ShardedDataset(
+        ts.AnnDataSource(path, dense=True), ts.BlockShuffling(64), batch_size=256, seed=1, num_threads=2
+    )
+    for _ in range(2):
+        rows = _epoch_by_row(dataset, "X")
+        assert sorted(rows) == list(range(STREAMED_ROWS))
+        np.testing.assert_array_equal(np.stack([rows[i] for i in range(STREAMED_ROWS)]), want)
+
+
 def _in_turn(by_worker):
     """The batches of each worker in the order a DataLoader yields them: one from each worker in turn, skipping
     workers that have delivered all theirs."""

@@ -77,12 +77,15 @@ void ThreadPool::worker_loop() {
 
 void ThreadPool::parallel_for(int64_t count, const std::function<void(int64_t)>& task) {
   if (count <= 0) return;
-  if (threads_ == 0 || count == 1 || inside_pool_task) {
+  const auto run_inline = [&] {
     for (int64_t i = 0; i < count; ++i) task(i);
-    return;
-  }
+  };
+  if (threads_ == 0 || count == 1 || inside_pool_task) return run_inline();
   if (owner_pid_ != static_cast<int>(getpid())) adopt_after_fork();
-  std::lock_guard<std::mutex> running(sync_->run);
+  // The workers serve one caller at a time; another caller meanwhile runs its
+  // own tasks rather than wait idle for them.
+  std::unique_lock<std::mutex> running(sync_->run, std::try_to_lock);
+  if (!running.owns_lock()) return run_inline();
   auto job = std::make_shared<Job>();
   job->task = &task;
   job->count = count;

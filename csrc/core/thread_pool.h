@@ -30,7 +30,8 @@ class ThreadPool {
   // Runs task(i) for every i in [0, count) on the workers and the calling
   // thread, and returns when all have finished. If tasks throw, the remaining
   // ones are skipped and the first exception is rethrown here. Called from
-  // inside a task (nested), it runs inline.
+  // inside a task (nested), or while another thread's call has the workers,
+  // it runs inline.
   void parallel_for(int64_t count, const std::function<void(int64_t)>& task);
 
  private:
@@ -51,7 +52,7 @@ class ThreadPool {
     std::mutex mutex;  // guards job_, generation_, stopping_
     std::condition_variable wake;
     std::condition_variable done;
-    std::mutex run;  // one parallel_for at a time
+    std::mutex run;  // held by the parallel_for that has the workers
   };
 
   void adopt_after_fork();

@@ -1,6 +1,7 @@
 // ThreadPool: every task index runs exactly once, on the workers and the
-// caller; errors come back to the caller; nested and zero-thread calls run
-// inline; and a pool inherited by a forked child keeps working there.
+// caller; errors come back to the caller; nested and zero-thread calls, and
+// calls made while another caller has the workers, run inline; and a pool
+// inherited by a forked child keeps working there.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -85,7 +86,7 @@ TEST(ThreadPool, NestedParallelForRunsInlineWithoutDeadlock) {
   EXPECT_EQ(inner_runs.load(), 80);
 }
 
-TEST(ThreadPool, ConcurrentCallersAreServedOneAtATime) {
+TEST(ThreadPool, ConcurrentCallersEachGetEveryIndexOnce) {
   ThreadPool pool(2);
   std::atomic<int64_t> sum{0};
   std::vector<std::thread> callers;
@@ -96,6 +97,36 @@ TEST(ThreadPool, ConcurrentCallersAreServedOneAtATime) {
   }
   for (auto& caller : callers) caller.join();
   EXPECT_EQ(sum.load(), 4 * 50 * 4950);
+}
+
+TEST(ThreadPool, ACallerRunsItsOwnTasksWhileAnotherHasTheWorkers) {
+  ThreadPool pool(2);
+  std::atomic<bool> first_started{false}, second_done{false};
+  std::atomic<int> first_runs{0};
+  std::thread first([&] {
+    pool.parallel_for(3, [&](int64_t) {
+      first_started = true;
+      // Holds the workers until the second caller is done: it must not wait for them.
+      while (!second_done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      first_runs.fetch_add(1);
+    });
+  });
+  while (!first_started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto caller = std::this_thread::get_id();
+  std::vector<int64_t> order;
+  pool.parallel_for(5, [&](int64_t i) {
+    EXPECT_EQ(std::this_thread::get_id(), caller);
+    order.push_back(i);
+  });
+  EXPECT_EQ(order, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  EXPECT_THROW(pool.parallel_for(4,
+                                 [](int64_t i) {
+                                   if (i == 2) throw std::runtime_error("inline task failed");
+                                 }),
+               std::runtime_error);
+  second_done = true;
+  first.join();
+  EXPECT_EQ(first_runs.load(), 3);
 }
 
 // Regression (glibc 2.36): the child inherits the condition variables with the parent's idle

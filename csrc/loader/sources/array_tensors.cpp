@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
+
+#include "core/streaming_copy.h"
 
 namespace torch_shards::sources {
 
@@ -75,24 +78,37 @@ at::ScalarType csr_index_type(const io::CsrMatrix& matrix, int64_t values) {
 // CSR rows scattered into dense output rows (duplicate column entries sum, as
 // scipy's toarray() does). Each row is zeroed just before its values land,
 // while it is in cache: one pass over the output instead of a memset of the
-// whole fetch and a second, scattered pass. Column indices are read as int32
-// when the columns allow (half the bytes of int64).
+// whole fetch and a second, scattered pass. A large output (past the caches)
+// has each row built in a small buffer and streamed out (core/streaming_copy.h):
+// the output's lines are then never read, only written. Column indices are
+// read as int32 when the columns allow (half the bytes of int64).
 template <typename Index>
 void scatter_rows(const io::CsrPlan& plan, const Index* columns, const uint8_t* values, at::Tensor& out,
                   const RowRequest& request, int64_t num_columns, core::ThreadPool& pool) {
   constexpr int64_t kRowsPerTask = 256;
+  constexpr size_t kMaxStagedRow = size_t{64} << 10;  // bytes: stays in the L2 cache
   const int64_t rows = static_cast<int64_t>(plan.row_offsets.size()) - 1;
   AT_DISPATCH_V2(out.scalar_type(), "read_csr_dense", AT_WRAP([&] {
                    const auto* source = reinterpret_cast<const scalar_t*>(values);
                    scalar_t* dest = out.data_ptr<scalar_t>();
+                   const size_t row_bytes = sizeof(scalar_t) * num_columns;
+                   const bool staged = out.nbytes() >= core::kStreamingBytes && row_bytes <= kMaxStagedRow;
                    pool.parallel_for((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task) {
+                     // Staged rows: the buffer starts zeroed and is zeroed again where values landed.
+                     std::unique_ptr<scalar_t[]> buffer(staged ? new scalar_t[num_columns]() : nullptr);
                      for (int64_t row = task * kRowsPerTask; row < std::min(rows, (task + 1) * kRowsPerTask); ++row) {
-                       scalar_t* line = dest + request.dest(static_cast<size_t>(row)) * num_columns;
-                       std::memset(static_cast<void*>(line), 0, sizeof(scalar_t) * num_columns);
-                       for (int64_t k = plan.row_offsets[row]; k < plan.row_offsets[row + 1]; ++k) {
+                       scalar_t* target = dest + request.dest(static_cast<size_t>(row)) * num_columns;
+                       scalar_t* line = staged ? buffer.get() : target;
+                       if (!staged) std::memset(static_cast<void*>(line), 0, row_bytes);
+                       const int64_t begin = plan.row_offsets[row], end = plan.row_offsets[row + 1];
+                       for (int64_t k = begin; k < end; ++k) {
                          line[columns[k]] = static_cast<scalar_t>(line[columns[k]] + source[k]);
                        }
+                       if (!staged) continue;
+                       core::streaming_copy(target, line, row_bytes);
+                       for (int64_t k = begin; k < end; ++k) line[columns[k]] = scalar_t{};
                      }
+                     if (staged) core::streaming_fence();
                    });
                  }),
                  AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, at::kBool,

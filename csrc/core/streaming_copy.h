@@ -1,0 +1,40 @@
+// Copies into memory that is written once and read much later: a fetch's
+// output (tens of MB, past the caches) that the consumer reads only after the
+// reader has moved on. Ordinary stores first read every destination cache
+// line from memory (to own it) and later write it back; non-temporal stores
+// write whole lines straight to memory, a third less memory traffic, and
+// leave the caches to the data being read.
+//
+// Non-temporal stores are weakly ordered: the thread that made them calls
+// streaming_fence() before another thread may read what they wrote (at the end
+// of each parallel task). Other architectures copy with memcpy.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace torch_shards::core {
+
+// Output of at least this many bytes (a unit or piece, as allocated) is
+// written with non-temporal stores: by the time it is read, more than a
+// typical last-level cache share has been written after it.
+constexpr size_t kStreamingBytes = size_t{8} << 20;
+
+// Copies `bytes` from src to dst, non-temporally where the architecture
+// allows (any alignment; the unaligned edges are copied normally).
+void streaming_copy(void* dst, const void* src, size_t bytes);
+
+// Makes this thread's non-temporal stores visible to other threads.
+void streaming_fence();
+
+// memcpy, or streaming_copy when `streaming`.
+inline void copy_bytes(void* dst, const void* src, size_t bytes, bool streaming) {
+  if (streaming) {
+    streaming_copy(dst, src, bytes);
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
+}  // namespace torch_shards::core
