@@ -146,6 +146,33 @@ def test_weighted_rows_repeat_within_a_fetch(tmp_path):
     assert torch.equal(source.read(rows)["X"].to_dense(), torch.from_numpy(dense[rows]))
 
 
+
+def _row_requests(rng):
+    """Row orders a reader asks for: blocks in random order, single rows, runs that abut or overlap,
+    repeats, the empty row 5, the first and last rows."""
+    blocks = [list(range(b, min(b + 8, N_OBS))) for b in range(0, N_OBS, 8)]
+    order = rng.permutation(len(blocks))
+    yield [row for b in order for row in blocks[b]]  # BlockShuffling
+    yield list(range(N_OBS))  # Streaming
+    yield rng.permutation(N_OBS).tolist()  # every row alone
+    yield [4, 5, 6, 0, 1, 2, 3, 7]  # runs that abut in the source, apart in the batch
+    yield [10, 11, 12, 11, 12, 13]  # overlapping runs
+    yield [119, 0, 119, 5, 5]  # repeats, the last row, the empty row
+    yield rng.choice(N_OBS, size=300).tolist()  # with replacement (weighted sampling)
+
+
+@pytest.mark.parametrize("kind", ["h5ad", "zarr3"])
+def test_csr_rows_in_any_order_read_as_scipy_indexes_them(tmp_path, kind):
+    adata, dense = make_adata("csr")
+    source = ts.AnnDataSource(write(adata, tmp_path, kind))
+    for rows in _row_requests(np.random.default_rng(3)):
+        got = source.read(rows)["X"]
+        want = adata.X[rows]
+        assert torch.equal(got.crow_indices().long(), torch.from_numpy(want.indptr).long()), rows
+        assert torch.equal(got.col_indices().long(), torch.from_numpy(want.indices).long()), rows
+        assert torch.equal(got.values(), torch.from_numpy(want.data)), rows
+        assert torch.equal(got.to_dense(), torch.from_numpy(dense[rows]))
+
 # ---- bad input ------------------------------------------------------------------------------------------
 
 

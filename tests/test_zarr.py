@@ -202,6 +202,33 @@ def test_corrupt_shard_index_is_named(tmp_path):
         ts.ZarrSource(path).read(range(16))
 
 
+@pytest.mark.parametrize("codecs", ["blosc", "zstd"])
+def test_shard_that_shrinks_while_mapped_is_reported_not_crashed(tmp_path, codecs):
+    """Inner chunks are decoded straight from the shard file's mapping: a shard cut short after the
+    source read it once (the mapping made, its pages past the new end gone) raises naming the file,
+    where the decoder would otherwise fault (SIGBUS)."""
+    data = np.random.default_rng(1).standard_normal((64, 32)).astype("f4")  # noise: chunks stay large
+    path = tmp_path / "shrinks.zarr"
+    z = zarr.create_array(
+        path,
+        shape=data.shape,
+        shards=(64, 32),
+        chunks=(8, 32),
+        dtype="f4",
+        zarr_format=3,
+        compressors=V3_CODECS[codecs],
+    )
+    z[:] = data
+    source = ts.ZarrSource(path)
+    assert torch.equal(source.read(range(64))["X"], torch.from_numpy(data))
+    shard = path / "c" / "0" / "0"
+    os.truncate(shard, 4096)  # the first chunks stay whole; the index and the rest are gone
+    with pytest.raises(RuntimeError, match="shrinks.zarr"):
+        source.read(range(64))
+    with pytest.raises(RuntimeError, match="shrinks.zarr"):  # opened again: the index is gone
+        ts.ZarrSource(path).read(range(64))
+
+
 def test_bad_metadata_is_named(tmp_path):
     path = tmp_path / "m.zarr"
     zarr.create_array(path, shape=(4, 2), chunks=(2, 2), dtype="f4", zarr_format=3)

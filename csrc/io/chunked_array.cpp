@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <memory>
 
@@ -110,6 +111,18 @@ void ChunkedArray::read_raw_chunk_rows(int64_t chunk_row, const std::vector<cons
   }
 }
 
+bool ChunkedArray::decode_from_mapping(const std::vector<int64_t>& coords,
+                                       const std::function<uint8_t*()>& buffer) const {
+  if (!decoder_->decodes_views() || !store_->maps_chunks() || store_->skipped_filters(coords) != 0) return false;
+  const std::optional<ChunkLocation> location = store_->locate(coords);
+  if (!location) return false;  // never written: the caller fills it
+  const auto decode = [&](const uint8_t* bytes) {
+    decoder_->decode_view(bytes, static_cast<size_t>(location->size), chunk_bytes_, buffer);
+  };
+  return location->file->use_mapped(location->offset, static_cast<size_t>(location->size), decode,
+                                    [&] { return store_->describe_chunk(coords); });
+}
+
 void ChunkedArray::copy_row_part(const uint8_t* chunk, int64_t row_in_chunk, const std::vector<int64_t>& inner_coords,
                                  uint8_t* out_row) const {
   const size_t item = dtype_size(info_.dtype);
@@ -203,8 +216,12 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
     };
     std::optional<std::vector<uint8_t>> encoded;
     try {
-      encoded = store_->read_chunk(coords);
-      if (encoded) {
+      if (decode_from_mapping(coords, [&] {
+            reserve();
+            return decoded;
+          })) {
+        // decoded in place from the file's mapping
+      } else if ((encoded = store_->read_chunk(coords))) {
         const uint32_t skipped = store_->skipped_filters(coords);
         decoder_->check_encoded(*encoded, chunk_bytes_, skipped);
         reserve();

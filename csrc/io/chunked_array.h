@@ -5,6 +5,7 @@
 // destination.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +27,9 @@ class ChunkStore {
   virtual ~ChunkStore() = default;
   // Whether locate() works: chunks stored raw can then be read in parts.
   virtual bool can_locate() const { return false; }
+  // Whether located chunks lie in long-lived mapped files (zarr shards): they
+  // are then decoded from the mapping, never copied.
+  virtual bool maps_chunks() const { return false; }
   // The file and byte range of a chunk, or nullopt if it was never written.
   virtual std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const;
   // The encoded bytes of the chunk at grid coordinates `coords`, or nullopt
@@ -53,6 +57,17 @@ class ChunkDecoder {
                       uint32_t /*skipped_filters*/) const {
     decode(encoded, out, out_bytes);
   }
+  // Decodes one chunk straight from bytes it must not modify (a file's
+  // mapping), as decode() does, into out() (asked for once what check_encoded
+  // checks has passed, so that a corrupt header allocates nothing). Returns
+  // false, doing nothing, when this pipeline needs a copy of the bytes (the
+  // caller then calls decode()).
+  virtual bool decode_view(const uint8_t* /*encoded*/, size_t /*size*/, size_t /*out_bytes*/,
+                           const std::function<uint8_t*()>& /*out*/) const {
+    return false;
+  }
+  // Whether decode_view() decodes (for chunks without skipped filters).
+  virtual bool decodes_views() const { return false; }
   // Throws (std::runtime_error) unless `encoded` can decode to out_bytes as
   // far as its headers tell: called before memory is allocated for it.
   virtual void check_encoded(const std::vector<uint8_t>& /*encoded*/, size_t /*out_bytes*/,
@@ -73,6 +88,10 @@ class ChunkedArray : public Array {
  private:
   // Reads only the requested rows of chunks stored raw (see ChunkDecoder::stores_raw).
   void read_raw_chunk_rows(int64_t chunk_row, const std::vector<const Segment*>& touching, uint8_t* out) const;
+  // Decodes the chunk at `coords` straight from its file's mapping into
+  // buffer() (called once, when it will), where the decoder and the store
+  // allow; false when they do not, or the chunk was never written.
+  bool decode_from_mapping(const std::vector<int64_t>& coords, const std::function<uint8_t*()>& buffer) const;
   // Copies row `row_in_chunk` of a decoded chunk at inner grid position
   // `inner_coords` into its place in an output row.
   void copy_row_part(const uint8_t* chunk, int64_t row_in_chunk, const std::vector<int64_t>& inner_coords,

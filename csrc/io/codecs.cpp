@@ -275,33 +275,33 @@ void decompress_blosc(const uint8_t* in, size_t in_size, uint8_t* out, size_t ou
     throw std::runtime_error(
         concat("unsupported blosc format version ", int{in[0]}, " (expected ", BLOSC_VERSION_FORMAT, ")"));
   }
-  const std::string what = describe_blosc(in);
+  const auto what = [&] { return describe_blosc(in); };  // for messages only: no allocation per chunk
   const uint32_t nbytes = read_le32(in + 4);
   const uint32_t cbytes = read_le32(in + 12);
   constexpr uint32_t kMaxBytes = BLOSC_MAX_BUFFERSIZE;
   if (nbytes > kMaxBytes || cbytes > kMaxBytes + BLOSC_MAX_OVERHEAD || cbytes < BLOSC_MIN_HEADER_LENGTH) {
     throw std::runtime_error(
-        concat(what, " has an invalid header (", nbytes, " bytes compressed to ", cbytes, " bytes)"));
+        concat(what(), " has an invalid header (", nbytes, " bytes compressed to ", cbytes, " bytes)"));
   }
   if (cbytes > in_size) {
     throw std::runtime_error(
-        concat(what, " is truncated: its header says ", cbytes, " bytes but only ", in_size, " are present"));
+        concat(what(), " is truncated: its header says ", cbytes, " bytes but only ", in_size, " are present"));
   }
   size_t validated_nbytes = 0;
   if (blosc_cbuffer_validate(in, cbytes, &validated_nbytes) != 0 || validated_nbytes != nbytes) {
-    throw std::runtime_error(concat(what, " has an invalid header"));
+    throw std::runtime_error(concat(what(), " has an invalid header"));
   }
   if (nbytes != out_size) {
-    throw std::runtime_error(concat(what, " decompresses to ", nbytes, " bytes, expected ", out_size));
+    throw std::runtime_error(concat(what(), " decompresses to ", nbytes, " bytes, expected ", out_size));
   }
   if (out_size == 0) return;
   // The _ctx variant keeps no global state (thread-safe); one internal thread
   // because callers already decode chunks in parallel.
   const int result = blosc_decompress_ctx(in, out, out_size, /*numinternalthreads=*/1);
-  if (result == -5) throw std::runtime_error(concat(what, ": this libblosc cannot decode that compressor"));
-  if (result < 0) throw std::runtime_error(concat("corrupt ", what, " (blosc error ", result, ")"));
+  if (result == -5) throw std::runtime_error(concat(what(), ": this libblosc cannot decode that compressor"));
+  if (result < 0) throw std::runtime_error(concat("corrupt ", what(), " (blosc error ", result, ")"));
   if (static_cast<size_t>(result) != out_size) {
-    throw std::runtime_error(concat(what, " decompressed to ", result, " bytes, expected ", out_size));
+    throw std::runtime_error(concat(what(), " decompressed to ", result, " bytes, expected ", out_size));
   }
 }
 

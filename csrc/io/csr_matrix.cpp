@@ -69,18 +69,110 @@ std::string CsrMatrix::where() const {
          (slash == std::string::npos || slash == 0 ? std::string("/") : path.substr(0, slash));
 }
 
+namespace {
+
+// Consecutive rows delivered to consecutive positions: rows [row, row + length)
+// go to positions [dest, dest + length).
+struct RowRun {
+  int64_t row, length, dest;
+};
+
+std::vector<RowRun> runs_of(const std::vector<int64_t>& rows) {
+  std::vector<RowRun> runs;
+  for (size_t d = 0; d < rows.size(); ++d) {
+    if (!runs.empty() && rows[d] == runs.back().row + runs.back().length) {
+      ++runs.back().length;
+      continue;
+    }
+    runs.push_back(RowRun{rows[d], 1, static_cast<int64_t>(d)});
+  }
+  return runs;
+}
+
+}  // namespace
+
+void CsrMatrix::check_rows(int64_t first, int64_t last) const {
+  core::check_argument(first >= 0 && last < num_rows_, where(), ": rows [", first, ", ", last, "] outside [0, ",
+                       num_rows_, ")");
+}
+
+void CsrMatrix::check_pointers(int64_t row, int64_t start, int64_t end) const {
+  if (start < 0 || end < start || end > data_->num_rows()) {
+    throw ReadError(concat(indptr_->where(), ": inconsistent at row ", row, " (indptr[", row, "] = ", start,
+                           ", indptr[", row + 1, "] = ", end, ", ", data_->num_rows(),
+                           " stored values): not monotone or out of range"));
+  }
+}
+
 CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool) const {
-  // Rows already strictly increasing (Streaming) need no sorting or searching.
+  // Rows come in runs (blocks of consecutive rows): sorting the runs, not the
+  // rows, orders the reads. Runs that overlap (a row delivered twice) take
+  // the row-by-row plan.
+  const std::vector<RowRun> runs = runs_of(rows);
+  std::vector<size_t> by_row(runs.size());
+  std::iota(by_row.begin(), by_row.end(), 0);
+  std::sort(by_row.begin(), by_row.end(), [&](size_t a, size_t b) { return runs[a].row < runs[b].row; });
+  for (size_t k = 1; k < by_row.size(); ++k) {
+    const RowRun &previous = runs[by_row[k - 1]], &run = runs[by_row[k]];
+    if (run.row < previous.row + previous.length) return plan_rows(rows, pool);
+  }
+  if (!runs.empty()) {
+    const RowRun& last = runs[by_row.back()];
+    check_rows(runs[by_row.front()].row, last.row + last.length - 1);
+  }
+  // indptr of each stretch of adjacent runs [b, e): entries b .. e; base[r]:
+  // where run r's first row's start lies among them.
+  std::vector<Segment> pointer_segments;
+  std::vector<int64_t> base(runs.size());
+  int64_t count = 0, end = -1;
+  for (size_t r : by_row) {
+    const RowRun& run = runs[r];
+    if (run.row != end) {
+      pointer_segments.push_back(Segment{run.row, 1, count});
+      ++count;
+    }
+    base[r] = count - 1;
+    pointer_segments.back().length += run.length;
+    count += run.length;
+    end = run.row + run.length;
+  }
+  const std::vector<int64_t> pointers = read_integers(*indptr_, pointer_segments, count, pool);
+  CsrPlan plan;
+  plan.row_offsets.assign(rows.size() + 1, 0);
+  for (size_t r = 0; r < runs.size(); ++r) {  // delivery order
+    const RowRun& run = runs[r];
+    for (int64_t j = 0; j < run.length; ++j) {
+      const int64_t start = pointers[base[r] + j], stop = pointers[base[r] + j + 1];
+      check_pointers(run.row + j, start, stop);
+      plan.row_offsets[run.dest + j + 1] = plan.row_offsets[run.dest + j] + (stop - start);
+    }
+  }
+  for (size_t r : by_row) {  // source order: each run's values are one stretch, in and out
+    const RowRun& run = runs[r];
+    const int64_t source = pointers[base[r]], length = pointers[base[r] + run.length] - source;
+    const int64_t dest = plan.row_offsets[run.dest];
+    if (length == 0) continue;
+    if (!plan.segments.empty()) {
+      Segment& last = plan.segments.back();
+      if (source == last.source + last.length && dest == last.dest + last.length) {
+        last.length += length;
+        continue;
+      }
+    }
+    plan.segments.push_back(Segment{source, length, dest});
+  }
+  return plan;
+}
+
+CsrPlan CsrMatrix::plan_rows(const std::vector<int64_t>& rows, core::ThreadPool& pool) const {
+  // Rows already strictly increasing need no sorting or searching.
   const bool increasing = std::adjacent_find(rows.begin(), rows.end(), std::greater_equal<int64_t>()) == rows.end();
   std::vector<int64_t> unique = rows;
   if (!increasing) {
     std::sort(unique.begin(), unique.end());
     unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
   }
-  if (!unique.empty()) {
-    core::check_argument(unique.front() >= 0 && unique.back() < num_rows_, where(), ": rows [", unique.front(), ", ",
-                         unique.back(), "] outside [0, ", num_rows_, ")");
-  }
+  if (!unique.empty()) check_rows(unique.front(), unique.back());
   // indptr of each run of consecutive rows [b, e): entries b .. e.
   std::vector<Segment> pointer_segments;
   std::vector<size_t> first_pointer(unique.size());  // where row unique[i]'s start lies in the buffer
@@ -95,15 +187,10 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
     ++count;
   }
   const std::vector<int64_t> pointers = read_integers(*indptr_, pointer_segments, count, pool);
-  const int64_t stored = data_->num_rows();
   std::vector<int64_t> starts(unique.size()), sizes(unique.size());
   for (size_t i = 0; i < unique.size(); ++i) {
     const int64_t start = pointers[first_pointer[i]], end = pointers[first_pointer[i] + 1];
-    if (start < 0 || end < start || end > stored) {
-      throw ReadError(concat(indptr_->where(), ": inconsistent at row ", unique[i], " (indptr[", unique[i],
-                             "] = ", start, ", indptr[", unique[i] + 1, "] = ", end, ", ", stored,
-                             " stored values): not monotone or out of range"));
-    }
+    check_pointers(unique[i], start, end);
     starts[i] = start;
     sizes[i] = end - start;
   }

@@ -55,20 +55,33 @@ void install_sigbus_handler() {
   });
 }
 
-bool guarded_copy(void* out, const void* in, size_t bytes) {
+// Runs work() with a SIGBUS on this thread jumping back here: false if one
+// did (work was abandoned where it stood). An exception from work() passes
+// through, the guard removed.
+template <typename Work>
+bool guarded(const Work& work) {
   sigjmp_buf target;
   if (sigsetjmp(target, 0) != 0) {
     guarded_copy_target = nullptr;
     return false;
   }
   guarded_copy_target = &target;
-  // The handler reads the target: keep the stores around the copy (the
+  // The handler reads the target: keep the stores around the work (the
   // compiler would otherwise drop the first one as dead).
   std::atomic_signal_fence(std::memory_order_seq_cst);
-  std::memcpy(out, in, bytes);
+  try {
+    work();
+  } catch (...) {
+    guarded_copy_target = nullptr;
+    throw;
+  }
   std::atomic_signal_fence(std::memory_order_seq_cst);
   guarded_copy_target = nullptr;
   return true;
+}
+
+bool guarded_copy(void* out, const void* in, size_t bytes) {
+  return guarded([&] { std::memcpy(out, in, bytes); });
 }
 
 bool mapping_enabled() {
@@ -183,6 +196,21 @@ void File::read_at(int64_t offset, size_t bytes, void* out, const std::string& w
     if (got == 0) throw ReadError(concat(path_, ": unexpected end of file reading ", what));
     done += static_cast<size_t>(got);
   }
+}
+
+bool File::use_mapped(int64_t offset, size_t bytes, const std::function<void(const uint8_t*)>& use,
+                      const std::function<std::string()>& what) const {
+  if (offset < 0 || static_cast<uint64_t>(offset) > static_cast<uint64_t>(size_) ||
+      bytes > static_cast<uint64_t>(size_) - static_cast<uint64_t>(offset)) {
+    check_range(offset, bytes, what());  // raises
+  }
+  const uint8_t* mapped = mapping();
+  if (mapped == nullptr) return false;
+  if (!guarded([&] { use(mapped + offset); })) {
+    throw ReadError(concat(path_, ": reading ", what(), " (bytes [", offset, ", ", offset + static_cast<int64_t>(bytes),
+                           ")) failed: the file shrank or its storage failed while mapped"));
+  }
+  return true;
 }
 
 std::vector<uint8_t> File::read_at(int64_t offset, size_t bytes, const std::string& what) const {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -31,6 +32,15 @@ class File {
   // saying what `what` (e.g. "dataset /X chunk (3, 0)") expected.
   void read_at(int64_t offset, size_t bytes, void* out, const std::string& what) const;
   std::vector<uint8_t> read_at(int64_t offset, size_t bytes, const std::string& what) const;
+  // Runs use(bytes) on [offset, offset + bytes) of the mapping itself, no copy
+  // made, and returns true; returns false, running nothing, when the file is
+  // not mapped (the caller reads a copy instead). A fault in the mapping while
+  // use runs (the file shrank, the storage failed) abandons it where it stands
+  // and raises the ReadError of read_at: `use` must hold nothing that needs
+  // destroying (it runs a decoder from the bytes into a plain buffer).
+  // what() names the bytes in messages, only ever called for one.
+  bool use_mapped(int64_t offset, size_t bytes, const std::function<void(const uint8_t*)>& use,
+                  const std::function<std::string()>& what) const;
   // True when reads copy from a mapping: a read then costs no system call, so
   // callers need not gather nearby reads into one.
   bool mapped() const { return mapping() != nullptr; }

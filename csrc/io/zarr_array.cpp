@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -783,20 +784,24 @@ size_t recorded_decoded_size(BytesCodec codec, const std::vector<uint8_t>& data)
   return static_cast<size_t>(size);
 }
 
-void decompress(BytesCodec codec, const std::vector<uint8_t>& in, uint8_t* out, size_t out_size) {
+void decompress(BytesCodec codec, const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size) {
   switch (codec) {
     case BytesCodec::kBlosc:
-      return codecs::decompress_blosc(in.data(), in.size(), out, out_size);
+      return codecs::decompress_blosc(in, in_size, out, out_size);
     case BytesCodec::kGzip:
-      return codecs::inflate_gzip(in.data(), in.size(), out, out_size);
+      return codecs::inflate_gzip(in, in_size, out, out_size);
     case BytesCodec::kZlib:
-      return codecs::inflate_zlib(in.data(), in.size(), out, out_size);
+      return codecs::inflate_zlib(in, in_size, out, out_size);
     case BytesCodec::kZstd:
-      return codecs::decompress_zstd(in.data(), in.size(), out, out_size);
+      return codecs::decompress_zstd(in, in_size, out, out_size);
     case BytesCodec::kCrc32c:
       break;
   }
   throw std::logic_error("not a decompressor");
+}
+
+void decompress(BytesCodec codec, const std::vector<uint8_t>& in, uint8_t* out, size_t out_size) {
+  decompress(codec, in.data(), in.size(), out, out_size);
 }
 
 // Checks and strips the little-endian CRC-32C that ends `data`.
@@ -944,6 +949,21 @@ class ZarrChunkDecoder : public ChunkDecoder {
     if (size != out_bytes) throw std::runtime_error(concat("holds ", size, " bytes, expected ", out_bytes));
   }
 
+  // One decompressor and nothing else (annbatch's blosc, most zarr arrays):
+  // it reads the stored bytes where they are.
+  bool decodes_views() const override {
+    return chain_.transposes.empty() && chain_.bytes_codecs.size() == 1 &&
+           chain_.bytes_codecs[0] != BytesCodec::kCrc32c;
+  }
+
+  bool decode_view(const uint8_t* encoded, size_t size, size_t out_bytes,
+                   const std::function<uint8_t*()>& out) const override {
+    if (!decodes_views()) return false;
+    codecs::check_decoded_size(decompressor(chain_.bytes_codecs[0]), encoded, size, out_bytes);  // before out()
+    decompress(chain_.bytes_codecs[0], encoded, size, out(), out_bytes);  // writes exactly out_bytes or throws
+    return true;
+  }
+
   void decode(std::vector<uint8_t>& encoded, uint8_t* out, size_t out_bytes) const override {
     const bool plain = chain_.transposes.empty();
     if (undo_bytes_codecs(chain_.bytes_codecs, encoded, out_bytes, plain ? out : nullptr)) return;
@@ -1042,6 +1062,7 @@ class ShardedChunkStore : public ChunkStore {
   }
 
   bool can_locate() const override { return true; }
+  bool maps_chunks() const override { return true; }
   std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const override {
     // shard: the position in the grid, or -1 (too many shards, or outside the grid) to look it up by key.
     int64_t entry = 0, shard = indexed_shards_ >= 0 ? 0 : -1;

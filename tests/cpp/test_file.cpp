@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,52 @@ TEST(File, MappedFileThatShrinksIsAReadErrorEveryTime) {
     }
   }
   EXPECT_EQ(read(mapped, 0, 16).size(), 16u);  // what is still there still reads
+}
+
+TEST(File, UseMappedHandsOverTheMappingOrNothing) {
+  const std::string path = write_file("use.bin", 1 << 16);
+  const File plain(path), mapped(path, File::Access::kMapped);
+  int calls = 0;
+  const auto what = [] { return std::string("test bytes"); };
+  std::vector<char> seen;
+  EXPECT_FALSE(plain.use_mapped(
+      100, 10, [&](const uint8_t*) { ++calls; }, what));  // not mapped: nothing runs
+  EXPECT_EQ(calls, 0);
+  EXPECT_TRUE(mapped.use_mapped(
+      100, 10, [&](const uint8_t* bytes) { seen.assign(bytes, bytes + 10); }, what));
+  EXPECT_EQ(seen, read(plain, 100, 10));
+  try {
+    mapped.use_mapped((1 << 16) - 5, 10, [&](const uint8_t*) { ++calls; }, what);
+    FAIL() << "no ReadError for a range past the end";
+  } catch (const ReadError& error) {
+    EXPECT_NE(std::string(error.what()).find("test bytes"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(calls, 0);
+  // An exception from the work passes through, and the guard is gone afterwards.
+  EXPECT_THROW(mapped.use_mapped(
+                   0, 10, [](const uint8_t*) { throw std::runtime_error("decoder failed"); }, what),
+               std::runtime_error);
+  EXPECT_EQ(read(mapped, 0, 16).size(), 16u);
+}
+
+TEST(File, UseMappedOnAFileThatShrankIsAReadError) {
+  const std::string path = write_file("use_shrinks.bin", 1 << 20);
+  const File mapped(path, File::Access::kMapped);
+  read(mapped, 0, 4096);  // maps the file
+  ASSERT_EQ(truncate(path.c_str(), 100000), 0);
+  volatile uint64_t sum = 0;
+  try {
+    mapped.use_mapped(
+        500000, 4096,
+        [&](const uint8_t* bytes) {
+          for (int i = 0; i < 4096; ++i) sum = sum + bytes[i];
+        },
+        [] { return std::string("a chunk"); });
+    FAIL() << "no ReadError";
+  } catch (const ReadError& error) {
+    EXPECT_NE(std::string(error.what()).find("shrank"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("a chunk"), std::string::npos) << error.what();
+  }
 }
 
 TEST(File, ForkedChildReadsThroughItsOwnDescriptorAndMapping) {
