@@ -146,7 +146,6 @@ def test_weighted_rows_repeat_within_a_fetch(tmp_path):
     assert torch.equal(source.read(rows)["X"].to_dense(), torch.from_numpy(dense[rows]))
 
 
-
 def _row_requests(rng):
     """Row orders a reader asks for: blocks in random order, single rows, runs that abut or overlap,
     repeats, the empty row 5, the first and last rows."""
@@ -172,6 +171,7 @@ def test_csr_rows_in_any_order_read_as_scipy_indexes_them(tmp_path, kind):
         assert torch.equal(got.col_indices().long(), torch.from_numpy(want.indices).long()), rows
         assert torch.equal(got.values(), torch.from_numpy(want.data)), rows
         assert torch.equal(got.to_dense(), torch.from_numpy(dense[rows]))
+
 
 # ---- bad input ------------------------------------------------------------------------------------------
 
