@@ -284,10 +284,18 @@ def _epoch_by_row(dataset, field):
     return out
 
 
+@pytest.mark.parametrize("kind", ["tensor", "hdf5_contiguous", "hdf5_chunked"])
 @pytest.mark.parametrize("columns", [1001, 2048])  # rows of 4004 bytes (not 16-byte aligned) and of 8 KB
-def test_large_tensor_fetches_are_gathered_exactly(columns):
+def test_large_fetches_are_read_exactly(tmp_path, kind, columns):
     x = torch.randn(STREAMED_ROWS, columns)
-    dataset = ts.ShardedDataset(ts.TensorSource({"X": x}), ts.BlockShuffling(64), batch_size=256, seed=3)
+    if kind == "tensor":
+        source = ts.TensorSource({"X": x})
+    else:
+        path = tmp_path / "wide.h5"
+        with h5py.File(path, "w") as f:  # chunked: uncompressed, read straight from the file like contiguous
+            f.create_dataset("X", data=x.numpy(), chunks=(64, columns) if kind == "hdf5_chunked" else None)
+        source = ts.HDF5Source(path, "X")
+    dataset = ts.ShardedDataset(source, ts.BlockShuffling(64), batch_size=256, seed=3)
     for _ in range(2):  # the second epoch writes into recycled memory
         rows = _epoch_by_row(dataset, "X")
         assert sorted(rows) == list(range(STREAMED_ROWS))

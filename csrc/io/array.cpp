@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "../core/errors.h"
+#include "../core/streaming_copy.h"
 #include "codecs.h"
 
 namespace torch_shards::io {
@@ -116,19 +117,19 @@ std::vector<Span> plan_spans(const std::vector<Segment>& segments, size_t row_by
 }
 
 void read_span(const File& file, int64_t region_offset, const Span& span, const std::vector<Segment>& segments,
-               size_t row_bytes, uint8_t* out, const std::string& what) {
+               size_t row_bytes, uint8_t* out, const std::string& what, bool streaming) {
   const int64_t offset = region_offset + span.begin * static_cast<int64_t>(row_bytes);
   const size_t bytes = static_cast<size_t>(span.end - span.begin) * row_bytes;
   const Segment& first = segments[span.first];
   if (span.last == span.first + 1 && first.source == span.begin && first.length == span.end - span.begin) {
-    file.read_at(offset, bytes, out + first.dest * row_bytes, what);
+    file.read_at(offset, bytes, out + first.dest * row_bytes, what, streaming);
     return;
   }
   if (file.mapped()) {  // no request cost: every segment straight from the mapping to its place
     for (size_t i = span.first; i < span.last; ++i) {
       const Segment& segment = segments[i];
       file.read_at(region_offset + segment.source * static_cast<int64_t>(row_bytes),
-                   static_cast<size_t>(segment.length) * row_bytes, out + segment.dest * row_bytes, what);
+                   static_cast<size_t>(segment.length) * row_bytes, out + segment.dest * row_bytes, what, streaming);
     }
     return;
   }
@@ -141,9 +142,16 @@ void read_span(const File& file, int64_t region_offset, const Span& span, const 
   file.read_at(offset, bytes, buffer.get(), what);
   for (size_t i = span.first; i < span.last; ++i) {
     const Segment& segment = segments[i];
-    std::memcpy(out + segment.dest * row_bytes, buffer.get() + (segment.source - span.begin) * row_bytes,
-                static_cast<size_t>(segment.length) * row_bytes);
+    core::copy_bytes(out + segment.dest * row_bytes, buffer.get() + (segment.source - span.begin) * row_bytes,
+                     static_cast<size_t>(segment.length) * row_bytes, streaming);
   }
+  if (streaming) core::streaming_fence();
+}
+
+bool streams_output(const std::vector<Segment>& segments, size_t row_bytes) {
+  int64_t rows = 0;
+  for (const Segment& segment : segments) rows += segment.length;
+  return static_cast<size_t>(rows) * row_bytes >= core::kStreamingBytes;
 }
 
 MemoryArray::MemoryArray(ArrayInfo info, std::vector<uint8_t> bytes)

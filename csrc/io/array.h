@@ -82,9 +82,14 @@ std::vector<Span> plan_spans(const std::vector<Segment>& segments, size_t row_by
 // Reads the rows of a span from a region of `file` holding rows contiguously
 // from byte `region_offset` (its row 0), and puts the span's segments in
 // place: straight into `out` when the span is exactly one segment or the file
-// is mapped, else through a buffer holding the span.
+// is mapped, else through a buffer holding the span. streaming: `out` is
+// written with non-temporal stores (see streams_output).
 void read_span(const File& file, int64_t region_offset, const Span& span, const std::vector<Segment>& segments,
-               size_t row_bytes, uint8_t* out, const std::string& what);
+               size_t row_bytes, uint8_t* out, const std::string& what, bool streaming = false);
+
+// Whether a read of `segments` writes enough (core::kStreamingBytes) that its
+// output is read only once it has left the caches: it is then streamed out.
+bool streams_output(const std::vector<Segment>& segments, size_t row_bytes);
 
 // Bytes held in memory (small datasets, e.g. HDF5 compact layout).
 class MemoryArray : public Array {

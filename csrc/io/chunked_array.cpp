@@ -69,8 +69,8 @@ ChunkedArray::ChunkedArray(ArrayInfo info, std::vector<int64_t> chunk_shape, std
   whole_rows_ = inner_chunks_ == 1 && std::equal(chunk_shape_.begin() + 1, chunk_shape_.end(), shape.begin() + 1);
 }
 
-void ChunkedArray::read_raw_chunk_rows(int64_t chunk_row, const std::vector<const Segment*>& touching,
-                                       uint8_t* out) const {
+void ChunkedArray::read_raw_chunk_rows(int64_t chunk_row, const std::vector<const Segment*>& touching, uint8_t* out,
+                                       bool streaming) const {
   const size_t row_size = row_bytes();
   const int64_t first_row = chunk_row * chunk_shape_[0];
   const int64_t end_row = first_row + std::min(chunk_shape_[0], num_rows() - first_row);  // no overflow at 2^63
@@ -107,7 +107,7 @@ void ChunkedArray::read_raw_chunk_rows(int64_t chunk_row, const std::vector<cons
   }
   const std::string what = concat(info_.path, " ", store_->describe_chunk(coords));
   for (const Span& span : plan_spans(pieces, row_size, kMaxGapBytes, kMaxSpanBytes)) {
-    read_span(*location->file, location->offset, span, pieces, row_size, out, what);
+    read_span(*location->file, location->offset, span, pieces, row_size, out, what, streaming);
   }
 }
 
@@ -183,10 +183,11 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
   starts.push_back(touches.size());
   const int64_t chunk_rows = static_cast<int64_t>(starts.size()) - 1;
   if (whole_rows_ && decoder_->stores_raw() && store_->can_locate()) {
+    const bool streaming = streams_output(segments, row_size);
     pool.parallel_for(chunk_rows, [&](int64_t group) {
       std::vector<const Segment*> touching;
       for (size_t t = starts[group]; t < starts[group + 1]; ++t) touching.push_back(&segments[touches[t].second]);
-      read_raw_chunk_rows(touches[starts[group]].first, touching, out);
+      read_raw_chunk_rows(touches[starts[group]].first, touching, out, streaming);
     });
     return;
   }

@@ -87,7 +87,8 @@ class ChunkedArray : public Array {
 
  private:
   // Reads only the requested rows of chunks stored raw (see ChunkDecoder::stores_raw).
-  void read_raw_chunk_rows(int64_t chunk_row, const std::vector<const Segment*>& touching, uint8_t* out) const;
+  void read_raw_chunk_rows(int64_t chunk_row, const std::vector<const Segment*>& touching, uint8_t* out,
+                           bool streaming) const;
   // Decodes the chunk at `coords` straight from its file's mapping into
   // buffer() (called once, when it will), where the decoder and the store
   // allow; false when they do not, or the chunk was never written.

@@ -18,8 +18,10 @@ ContiguousArray::ContiguousArray(ArrayInfo info, std::shared_ptr<const File> fil
 void ContiguousArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const {
   const size_t row_size = row_bytes();
   const std::vector<Span> spans = plan_spans(segments, row_size, kMaxGapBytes, kMaxSpanBytes);
+  const bool streaming = streams_output(segments, row_size);
   pool.parallel_for(static_cast<int64_t>(spans.size()), [&](int64_t s) {
-    read_span(*file_, offset_, spans[s], segments, row_size, out, info_.path);  // File adds the offsets on error
+    // File adds the offsets on error.
+    read_span(*file_, offset_, spans[s], segments, row_size, out, info_.path, streaming);
   });
 }
 

@@ -14,6 +14,7 @@
 #include <new>
 
 #include "../core/errors.h"
+#include "../core/streaming_copy.h"
 
 namespace torch_shards::io {
 
@@ -80,8 +81,11 @@ bool guarded(const Work& work) {
   return true;
 }
 
-bool guarded_copy(void* out, const void* in, size_t bytes) {
-  return guarded([&] { std::memcpy(out, in, bytes); });
+bool guarded_copy(void* out, const void* in, size_t bytes, bool streaming) {
+  return guarded([&] {
+    core::copy_bytes(out, in, bytes, streaming);
+    if (streaming) core::streaming_fence();
+  });
 }
 
 bool mapping_enabled() {
@@ -176,10 +180,10 @@ void File::check_range(int64_t offset, size_t bytes, const std::string& what) co
   }
 }
 
-void File::read_at(int64_t offset, size_t bytes, void* out, const std::string& what) const {
+void File::read_at(int64_t offset, size_t bytes, void* out, const std::string& what, bool streaming) const {
   check_range(offset, bytes, what);
   if (const uint8_t* mapped = mapping()) {
-    if (!guarded_copy(out, mapped + offset, bytes)) {
+    if (!guarded_copy(out, mapped + offset, bytes, streaming)) {
       throw ReadError(concat(path_, ": reading ", what, " (bytes [", offset, ", ", offset + static_cast<int64_t>(bytes),
                              ")) failed: the file shrank or its storage failed while mapped"));
     }

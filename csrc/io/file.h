@@ -30,7 +30,9 @@ class File {
   int64_t size() const { return size_; }
   // Reads exactly `bytes` bytes at `offset`; a short file is a ReadError
   // saying what `what` (e.g. "dataset /X chunk (3, 0)") expected.
-  void read_at(int64_t offset, size_t bytes, void* out, const std::string& what) const;
+  // streaming: into memory read much later (core/streaming_copy.h), from a
+  // mapping with non-temporal stores.
+  void read_at(int64_t offset, size_t bytes, void* out, const std::string& what, bool streaming = false) const;
   std::vector<uint8_t> read_at(int64_t offset, size_t bytes, const std::string& what) const;
   // Runs use(bytes) on [offset, offset + bytes) of the mapping itself, no copy
   // made, and returns true; returns false, running nothing, when the file is
