@@ -111,6 +111,12 @@ def decode_ceiling(collection, block):
     return needed / touched
 
 
+def shown_path(path):
+    """Relative to the repository when inside it, else as given."""
+    relative = os.path.relpath(path, ROOT)
+    return path if relative.startswith("..") else relative
+
+
 def build_decode_limit(args):
     # In the project's build directory (configured by `make setup`), with the library's flags.
     build = os.path.join(ROOT, "build", "native")
@@ -244,7 +250,7 @@ def main():
     methods = [m for m in methods if m[0].split(" block")[0].split(" chunk")[0] not in skip]
     ceilings = {block: decode_ceiling(collection, block) for block in CONFIGS}
     print(
-        f"{os.path.relpath(collection, ROOT)}: {rows} rows; {args.cores} cores (cpus {args.cpu_list}); "
+        f"{shown_path(collection)}: {rows} rows; {args.cores} cores (cpus {args.cpu_list}); "
         f"batch {BATCH_SIZE}; "
         f"{args.seconds:.0f} s per measurement, {args.rounds} alternated rounds (median)"
     )
