@@ -175,7 +175,9 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
       touches.emplace_back(c, s);
     }
   }
-  std::sort(touches.begin(), touches.end());
+  if (!std::is_sorted(touches.begin(), touches.end())) {  // segments in source order touch chunks in order
+    std::sort(touches.begin(), touches.end());
+  }
   std::vector<size_t> starts;  // index into touches where each chunk row begins
   for (size_t i = 0; i < touches.size(); ++i) {
     if (i == 0 || touches[i].first != touches[i - 1].first) starts.push_back(i);

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "../core/errors.h"
+#include "../core/radix_sort.h"
 
 namespace torch_shards::io {
 
@@ -89,6 +90,31 @@ std::vector<RowRun> runs_of(const std::vector<int64_t>& rows) {
   return runs;
 }
 
+// The runs' positions ordered by first row. A shuffled fetch has as many runs
+// as rows: (row, position) pairs packed into one key go through the radix sort
+// when they fit (rows below 2^43 for a million runs), else std::sort.
+std::vector<size_t> runs_by_row(const std::vector<RowRun>& runs) {
+  std::vector<size_t> order(runs.size());
+  int position_bits = 1;
+  while (position_bits < 62 && (size_t{1} << position_bits) < runs.size()) ++position_bits;
+  int64_t low = 0, high = 0;
+  for (const RowRun& run : runs) {
+    low = std::min(low, run.row);
+    high = std::max(high, run.row);
+  }
+  if (low < 0 || high >= (int64_t{1} << (62 - position_bits))) {
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return runs[a].row < runs[b].row; });
+    return order;
+  }
+  std::vector<int64_t> keys(runs.size()), scratch;
+  for (size_t r = 0; r < runs.size(); ++r) keys[r] = runs[r].row << position_bits | static_cast<int64_t>(r);
+  core::radix_sort_rows(keys, scratch);
+  const int64_t mask = (int64_t{1} << position_bits) - 1;
+  for (size_t k = 0; k < keys.size(); ++k) order[k] = static_cast<size_t>(keys[k] & mask);
+  return order;
+}
+
 }  // namespace
 
 void CsrMatrix::check_rows(int64_t first, int64_t last) const {
@@ -109,9 +135,7 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
   // rows, orders the reads. Runs that overlap (a row delivered twice) take
   // the row-by-row plan.
   const std::vector<RowRun> runs = runs_of(rows);
-  std::vector<size_t> by_row(runs.size());
-  std::iota(by_row.begin(), by_row.end(), 0);
-  std::sort(by_row.begin(), by_row.end(), [&](size_t a, size_t b) { return runs[a].row < runs[b].row; });
+  const std::vector<size_t> by_row = runs_by_row(runs);
   for (size_t k = 1; k < by_row.size(); ++k) {
     const RowRun &previous = runs[by_row[k - 1]], &run = runs[by_row[k]];
     if (run.row < previous.row + previous.length) return plan_rows(rows, pool);
