@@ -16,10 +16,10 @@
 
 namespace torch_shards::core {
 
-// Output of at least this many bytes (a unit or piece, as allocated) is
-// written with non-temporal stores: by the time it is read, more than a
-// typical last-level cache share has been written after it.
-constexpr size_t kStreamingBytes = size_t{8} << 20;
+// Whether a read writing `output_bytes` (a unit or piece, as allocated)
+// writes them with non-temporal stores: from 8 MB, by the time it is read,
+// more than a typical last-level cache share has been written after it.
+inline bool streams(size_t output_bytes) { return output_bytes >= (size_t{8} << 20); }
 
 // Copies `bytes` from src to dst, non-temporally where the architecture
 // allows (any alignment; the unaligned edges are copied normally).

@@ -151,7 +151,7 @@ void read_span(const File& file, int64_t region_offset, const Span& span, const 
 bool streams_output(const std::vector<Segment>& segments, size_t row_bytes) {
   int64_t rows = 0;
   for (const Segment& segment : segments) rows += segment.length;
-  return static_cast<size_t>(rows) * row_bytes >= core::kStreamingBytes;
+  return core::streams(static_cast<size_t>(rows) * row_bytes);
 }
 
 MemoryArray::MemoryArray(ArrayInfo info, std::vector<uint8_t> bytes)

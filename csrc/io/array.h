@@ -87,7 +87,7 @@ std::vector<Span> plan_spans(const std::vector<Segment>& segments, size_t row_by
 void read_span(const File& file, int64_t region_offset, const Span& span, const std::vector<Segment>& segments,
                size_t row_bytes, uint8_t* out, const std::string& what, bool streaming = false);
 
-// Whether a read of `segments` writes enough (core::kStreamingBytes) that its
+// Whether a read of `segments` writes enough (core::streams) that its
 // output is read only once it has left the caches: it is then streamed out.
 bool streams_output(const std::vector<Segment>& segments, size_t row_bytes);
 

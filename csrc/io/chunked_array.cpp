@@ -215,24 +215,20 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
         buffer.reset(new uint8_t[chunk_bytes_]);
         capacity = chunk_bytes_;
       }
-      decoded = buffer.get();
+      return decoded = buffer.get();
     };
-    std::optional<std::vector<uint8_t>> encoded;
     try {
-      if (decode_from_mapping(coords, [&] {
-            reserve();
-            return decoded;
-          })) {
-        // decoded in place from the file's mapping
-      } else if ((encoded = store_->read_chunk(coords))) {
-        const uint32_t skipped = store_->skipped_filters(coords);
-        decoder_->check_encoded(*encoded, chunk_bytes_, skipped);
-        reserve();
-        decoder_->decode(*encoded, decoded, chunk_bytes_, skipped);
-      } else {
-        reserve();
-        const size_t item = fill_value_.size();
-        for (size_t i = 0; i < chunk_bytes_; i += item) std::memcpy(decoded + i, fill_value_.data(), item);
+      if (!decode_from_mapping(coords, reserve)) {
+        std::optional<std::vector<uint8_t>> encoded = store_->read_chunk(coords);
+        if (encoded) {
+          const uint32_t skipped = store_->skipped_filters(coords);
+          decoder_->check_encoded(*encoded, chunk_bytes_, skipped);
+          decoder_->decode(*encoded, reserve(), chunk_bytes_, skipped);
+        } else {
+          reserve();
+          const size_t item = fill_value_.size();
+          for (size_t i = 0; i < chunk_bytes_; i += item) std::memcpy(decoded + i, fill_value_.data(), item);
+        }
       }
     } catch (const ReadError&) {
       throw;

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -57,17 +58,16 @@ class ChunkDecoder {
                       uint32_t /*skipped_filters*/) const {
     decode(encoded, out, out_bytes);
   }
-  // Decodes one chunk straight from bytes it must not modify (a file's
-  // mapping), as decode() does, into out() (asked for once what check_encoded
-  // checks has passed, so that a corrupt header allocates nothing). Returns
-  // false, doing nothing, when this pipeline needs a copy of the bytes (the
-  // caller then calls decode()).
-  virtual bool decode_view(const uint8_t* /*encoded*/, size_t /*size*/, size_t /*out_bytes*/,
-                           const std::function<uint8_t*()>& /*out*/) const {
-    return false;
-  }
-  // Whether decode_view() decodes (for chunks without skipped filters).
+  // Whether decode_view() works: the pipeline can decode from bytes it must
+  // not modify (a file's mapping), for chunks without skipped filters.
   virtual bool decodes_views() const { return false; }
+  // Decodes one chunk as decode() does, straight from `encoded`, into out()
+  // (asked for once what check_encoded checks has passed, so that a corrupt
+  // header allocates nothing). Only where decodes_views().
+  virtual void decode_view(const uint8_t* /*encoded*/, size_t /*size*/, size_t /*out_bytes*/,
+                           const std::function<uint8_t*()>& /*out*/) const {
+    throw std::logic_error("this chunk decoder cannot decode from a view");
+  }
   // Throws (std::runtime_error) unless `encoded` can decode to out_bytes as
   // far as its headers tell: called before memory is allocated for it.
   virtual void check_encoded(const std::vector<uint8_t>& /*encoded*/, size_t /*out_bytes*/,

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <numeric>
 #include <type_traits>
 
@@ -104,7 +103,7 @@ std::vector<size_t> runs_by_row(const std::vector<RowRun>& runs) {
   }
   if (low < 0 || high >= (int64_t{1} << (62 - position_bits))) {
     std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return runs[a].row < runs[b].row; });
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return runs[a].row < runs[b].row; });
     return order;
   }
   std::vector<int64_t> keys(runs.size()), scratch;
@@ -117,32 +116,18 @@ std::vector<size_t> runs_by_row(const std::vector<RowRun>& runs) {
 
 }  // namespace
 
-void CsrMatrix::check_rows(int64_t first, int64_t last) const {
-  core::check_argument(first >= 0 && last < num_rows_, where(), ": rows [", first, ", ", last, "] outside [0, ",
-                       num_rows_, ")");
-}
-
-void CsrMatrix::check_pointers(int64_t row, int64_t start, int64_t end) const {
-  if (start < 0 || end < start || end > data_->num_rows()) {
-    throw ReadError(concat(indptr_->where(), ": inconsistent at row ", row, " (indptr[", row, "] = ", start,
-                           ", indptr[", row + 1, "] = ", end, ", ", data_->num_rows(),
-                           " stored values): not monotone or out of range"));
-  }
-}
-
 CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool) const {
   // Rows come in runs (blocks of consecutive rows): sorting the runs, not the
-  // rows, orders the reads. Runs that overlap (a row delivered twice) take
-  // the row-by-row plan.
+  // rows, orders the reads. Runs may overlap (a row delivered twice): each
+  // then reads its own indptr entries and values.
   const std::vector<RowRun> runs = runs_of(rows);
   const std::vector<size_t> by_row = runs_by_row(runs);
-  for (size_t k = 1; k < by_row.size(); ++k) {
-    const RowRun &previous = runs[by_row[k - 1]], &run = runs[by_row[k]];
-    if (run.row < previous.row + previous.length) return plan_rows(rows, pool);
-  }
   if (!runs.empty()) {
-    const RowRun& last = runs[by_row.back()];
-    check_rows(runs[by_row.front()].row, last.row + last.length - 1);
+    int64_t last = 0;
+    for (const RowRun& run : runs) last = std::max(last, run.row + run.length - 1);
+    const int64_t first = runs[by_row.front()].row;
+    core::check_argument(first >= 0 && last < num_rows_, where(), ": rows [", first, ", ", last, "] outside [0, ",
+                         num_rows_, ")");
   }
   // indptr of each stretch of adjacent runs [b, e): entries b .. e; base[r]:
   // where run r's first row's start lies among them.
@@ -167,7 +152,12 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
     const RowRun& run = runs[r];
     for (int64_t j = 0; j < run.length; ++j) {
       const int64_t start = pointers[base[r] + j], stop = pointers[base[r] + j + 1];
-      check_pointers(run.row + j, start, stop);
+      if (start < 0 || stop < start || stop > data_->num_rows()) {
+        const int64_t row = run.row + j;
+        throw ReadError(concat(indptr_->where(), ": inconsistent at row ", row, " (indptr[", row, "] = ", start,
+                               ", indptr[", row + 1, "] = ", stop, ", ", data_->num_rows(),
+                               " stored values): not monotone or out of range"));
+      }
       plan.row_offsets[run.dest + j + 1] = plan.row_offsets[run.dest + j] + (stop - start);
     }
   }
@@ -176,65 +166,6 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
     const int64_t source = pointers[base[r]], length = pointers[base[r] + run.length] - source;
     const int64_t dest = plan.row_offsets[run.dest];
     if (length == 0) continue;
-    if (!plan.segments.empty()) {
-      Segment& last = plan.segments.back();
-      if (source == last.source + last.length && dest == last.dest + last.length) {
-        last.length += length;
-        continue;
-      }
-    }
-    plan.segments.push_back(Segment{source, length, dest});
-  }
-  return plan;
-}
-
-CsrPlan CsrMatrix::plan_rows(const std::vector<int64_t>& rows, core::ThreadPool& pool) const {
-  // Rows already strictly increasing need no sorting or searching.
-  const bool increasing = std::adjacent_find(rows.begin(), rows.end(), std::greater_equal<int64_t>()) == rows.end();
-  std::vector<int64_t> unique = rows;
-  if (!increasing) {
-    std::sort(unique.begin(), unique.end());
-    unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
-  }
-  if (!unique.empty()) check_rows(unique.front(), unique.back());
-  // indptr of each run of consecutive rows [b, e): entries b .. e.
-  std::vector<Segment> pointer_segments;
-  std::vector<size_t> first_pointer(unique.size());  // where row unique[i]'s start lies in the buffer
-  int64_t count = 0;
-  for (size_t i = 0; i < unique.size(); ++i) {
-    if (i == 0 || unique[i] != unique[i - 1] + 1) {
-      pointer_segments.push_back(Segment{unique[i], 1, count});
-      ++count;
-    }
-    first_pointer[i] = static_cast<size_t>(count - 1);
-    ++pointer_segments.back().length;
-    ++count;
-  }
-  const std::vector<int64_t> pointers = read_integers(*indptr_, pointer_segments, count, pool);
-  std::vector<int64_t> starts(unique.size()), sizes(unique.size());
-  for (size_t i = 0; i < unique.size(); ++i) {
-    const int64_t start = pointers[first_pointer[i]], end = pointers[first_pointer[i] + 1];
-    check_pointers(unique[i], start, end);
-    starts[i] = start;
-    sizes[i] = end - start;
-  }
-  CsrPlan plan;
-  plan.row_offsets.assign(rows.size() + 1, 0);
-  std::vector<size_t> slot(rows.size());
-  for (size_t d = 0; d < rows.size(); ++d) {
-    slot[d] =
-        increasing ? d : static_cast<size_t>(std::lower_bound(unique.begin(), unique.end(), rows[d]) - unique.begin());
-    plan.row_offsets[d + 1] = plan.row_offsets[d] + sizes[slot[d]];
-  }
-  std::vector<size_t> order(rows.size());
-  std::iota(order.begin(), order.end(), 0);
-  if (!increasing) {
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows[a] < rows[b]; });
-  }
-  for (size_t d : order) {
-    const int64_t length = sizes[slot[d]];
-    if (length == 0) continue;
-    const int64_t source = starts[slot[d]], dest = plan.row_offsets[d];
     if (!plan.segments.empty()) {
       Segment& last = plan.segments.back();
       if (source == last.source + last.length && dest == last.dest + last.length) {

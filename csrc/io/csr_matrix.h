@@ -44,10 +44,6 @@ class CsrMatrix {
   void read(const CsrPlan& plan, void* indices_out, size_t index_size, void* values_out, core::ThreadPool& pool) const;
 
  private:
-  // plan() for rows that repeat: sorts and deduplicates the rows themselves.
-  CsrPlan plan_rows(const std::vector<int64_t>& rows, core::ThreadPool& pool) const;
-  void check_rows(int64_t first, int64_t last) const;                  // within [0, num_rows)
-  void check_pointers(int64_t row, int64_t start, int64_t end) const;  // a row's indptr entries
   std::shared_ptr<const Array> indptr_, indices_, data_;
   int64_t num_rows_, num_cols_;
 };

@@ -88,6 +88,12 @@ bool guarded_copy(void* out, const void* in, size_t bytes, bool streaming) {
   });
 }
 
+// The error of a read whose mapping faulted (SIGBUS).
+ReadError mapping_fault(const std::string& path, int64_t offset, size_t bytes, const std::string& what) {
+  return ReadError(concat(path, ": reading ", what, " (bytes [", offset, ", ", offset + static_cast<int64_t>(bytes),
+                          ")) failed: the file shrank or its storage failed while mapped"));
+}
+
 bool mapping_enabled() {
   static const bool enabled = [] {
     const char* setting = std::getenv("TORCH_SHARDS_MMAP");
@@ -171,10 +177,14 @@ int File::descriptor() const {
   return fd_.load(std::memory_order_relaxed);
 }
 
-void File::check_range(int64_t offset, size_t bytes, const std::string& what) const {
+bool File::contains(int64_t offset, size_t bytes) const {
   // In unsigned arithmetic, so that no offset or size read from a file can overflow the check.
-  if (offset < 0 || static_cast<uint64_t>(offset) > static_cast<uint64_t>(size_) ||
-      bytes > static_cast<uint64_t>(size_) - static_cast<uint64_t>(offset)) {
+  return offset >= 0 && static_cast<uint64_t>(offset) <= static_cast<uint64_t>(size_) &&
+         bytes <= static_cast<uint64_t>(size_) - static_cast<uint64_t>(offset);
+}
+
+void File::check_range(int64_t offset, size_t bytes, const std::string& what) const {
+  if (!contains(offset, bytes)) {
     throw ReadError(concat(path_, ": ", what, " needs ", bytes, " bytes at offset ", offset, " but the file has ",
                            size_, " bytes (truncated or corrupt)"));
   }
@@ -183,10 +193,7 @@ void File::check_range(int64_t offset, size_t bytes, const std::string& what) co
 void File::read_at(int64_t offset, size_t bytes, void* out, const std::string& what, bool streaming) const {
   check_range(offset, bytes, what);
   if (const uint8_t* mapped = mapping()) {
-    if (!guarded_copy(out, mapped + offset, bytes, streaming)) {
-      throw ReadError(concat(path_, ": reading ", what, " (bytes [", offset, ", ", offset + static_cast<int64_t>(bytes),
-                             ")) failed: the file shrank or its storage failed while mapped"));
-    }
+    if (!guarded_copy(out, mapped + offset, bytes, streaming)) throw mapping_fault(path_, offset, bytes, what);
     return;
   }
   auto* cursor = static_cast<uint8_t*>(out);
@@ -204,16 +211,10 @@ void File::read_at(int64_t offset, size_t bytes, void* out, const std::string& w
 
 bool File::use_mapped(int64_t offset, size_t bytes, const std::function<void(const uint8_t*)>& use,
                       const std::function<std::string()>& what) const {
-  if (offset < 0 || static_cast<uint64_t>(offset) > static_cast<uint64_t>(size_) ||
-      bytes > static_cast<uint64_t>(size_) - static_cast<uint64_t>(offset)) {
-    check_range(offset, bytes, what());  // raises
-  }
+  if (!contains(offset, bytes)) check_range(offset, bytes, what());  // raises; what() only for a message
   const uint8_t* mapped = mapping();
   if (mapped == nullptr) return false;
-  if (!guarded([&] { use(mapped + offset); })) {
-    throw ReadError(concat(path_, ": reading ", what(), " (bytes [", offset, ", ", offset + static_cast<int64_t>(bytes),
-                           ")) failed: the file shrank or its storage failed while mapped"));
-  }
+  if (!guarded([&] { use(mapped + offset); })) throw mapping_fault(path_, offset, bytes, what());
   return true;
 }
 

@@ -50,8 +50,9 @@ class File {
   void check_range(int64_t offset, size_t bytes, const std::string& what) const;
 
  private:
-  int descriptor() const;          // this process's descriptor
-  const uint8_t* mapping() const;  // the mapping (made on first use), or null to use pread
+  bool contains(int64_t offset, size_t bytes) const;  // [offset, offset + bytes) lies in the file
+  int descriptor() const;                             // this process's descriptor
+  const uint8_t* mapping() const;                     // the mapping (made on first use), or null to use pread
 
   std::string path_;
   int64_t size_ = 0;

@@ -956,12 +956,10 @@ class ZarrChunkDecoder : public ChunkDecoder {
            chain_.bytes_codecs[0] != BytesCodec::kCrc32c;
   }
 
-  bool decode_view(const uint8_t* encoded, size_t size, size_t out_bytes,
+  void decode_view(const uint8_t* encoded, size_t size, size_t out_bytes,
                    const std::function<uint8_t*()>& out) const override {
-    if (!decodes_views()) return false;
     codecs::check_decoded_size(decompressor(chain_.bytes_codecs[0]), encoded, size, out_bytes);  // before out()
     decompress(chain_.bytes_codecs[0], encoded, size, out(), out_bytes);  // writes exactly out_bytes or throws
-    return true;
   }
 
   void decode(std::vector<uint8_t>& encoded, uint8_t* out, size_t out_bytes) const override {

@@ -92,7 +92,7 @@ void scatter_rows(const io::CsrPlan& plan, const Index* columns, const uint8_t* 
                    const auto* source = reinterpret_cast<const scalar_t*>(values);
                    scalar_t* dest = out.data_ptr<scalar_t>();
                    const size_t row_bytes = sizeof(scalar_t) * num_columns;
-                   const bool staged = out.nbytes() >= core::kStreamingBytes && row_bytes <= kMaxStagedRow;
+                   const bool staged = core::streams(out.nbytes()) && row_bytes <= kMaxStagedRow;
                    pool.parallel_for((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task) {
                      // Staged rows: the buffer starts zeroed and is zeroed again where values landed.
                      std::unique_ptr<scalar_t[]> buffer(staged ? new scalar_t[num_columns]() : nullptr);

@@ -78,7 +78,7 @@ void gather_rows(const uint8_t* source, size_t row_bytes, const RowRequest& requ
   if (count == 0 || row_bytes == 0) return;
   const int64_t rows_per_task = std::max<int64_t>(1, static_cast<int64_t>(kTaskBytes / row_bytes));
   const int64_t tasks = (count + rows_per_task - 1) / rows_per_task;
-  const bool streaming = static_cast<size_t>(request.num_out_rows()) * row_bytes >= core::kStreamingBytes;
+  const bool streaming = core::streams(static_cast<size_t>(request.num_out_rows()) * row_bytes);
   pool.parallel_for(tasks, [&](int64_t task) {
     const int64_t end = std::min(count, (task + 1) * rows_per_task);
     for (int64_t i = task * rows_per_task; i < end;) {
