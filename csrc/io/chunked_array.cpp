@@ -204,11 +204,22 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
       coords[d] = inner % grid_[d];
       inner /= grid_[d];
     }
+    const int64_t first_row = chunk_row * rows_per_chunk;
+    const int64_t end_row = first_row + std::min(rows_per_chunk, rows - first_row);
+    // A whole chunk wanted once, in one piece, decodes straight into the output.
+    uint8_t* direct = nullptr;
+    if (whole_rows_ && starts[group + 1] - starts[group] == 1 && end_row - first_row == rows_per_chunk) {
+      const Segment& segment = segments[touches[starts[group]].second];
+      if (segment.source <= first_row && segment.source + segment.length >= end_row) {
+        direct = out + (segment.dest + first_row - segment.source) * row_size;
+      }
+    }
     // Grown, never zero-filled: a chunk that fails to decode touches little of it.
     thread_local std::unique_ptr<uint8_t[]> buffer;
     thread_local size_t capacity = 0;
     uint8_t* decoded = nullptr;
     const auto reserve = [&] {
+      if (direct != nullptr) return decoded = direct;
       if (capacity < chunk_bytes_) {
         buffer.reset();
         capacity = 0;
@@ -235,9 +246,8 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
     } catch (const std::exception& error) {
       throw ReadError(concat(where(), ": ", store_->describe_chunk(coords), ": ", error.what()));
     }
+    if (direct != nullptr) return;
     const std::vector<int64_t> inner_coords(coords.begin() + 1, coords.end());
-    const int64_t first_row = chunk_row * rows_per_chunk;
-    const int64_t end_row = first_row + std::min(rows_per_chunk, rows - first_row);
     for (size_t t = starts[group]; t < starts[group + 1]; ++t) {
       const Segment& segment = segments[touches[t].second];
       const int64_t lo = std::max(segment.source, first_row);

@@ -399,6 +399,42 @@ void expect_scattered_reads(const Array& array, const std::vector<T>& expected, 
   }
 }
 
+// Reads the rows as blocks of consecutive rows (1 to 3 chunks long, some
+// starting mid-chunk) delivered in shuffled block order, the way block
+// strategies fetch: whole chunks then land in one piece in the output.
+template <typename T>
+void expect_block_reads(const Array& array, int64_t chunk_rows, const std::vector<T>& expected, uint64_t seed) {
+  const int64_t rows = array.num_rows();
+  const int64_t row_elements = array.row_elements();
+  std::mt19937_64 random(seed);
+  for (int trial = 0; trial < 4; ++trial) {
+    std::vector<std::pair<int64_t, int64_t>> blocks;  // [begin, end)
+    for (int64_t begin = trial % 2 ? static_cast<int64_t>(random() % chunk_rows) : 0; begin < rows;) {
+      const int64_t end = std::min(rows, begin + chunk_rows * (1 + static_cast<int64_t>(random() % 3)));
+      blocks.emplace_back(begin, end);
+      begin = end;
+    }
+    std::shuffle(blocks.begin(), blocks.end(), random);
+    std::vector<Segment> segments;
+    int64_t count = 0;
+    for (const auto& [begin, end] : blocks) {
+      segments.push_back(Segment{begin, end - begin, count});
+      count += end - begin;
+    }
+    std::sort(segments.begin(), segments.end(), [](const Segment& a, const Segment& b) { return a.source < b.source; });
+    std::vector<T> out(static_cast<size_t>(count * row_elements));
+    core::ThreadPool pool(trial % 3);
+    array.read(segments, out.data(), pool);
+    for (const Segment& segment : segments) {
+      for (int64_t i = 0; i < segment.length * row_elements; ++i) {
+        const T& got = out[segment.dest * row_elements + i];
+        const T& want = expected[segment.source * row_elements + i];
+        ASSERT_EQ(std::memcmp(&got, &want, sizeof(T)), 0) << "rows from " << segment.source << " element " << i;
+      }
+    }
+  }
+}
+
 // Runs `action`, expecting a ReadError whose message names the store and the path.
 template <typename Action>
 void expect_read_error(Action&& action, const std::string& store, const std::string& path,
@@ -796,6 +832,51 @@ TEST(ZarrV3, ShardingIndexAtEndAndStart) {
       expect_scattered_reads(*array, values, 9);
     }
   }
+}
+
+// annbatch's layout: 1-D arrays, blosc-lz4 inner chunks in shards. Reads of
+// whole chunks decode straight into the output; partial and missing chunks
+// (fill value) go through the decode buffer; both paths in one read.
+TEST(ZarrV3, ShardedBlockReadsOfWholeAndPartialChunks) {
+  const Shape shape{1000}, shard{400}, inner{50};
+  const auto values = sample_values<float>(product(shape));
+  const json inner_codecs =
+      json::array({bytes_codec(),
+                   {{"name", "blosc"},
+                    {"configuration",
+                     {{"typesize", 4}, {"cname", "lz4"}, {"clevel", 3}, {"shuffle", "shuffle"}, {"blocksize", 0}}}}});
+  TempStore store;
+  json metadata = v3_metadata(shape, shard, "float32", json::array({sharding_codec(inner, inner_codecs, false)}));
+  metadata["fill_value"] = -2.5;
+  write_json(store.path() + "/zarr.json", metadata);
+  ShardOptions options;
+  options.skip_inner = [](const Shape& c) { return c[0] == 3 || c[0] == 12; };
+  write_shards(
+      store.path(), to_bytes(values), shape, shard, inner, 4,
+      [](const Bytes& in) { return blosc_compress(in, 4, BLOSC_SHUFFLE, "lz4"); }, options);
+  std::vector<float> expected = values;
+  for (int64_t r = 0; r < shape[0]; ++r) {
+    if (r / 50 == 3 || r / 50 == 12) expected[r] = -2.5f;
+  }
+  const auto array = open_zarr_array(store.path(), "/");
+  expect_same(read_all<float>(*array), expected);
+  expect_block_reads(*array, 50, expected, 11);
+  expect_scattered_reads(*array, expected, 12);
+}
+
+// Whole rows per chunk in two dimensions (the chunk spans every column).
+TEST(ZarrV2, BlockReadsOfWholeRowChunks) {
+  const Shape shape{97, 6}, chunks{8, 6};
+  const auto values = sample_values<int32_t>(product(shape));
+  TempStore store;
+  write_json(store.path() + "/.zarray",
+             v2_metadata(shape, chunks, "<i4",
+                         {{"id", "blosc"}, {"cname", "lz4"}, {"clevel", 5}, {"shuffle", 1}, {"blocksize", 0}}));
+  write_chunks(
+      store.path(), to_bytes(values), shape, chunks, 4, [](const Shape& x) { return v2_key(x, '.'); },
+      [](const Bytes& in) { return blosc_compress(in, 4, BLOSC_SHUFFLE, "lz4"); });
+  const auto array = open_zarr_array(store.path(), "/");
+  expect_block_reads(*array, 8, values, 13);
 }
 
 TEST(ZarrV3, ShardingMissingInnerChunksAndShards) {
