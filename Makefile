@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
 SYSTEM_PACKAGES := build-essential pkg-config cmake ninja-build ccache clang-format libgtest-dev \
-	libhdf5-dev libblosc-dev libzstd-dev zlib1g-dev nlohmann-json3-dev libgloo-dev
+	libhdf5-dev libblosc-dev liblz4-dev libzstd-dev zlib1g-dev nlohmann-json3-dev libgloo-dev
 PYTHON_PACKAGES := numpy pytest pytest-timeout scipy pandas h5py hdf5plugin anndata zarr ruff
 
 # ccache's compiler links first: rebuilds only recompile what changed.

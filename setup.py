@@ -38,6 +38,7 @@ BUILD_DIR = os.path.join(HERE, "build", "native")
 SYSTEM_LIBRARIES = {
     "hdf5": ("hdf5.h", "libhdf5-dev"),
     "blosc": ("blosc.h", "libblosc-dev"),
+    "liblz4": ("lz4.h", "liblz4-dev"),
     "libzstd": ("zstd.h", "libzstd-dev"),
     "zlib": ("zlib.h", "zlib1g-dev"),
     "nlohmann_json": ("nlohmann/json.hpp", "nlohmann-json3-dev"),

@@ -123,6 +123,29 @@ bool ChunkedArray::decode_from_mapping(const std::vector<int64_t>& coords,
                                     [&] { return store_->describe_chunk(coords); });
 }
 
+bool ChunkedArray::decode_rows_from_mapping(const std::vector<int64_t>& coords, int64_t first_row, int64_t end_row,
+                                            const std::vector<const Segment*>& touching, uint8_t* out) const {
+  if (!whole_rows_ || !decoder_->decodes_ranges() || !store_->maps_chunks() || store_->skipped_filters(coords) != 0) {
+    return false;
+  }
+  const std::optional<ChunkLocation> location = store_->locate(coords);
+  if (!location) return false;  // never written: the caller fills it
+  const size_t row_size = row_bytes();
+  thread_local std::vector<codecs::ByteRange> ranges;
+  ranges.clear();
+  for (const Segment* segment : touching) {
+    const int64_t lo = std::max(segment->source, first_row), hi = std::min(segment->source + segment->length, end_row);
+    ranges.push_back(codecs::ByteRange{static_cast<size_t>(lo - first_row) * row_size,
+                                       static_cast<size_t>(hi - first_row) * row_size,
+                                       out + (segment->dest + lo - segment->source) * row_size});
+  }
+  const auto decode = [&](const uint8_t* bytes) {
+    decoder_->decode_view_ranges(bytes, static_cast<size_t>(location->size), chunk_bytes_, ranges);
+  };
+  return location->file->use_mapped(location->offset, static_cast<size_t>(location->size), decode,
+                                    [&] { return store_->describe_chunk(coords); });
+}
+
 void ChunkedArray::copy_row_part(const uint8_t* chunk, int64_t row_in_chunk, const std::vector<int64_t>& inner_coords,
                                  uint8_t* out_row) const {
   const size_t item = dtype_size(info_.dtype);
@@ -229,6 +252,12 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
       return decoded = buffer.get();
     };
     try {
+      if (decoder_->decodes_ranges()) {
+        thread_local std::vector<const Segment*> touching;
+        touching.clear();
+        for (size_t t = starts[group]; t < starts[group + 1]; ++t) touching.push_back(&segments[touches[t].second]);
+        if (decode_rows_from_mapping(coords, first_row, end_row, touching, out)) return;
+      }
       if (!decode_from_mapping(coords, reserve)) {
         std::optional<std::vector<uint8_t>> encoded = store_->read_chunk(coords);
         if (encoded) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "array.h"
+#include "blosc_ranges.h"
 
 namespace torch_shards::io {
 
@@ -68,6 +69,15 @@ class ChunkDecoder {
                            const std::function<uint8_t*()>& /*out*/) const {
     throw std::logic_error("this chunk decoder cannot decode from a view");
   }
+  // Whether decode_view_ranges() works: the pipeline decodes parts of a
+  // chunk from a view without decoding all of it (blosc's lz4 frames).
+  virtual bool decodes_ranges() const { return false; }
+  // Writes byte ranges of the decoded chunk (out_bytes in all) straight from
+  // `encoded` to each range's output. Only where decodes_ranges().
+  virtual void decode_view_ranges(const uint8_t* /*encoded*/, size_t /*size*/, size_t /*out_bytes*/,
+                                  const std::vector<codecs::ByteRange>& /*ranges*/) const {
+    throw std::logic_error("this chunk decoder cannot decode parts of a chunk");
+  }
   // Throws (std::runtime_error) unless `encoded` can decode to out_bytes as
   // far as its headers tell: called before memory is allocated for it.
   virtual void check_encoded(const std::vector<uint8_t>& /*encoded*/, size_t /*out_bytes*/,
@@ -93,6 +103,12 @@ class ChunkedArray : public Array {
   // buffer() (called once, when it will), where the decoder and the store
   // allow; false when they do not, or the chunk was never written.
   bool decode_from_mapping(const std::vector<int64_t>& coords, const std::function<uint8_t*()>& buffer) const;
+  // Decodes the rows of the chunk at `coords` that `touching` wants (its
+  // rows [first_row, end_row)) straight into the output, from the file's
+  // mapping, where the decoder decodes ranges and the store maps chunks;
+  // false when they do not, or the chunk was never written.
+  bool decode_rows_from_mapping(const std::vector<int64_t>& coords, int64_t first_row, int64_t end_row,
+                                const std::vector<const Segment*>& touching, uint8_t* out) const;
   // Copies row `row_in_chunk` of a decoded chunk at inner grid position
   // `inner_coords` into its place in an output row.
   void copy_row_part(const uint8_t* chunk, int64_t row_in_chunk, const std::vector<int64_t>& inner_coords,

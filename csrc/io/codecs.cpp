@@ -127,9 +127,10 @@ ZstdContext make_zstd_context() {
   return context;
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------------- blosc
 
-// "blosc frame (lz4, byte shuffle, typesize 4)", from the header alone.
 std::string describe_blosc(const uint8_t* header) {
   size_t typesize = 0;
   int flags = 0;
@@ -148,6 +149,8 @@ std::string describe_blosc(const uint8_t* header) {
                                                      : "no shuffle";
   return concat("blosc frame (", codec, ", ", shuffle, ", typesize ", typesize, ")");
 }
+
+namespace {
 
 uint32_t read_le32(const uint8_t* p) {
   return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
@@ -264,9 +267,7 @@ void decompress_zstd(const uint8_t* in, size_t in_size, uint8_t* out, size_t out
   }
 }
 
-void decompress_blosc(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size) {
-  // blosc_decompress_ctx trusts the header's sizes (it is not told in_size),
-  // so everything it relies on is checked here first.
+void check_blosc_frame(const uint8_t* in, size_t in_size, size_t out_size) {
   if (in_size < BLOSC_MIN_HEADER_LENGTH) {
     throw std::runtime_error(
         concat("blosc frame is ", in_size, " bytes, shorter than its ", BLOSC_MIN_HEADER_LENGTH, "-byte header"));
@@ -287,6 +288,23 @@ void decompress_blosc(const uint8_t* in, size_t in_size, uint8_t* out, size_t ou
     throw std::runtime_error(
         concat(what(), " is truncated: its header says ", cbytes, " bytes but only ", in_size, " are present"));
   }
+  // What c-blosc's decoder requires of a non-empty frame, checked here for
+  // every decoder of blosc frames (decompress_blosc_ranges too).
+  const uint32_t blocksize = read_le32(in + 8);
+  if (nbytes > 0) {
+    if (in[3] == 0 || blocksize == 0 || blocksize > nbytes || blocksize > BLOSC_MAX_BLOCKSIZE) {
+      throw std::runtime_error(concat(what(), " has an invalid header (typesize ", int{in[3]}, ", blocks of ",
+                                      blocksize, " bytes for ", nbytes, ")"));
+    }
+    if (in[2] & 0x08) throw std::runtime_error(concat(what(), " has flags from a later blosc (", int{in[2]}, ")"));
+    if ((in[2] & BLOSC_MEMCPYED) && cbytes != nbytes + BLOSC_MAX_OVERHEAD) {
+      throw std::runtime_error(concat(what(), " stores ", cbytes, " bytes for ", nbytes));
+    }
+    const uint32_t blocks = nbytes / blocksize + (nbytes % blocksize != 0);
+    if (!(in[2] & BLOSC_MEMCPYED) && blocks > (cbytes - BLOSC_MIN_HEADER_LENGTH) / 4) {
+      throw std::runtime_error(concat(what(), ": ", blocks, " block offsets do not fit in ", cbytes, " bytes"));
+    }
+  }
   size_t validated_nbytes = 0;
   if (blosc_cbuffer_validate(in, cbytes, &validated_nbytes) != 0 || validated_nbytes != nbytes) {
     throw std::runtime_error(concat(what(), " has an invalid header"));
@@ -294,7 +312,14 @@ void decompress_blosc(const uint8_t* in, size_t in_size, uint8_t* out, size_t ou
   if (nbytes != out_size) {
     throw std::runtime_error(concat(what(), " decompresses to ", nbytes, " bytes, expected ", out_size));
   }
+}
+
+void decompress_blosc(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size) {
+  // blosc_decompress_ctx trusts the header's sizes (it is not told in_size),
+  // so everything it relies on is checked first.
+  check_blosc_frame(in, in_size, out_size);
   if (out_size == 0) return;
+  const auto what = [&] { return describe_blosc(in); };
   // The _ctx variant keeps no global state (thread-safe); one internal thread
   // because callers already decode chunks in parallel.
   const int result = blosc_decompress_ctx(in, out, out_size, /*numinternalthreads=*/1);

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace torch_shards::io::codecs {
 
@@ -21,6 +22,11 @@ void decompress_zstd(const uint8_t* in, size_t in_size, uint8_t* out, size_t out
 // zlib, zstd) and byte or bit shuffle (numcodecs Blosc, zarr v3 blosc codec,
 // HDF5 filter 32001).
 void decompress_blosc(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size);
+// Throws unless `in` starts a blosc1 frame whose header c-blosc accepts, that
+// lies within in_size bytes and decodes to out_size bytes.
+void check_blosc_frame(const uint8_t* in, size_t in_size, size_t out_size);
+// "blosc frame (lz4, byte shuffle, typesize 4)", from its 16-byte header, for messages.
+std::string describe_blosc(const uint8_t* header);
 // Inverse of HDF5's shuffle filter: byte k of every element was stored in
 // plane k. A size that is not a multiple of element_size keeps its trailing
 // bytes in place, as HDF5 does.

@@ -962,6 +962,14 @@ class ZarrChunkDecoder : public ChunkDecoder {
     decompress(chain_.bytes_codecs[0], encoded, size, out(), out_bytes);  // writes exactly out_bytes or throws
   }
 
+  // blosc frames: parts of a chunk decoded without the rest.
+  bool decodes_ranges() const override { return decodes_views() && chain_.bytes_codecs[0] == BytesCodec::kBlosc; }
+
+  void decode_view_ranges(const uint8_t* encoded, size_t size, size_t out_bytes,
+                          const std::vector<codecs::ByteRange>& ranges) const override {
+    codecs::decompress_blosc_ranges(encoded, size, out_bytes, ranges);
+  }
+
   void decode(std::vector<uint8_t>& encoded, uint8_t* out, size_t out_bytes) const override {
     const bool plain = chain_.transposes.empty();
     if (undo_bytes_codecs(chain_.bytes_codecs, encoded, out_bytes, plain ? out : nullptr)) return;

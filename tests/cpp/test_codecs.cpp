@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "blosc_ranges.h"
 #include "codecs.h"
 
 namespace torch_shards::io::codecs {
@@ -391,6 +392,173 @@ TEST(Codecs, DecompressBloscAcceptsBytesAfterTheFrame) {
   const Bytes data = sample_data(4096, 13);
   const Bytes packed = blosc_compress_bytes(data, 5, BLOSC_SHUFFLE, 4, "blosclz");
   EXPECT_EQ(decode(decompress_blosc, concat_bytes(packed, Bytes(7, 0xee)), data.size()), data);
+}
+
+// ------------------------------------------------------------ blosc ranges
+
+// Float32 values between 1 and 2 (annbatch's counts look alike to lz4): three
+// byte planes of noise, stored raw in split frames, and one that compresses.
+Bytes float_data(size_t count, uint64_t seed) {
+  Rng rng(seed);
+  Bytes data(count * 4);
+  for (size_t i = 0; i < count; ++i) {
+    const float value = 1.0f + static_cast<float>(rng.below(1 << 20)) / (1 << 20);
+    std::memcpy(data.data() + 4 * i, &value, 4);
+  }
+  return data;
+}
+
+// Random ranges of [0, size): single bytes, block edges, overlaps, empties.
+std::vector<std::pair<size_t, size_t>> sample_ranges(size_t size, size_t blocksize, Rng& rng) {
+  std::vector<std::pair<size_t, size_t>> ranges;
+  if (size == 0) return ranges;
+  const size_t count = 1 + rng.below(8);
+  for (size_t r = 0; r < count; ++r) {
+    size_t begin = rng.below(size), end = begin + rng.below(size - begin + 1);
+    if (r == 0 && blocksize > 0 && blocksize < size) {  // across a block boundary
+      begin = blocksize - std::min(blocksize, size_t{5});
+      end = std::min(size, blocksize + 3);
+    }
+    if (r == 1) end = begin;  // empty
+    if (r == 2) end = std::min(size, begin + 1);
+    ranges.emplace_back(begin, end);
+  }
+  return ranges;
+}
+
+void expect_ranges_match(const Bytes& packed, const Bytes& data, Rng& rng, size_t blocksize, const std::string& what) {
+  for (int trial = 0; trial < 6; ++trial) {
+    auto spans = sample_ranges(data.size(), blocksize, rng);
+    if (trial == 0 && !data.empty()) spans = {{0, data.size() - 1}};
+    if (trial == 1 && !data.empty()) spans = {{1, data.size()}, {0, 0}};
+    std::vector<Bytes> outs;
+    for (const auto& [begin, end] : spans) outs.emplace_back(end - begin + 1, 0xcd);  // one guard byte
+    std::vector<ByteRange> ranges;
+    for (size_t r = 0; r < spans.size(); ++r)
+      ranges.push_back(ByteRange{spans[r].first, spans[r].second, outs[r].data()});
+    decompress_blosc_ranges(packed.data(), packed.size(), data.size(), ranges);
+    for (size_t r = 0; r < spans.size(); ++r) {
+      const auto [begin, end] = spans[r];
+      ASSERT_TRUE(std::equal(data.begin() + begin, data.begin() + end, outs[r].begin()))
+          << what << ": bytes [" << begin << ", " << end << ") of " << data.size();
+      ASSERT_EQ(outs[r].back(), 0xcd) << what << ": wrote past bytes [" << begin << ", " << end << ")";
+    }
+  }
+}
+
+// Every frame c-blosc writes (every compressor, shuffle, typesize, split
+// mode, block size, stored frames): any ranges equal the whole decode's bytes.
+TEST(Codecs, DecompressBloscRangesEqualTheWholeDecode) {
+  Rng rng(21);
+  for (const int splitmode : {BLOSC_FORWARD_COMPAT_SPLIT, BLOSC_ALWAYS_SPLIT, BLOSC_NEVER_SPLIT}) {
+    blosc_set_splitmode(splitmode);
+    for (const std::string& compressor : blosc_compressors()) {
+      for (const int shuffle : {BLOSC_NOSHUFFLE, BLOSC_SHUFFLE, BLOSC_BITSHUFFLE}) {
+        for (const size_t typesize : {1, 2, 3, 4, 8, 12, 16, 24}) {
+          // ALWAYS_SPLIT past 16-byte elements writes frames c-blosc itself misreads.
+          if (splitmode == BLOSC_ALWAYS_SPLIT && typesize > 16) continue;
+          for (const size_t size :
+               {size_t{0}, size_t{1}, size_t{100}, size_t{4096}, size_t{25596}, size_t{65536 + 13}}) {
+            for (const size_t blocksize : {size_t{0}, size_t{1024}, size_t{3000}}) {
+              for (const int clevel : {0, 5}) {
+                const Bytes data =
+                    typesize == 4 && size % 4 == 0 ? float_data(size / 4, size) : sample_data(size, size);
+                const Bytes packed = blosc_compress_bytes(data, clevel, shuffle, typesize, compressor, blocksize);
+                const std::string what = compressor + " shuffle " + std::to_string(shuffle) + " typesize " +
+                                         std::to_string(typesize) + " size " + std::to_string(size) + " blocksize " +
+                                         std::to_string(blocksize) + " clevel " + std::to_string(clevel) +
+                                         " splitmode " + std::to_string(splitmode);
+                ASSERT_EQ(decode(decompress_blosc, packed, size), data) << what;
+                expect_ranges_match(packed, data, rng, blocksize, what);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  blosc_set_splitmode(BLOSC_FORWARD_COMPAT_SPLIT);
+}
+
+// annbatch's frames: one block, split streams, three stored raw and one lz4.
+TEST(Codecs, DecompressBloscRangesReadsStoredStreamsWhereTheyLie) {
+  blosc_set_splitmode(BLOSC_ALWAYS_SPLIT);
+  const Bytes data = float_data(6399, 5);
+  const Bytes packed = blosc_compress_bytes(data, 3, BLOSC_SHUFFLE, 4, "lz4");
+  blosc_set_splitmode(BLOSC_FORWARD_COMPAT_SPLIT);
+  ASSERT_EQ(packed[2] & 0x10, 0) << "not split";
+  // Stream sizes after the header and the one block offset.
+  size_t offset = 20, stored = 0;
+  for (int j = 0; j < 4; ++j) {
+    uint32_t bytes = 0;
+    std::memcpy(&bytes, packed.data() + offset, 4);
+    stored += bytes == 6399;
+    offset += 4 + bytes;
+  }
+  EXPECT_EQ(stored, 3u);
+  Rng rng(8);
+  expect_ranges_match(packed, data, rng, 0, "annbatch-like");
+  // The head of the chunk and its tail, as a block of rows straddling two chunks reads them.
+  Bytes head(400), tail(400);
+  decompress_blosc_ranges(packed.data(), packed.size(), data.size(),
+                          {ByteRange{0, 400, head.data()}, ByteRange{data.size() - 400, data.size(), tail.data()}});
+  EXPECT_TRUE(std::equal(head.begin(), head.end(), data.begin()));
+  EXPECT_TRUE(std::equal(tail.begin(), tail.end(), data.end() - 400));
+}
+
+// Damaged frames (bytes flipped, cut short, stream sizes and block offsets
+// that point anywhere) throw std::runtime_error naming the frame or decode:
+// never a read outside the frame (the sanitizer build checks that).
+TEST(Codecs, DecompressBloscRangesThrowsOnDamagedFrames) {
+  blosc_set_splitmode(BLOSC_ALWAYS_SPLIT);
+  const Bytes data = float_data(4096, 9);
+  const Bytes split = blosc_compress_bytes(data, 5, BLOSC_SHUFFLE, 4, "lz4", 4096);
+  blosc_set_splitmode(BLOSC_NEVER_SPLIT);
+  const Bytes whole = blosc_compress_bytes(data, 5, BLOSC_SHUFFLE, 4, "lz4", 4096);
+  blosc_set_splitmode(BLOSC_FORWARD_COMPAT_SPLIT);
+  Rng rng(3);
+  Bytes out(data.size());
+  size_t thrown = 0, trials = 0;
+  for (const Bytes* frame : {&split, &whole}) {
+    for (int trial = 0; trial < 3000; ++trial, ++trials) {
+      Bytes damaged = *frame;
+      const size_t kind = rng.below(3);
+      if (kind == 0) {  // flipped bytes after the header
+        for (int k = 0; k < 3; ++k)
+          damaged[16 + rng.below(damaged.size() - 16)] ^= static_cast<uint8_t>(1 + rng.below(255));
+      } else if (kind == 1) {  // a stream size or block offset pointing anywhere
+        const size_t at = 16 + 4 * rng.below(8);
+        const uint32_t value = static_cast<uint32_t>(rng.below(2) ? rng.below(damaged.size() + 64) : ~rng.below(64));
+        if (at + 4 <= damaged.size()) std::memcpy(damaged.data() + at, &value, 4);
+      } else {  // cut short, the header's size kept
+        damaged.resize(16 + rng.below(damaged.size() - 16));
+      }
+      const size_t begin = rng.below(data.size()), end = begin + rng.below(data.size() - begin + 1);
+      try {
+        decompress_blosc_ranges(damaged.data(), damaged.size(), data.size(), {ByteRange{begin, end, out.data()}});
+      } catch (const std::runtime_error& error) {
+        ++thrown;
+        const std::string message = error.what();
+        EXPECT_TRUE(message.find("blosc") != std::string::npos) << message;
+      }
+    }
+  }
+  EXPECT_GT(thrown, trials / 4);  // cut frames and most bad offsets; flips in stored streams decode
+}
+
+TEST(Codecs, DecompressBloscRangesChecksTheFrameFirst) {
+  const Bytes data = float_data(1024, 2);
+  const Bytes packed = blosc_compress_bytes(data, 5, BLOSC_SHUFFLE, 4, "lz4");
+  Bytes out(4096);
+  const std::vector<ByteRange> ranges = {ByteRange{0, 16, out.data()}};
+  EXPECT_THROW(decompress_blosc_ranges(packed.data(), packed.size(), 4097, ranges), std::runtime_error);
+  EXPECT_THROW(decompress_blosc_ranges(packed.data(), packed.size() - 1, 4096, ranges), std::runtime_error);
+  Bytes zero_typesize = packed;
+  zero_typesize[3] = 0;
+  EXPECT_THROW(decompress_blosc_ranges(zero_typesize.data(), zero_typesize.size(), 4096, ranges), std::runtime_error);
+  EXPECT_THROW(decompress_blosc(zero_typesize.data(), zero_typesize.size(), out.data(), 4096), std::runtime_error);
+  EXPECT_THROW(decompress_blosc_ranges(packed.data(), packed.size(), 4096, {ByteRange{10, 4097, out.data()}}),
+               std::logic_error);
 }
 
 // -------------------------------------------------------- byte transforms

@@ -1,6 +1,6 @@
-// libFuzzer target: the chunk decoders (zlib, gzip, zstd, blosc, HDF5
-// scale-offset) and the size checks that run before a chunk's buffer is
-// allocated. Input: a selector byte, a 20-bit output size (under 1 MiB),
+// libFuzzer target: the chunk decoders (zlib, gzip, zstd, blosc whole and in
+// part, HDF5 scale-offset) and the size checks that run before a chunk's
+// buffer is allocated. Input: a selector byte, a 20-bit output size (under 1 MiB),
 // then the encoded bytes. Every input must decode to exactly that size or
 // throw std::runtime_error; nothing else (no crash, no sanitizer report, no
 // allocation the header did not justify).
@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "blosc_ranges.h"
 #include "codecs.h"
 
 using namespace torch_shards::io::codecs;
@@ -47,7 +48,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         decompress_zstd(in, in_size, out.data(), out_size);
         break;
       case Codec::kBlosc:
-        decompress_blosc(in, in_size, out.data(), out_size);
+        if (selector & 0x80) {  // parts of the frame, as block reads of annbatch's chunks ask for them
+          decompress_blosc_ranges(
+              in, in_size, out_size,
+              {ByteRange{0, out_size / 3, out.data()}, ByteRange{out_size / 2, out_size, out.data() + out_size / 2},
+               ByteRange{out_size / 4, out_size / 4 + (out_size > 0), out.data()}});
+        } else {
+          decompress_blosc(in, in_size, out.data(), out_size);
+        }
         break;
     }
   } catch (const std::runtime_error&) {

@@ -37,6 +37,10 @@ def codecs():
         (3, "blosc", bytes(blosc)),
     ]:
         save("codecs", name, bytes([selector]) + size + payload)
+    # Parts of a frame (selector bit 7) of 512 float32 in [1, 2): byte planes of noise stored raw, one lz4.
+    floats = (1 + np.random.default_rng(0).random(512, dtype=np.float32)).tobytes()
+    split = numcodecs.Blosc(cname="lz4", clevel=3, shuffle=1, typesize=4).encode(floats)
+    save("codecs", "blosc_ranges", bytes([0x83]) + struct.pack("<I", len(floats))[:3] + bytes(split))
     # Scale-offset: 4-byte elements (selector bits 3-4 = 2), minbits 3, minval 100, 8 values.
     packed = bytes([0b00000101, 0b00111001, 0b01110111])
     header = struct.pack("<I", 3) + bytes([8]) + struct.pack("<Q", 100) + bytes(8)

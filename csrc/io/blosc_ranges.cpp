@@ -1,0 +1,276 @@
+#include "blosc_ranges.h"
+
+#include <lz4.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "../core/errors.h"
+#include "codecs.h"
+
+namespace torch_shards::io::codecs {
+
+using core::concat;
+
+namespace {
+
+// The header's flags (its byte 2) and the rules c-blosc 1.x decodes blocks by.
+constexpr uint8_t kByteShuffle = 0x1, kStored = 0x2, kBitShuffle = 0x4, kDontSplit = 0x10;
+constexpr int kLz4Format = 1;  // the compressor, in bits 5-7 of the flags
+constexpr size_t kHeaderBytes = 16;
+constexpr size_t kMaxSplits = 16;          // a block is split into one stream per byte of the element
+constexpr size_t kMinSplitElements = 128;  // when the element is at most 16 bytes and a block holds 128 of them
+
+uint32_t le32(const uint8_t* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+
+// Grown on demand, never zero-filled: one per thread and use.
+class ScratchBuffer {
+ public:
+  uint8_t* get(size_t bytes) {
+    if (capacity_ < bytes) {
+      data_.reset();
+      capacity_ = 0;
+      data_.reset(new uint8_t[bytes]);
+      capacity_ = bytes;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  size_t capacity_ = 0;
+};
+
+// out[i * kSize + k] = planes[k][first + i] for i < count.
+template <size_t kSize>
+void interleave_fixed(const uint8_t* const* planes, size_t first, size_t count, uint8_t* out) {
+  size_t i = 0;
+#if defined(__SSE2__)
+  const auto load = [&](size_t k) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes[k] + first + i)); };
+  const auto store = [&](size_t part, __m128i value) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i * kSize + 16 * part), value);
+  };
+  for (; i + 16 <= count; i += 16) {  // 16 elements a round
+    if constexpr (kSize == 2) {
+      const __m128i a = load(0), b = load(1);
+      store(0, _mm_unpacklo_epi8(a, b));
+      store(1, _mm_unpackhi_epi8(a, b));
+    } else if constexpr (kSize == 4) {
+      const __m128i a = load(0), b = load(1), c = load(2), d = load(3);
+      const __m128i ab_lo = _mm_unpacklo_epi8(a, b), ab_hi = _mm_unpackhi_epi8(a, b);
+      const __m128i cd_lo = _mm_unpacklo_epi8(c, d), cd_hi = _mm_unpackhi_epi8(c, d);
+      store(0, _mm_unpacklo_epi16(ab_lo, cd_lo));
+      store(1, _mm_unpackhi_epi16(ab_lo, cd_lo));
+      store(2, _mm_unpacklo_epi16(ab_hi, cd_hi));
+      store(3, _mm_unpackhi_epi16(ab_hi, cd_hi));
+    } else {
+      static_assert(kSize == 8);
+      __m128i pairs[8];  // planes 2m and 2m+1 byte by byte: elements 0-7 at 2m, 8-15 at 2m+1
+      for (size_t m = 0; m < 4; ++m) {
+        const __m128i low = load(2 * m), high = load(2 * m + 1);
+        pairs[2 * m] = _mm_unpacklo_epi8(low, high);
+        pairs[2 * m + 1] = _mm_unpackhi_epi8(low, high);
+      }
+      for (size_t e = 0; e < 4; ++e) {  // elements 4e .. 4e+3: bytes 0-3 from pairs 01/23, bytes 4-7 from 45/67
+        const size_t half = e / 2;
+        const auto quads = [&](size_t p) {
+          return e % 2 == 0 ? _mm_unpacklo_epi16(pairs[p + half], pairs[p + 2 + half])
+                            : _mm_unpackhi_epi16(pairs[p + half], pairs[p + 2 + half]);
+        };
+        const __m128i first_half = quads(0), second_half = quads(4);
+        store(2 * e, _mm_unpacklo_epi32(first_half, second_half));
+        store(2 * e + 1, _mm_unpackhi_epi32(first_half, second_half));
+      }
+    }
+  }
+#endif
+  for (; i < count; ++i) {
+    for (size_t k = 0; k < kSize; ++k) out[i * kSize + k] = planes[k][first + i];
+  }
+}
+
+void interleave(const uint8_t* const* planes, size_t size, size_t first, size_t count, uint8_t* out) {
+  switch (size) {
+    case 2:
+      return interleave_fixed<2>(planes, first, count, out);
+    case 4:
+      return interleave_fixed<4>(planes, first, count, out);
+    case 8:
+      return interleave_fixed<8>(planes, first, count, out);
+    default:
+      for (size_t i = 0; i < count; ++i) {
+        for (size_t k = 0; k < size; ++k) out[i * size + k] = planes[k][first + i];
+      }
+  }
+}
+
+struct Frame {
+  const uint8_t* in;
+  size_t cbytes, nbytes, blocksize, typesize;
+  uint8_t flags;
+
+  [[noreturn]] void corrupt(const std::string& detail) const {
+    throw std::runtime_error(concat("corrupt ", describe_blosc(in), ": ", detail));
+  }
+  // c-blosc splits every block but a short last one into one stream per
+  // byte of the element, unless the header says not to or it is too small.
+  bool splits(size_t block_bytes) const {
+    return !(flags & kDontSplit) && typesize <= kMaxSplits && block_bytes / typesize >= kMinSplitElements &&
+           block_bytes == blocksize;
+  }
+};
+
+// One block's bytes before unshuffling (T), as far as they were needed:
+// T[x] lies in stream x / stream_bytes, each either where it is stored or
+// decoded into scratch. Shuffled, byte k of element i is T[k * elements + i]
+// and the bytes after the last whole element stay in place.
+struct Block {
+  size_t size = 0, typesize = 0, stream_bytes = 0;
+  bool shuffled = false;
+  const uint8_t* streams[kMaxSplits] = {};
+
+  const uint8_t* at(size_t x) const { return streams[x / stream_bytes] + x % stream_bytes; }
+
+  // Bytes [a, e) of the decoded block to out.
+  void write(size_t a, size_t e, uint8_t* out) const {
+    if (!shuffled) {
+      while (a < e) {
+        const size_t end = std::min(e, (a / stream_bytes + 1) * stream_bytes);
+        std::memcpy(out, at(a), end - a);
+        out += end - a;
+        a = end;
+      }
+      return;
+    }
+    const size_t elements = size / typesize;
+    const uint8_t* planes[256];  // a plane never straddles two streams
+    for (size_t k = 0; k < typesize; ++k) planes[k] = at(k * elements);
+    const size_t whole_end = std::min(e, elements * typesize);
+    size_t x = a;
+    for (; x < whole_end && x % typesize != 0; ++x) *out++ = planes[x % typesize][x / typesize];
+    if (x < whole_end) {
+      const size_t count = (whole_end - x) / typesize;
+      interleave(planes, typesize, x / typesize, count, out);
+      out += count * typesize;
+      x += count * typesize;
+    }
+    for (; x < whole_end; ++x) *out++ = planes[x % typesize][x / typesize];
+    if (x < e) std::memcpy(out, at(x), e - x);
+  }
+};
+
+// Whether bytes [lo, hi) of the block need stream j.
+bool needs_stream(const Block& block, size_t streams, size_t j, size_t lo, size_t hi) {
+  if (streams == 1) return hi > lo;
+  if (block.shuffled) return hi > lo;  // stream j is plane j: every element has a byte there
+  return hi > j * block.stream_bytes && lo < (j + 1) * block.stream_bytes;
+}
+
+// Locates block b's streams and decodes the lz4 ones that [lo, hi) needs.
+// Each is decoded whole: lz4 carries no checksum, and a stream decoding to
+// exactly its length is the check c-blosc makes (decoding only a prefix
+// would deliver the rows of a damaged stream that c-blosc refuses).
+Block decode_block(const Frame& frame, size_t b, size_t lo, size_t hi, uint8_t* scratch) {
+  Block block;
+  block.size = std::min(frame.blocksize, frame.nbytes - b * frame.blocksize);
+  block.typesize = frame.typesize;
+  block.shuffled = (frame.flags & kByteShuffle) && frame.typesize > 1;
+  const size_t streams = frame.splits(block.size) ? frame.typesize : 1;
+  block.stream_bytes = block.size / streams;
+  size_t offset = le32(frame.in + kHeaderBytes + 4 * b);
+  for (size_t j = 0; j < streams; ++j) {
+    if (offset > frame.cbytes || frame.cbytes - offset < 4) {
+      frame.corrupt(concat("block ", b, " stream ", j, " starts at byte ", offset, ", past its ", frame.cbytes));
+    }
+    const size_t stored = le32(frame.in + offset);
+    offset += 4;
+    if (stored > frame.cbytes - offset) {
+      frame.corrupt(concat("block ", b, " stream ", j, " of ", stored, " bytes at byte ", offset, " overruns its ",
+                           frame.cbytes));
+    }
+    const uint8_t* source = frame.in + offset;
+    offset += stored;
+    if (stored == block.stream_bytes) {  // stored as is
+      block.streams[j] = source;
+      continue;
+    }
+    uint8_t* decoded = scratch + j * block.stream_bytes;
+    block.streams[j] = decoded;
+    if (!needs_stream(block, streams, j, lo, hi)) continue;
+    const int got = LZ4_decompress_safe(reinterpret_cast<const char*>(source), reinterpret_cast<char*>(decoded),
+                                        static_cast<int>(stored), static_cast<int>(block.stream_bytes));
+    if (got < 0 || static_cast<size_t>(got) != block.stream_bytes) {
+      frame.corrupt(concat("block ", b, " stream ", j, " is not lz4 data of ", block.stream_bytes, " bytes"));
+    }
+  }
+  return block;
+}
+
+}  // namespace
+
+void decompress_blosc_ranges(const uint8_t* in, size_t in_size, size_t out_size, const std::vector<ByteRange>& ranges) {
+  check_blosc_frame(in, in_size, out_size);
+  for (const ByteRange& range : ranges) {
+    if (range.begin > range.end || range.end > out_size) {
+      throw std::logic_error(concat("bytes [", range.begin, ", ", range.end, ") of a ", out_size, "-byte blosc frame"));
+    }
+  }
+  if (ranges.empty() || out_size == 0) return;
+  if (ranges.size() == 1 && ranges[0].begin == 0 && ranges[0].end == out_size) {
+    return decompress_blosc(in, in_size, ranges[0].out, out_size);  // all of it: c-blosc's vectorised unshuffle
+  }
+  const Frame frame{in, le32(in + 12), out_size, le32(in + 8), in[3], in[2]};
+  const auto copy_out = [&](const uint8_t* decoded) {
+    for (const ByteRange& range : ranges) std::memcpy(range.out, decoded + range.begin, range.end - range.begin);
+  };
+  // check_blosc_frame has checked the sizes c-blosc checks: a stored frame
+  // holds exactly out_size bytes, block offsets fit, blocks of 1 to out_size bytes.
+  if (frame.flags & kStored) return copy_out(in + kHeaderBytes);
+  const bool lz4 = (frame.flags >> 5) == kLz4Format && !(frame.flags & kBitShuffle);
+  if (!lz4 || (frame.splits(frame.blocksize) && frame.blocksize % frame.typesize != 0)) {
+    thread_local ScratchBuffer whole;  // other compressors: c-blosc decodes it all
+    uint8_t* decoded = whole.get(out_size);
+    decompress_blosc(in, in_size, decoded, out_size);
+    return copy_out(decoded);
+  }
+  // (block, range) pairs, by block: each block is decoded once, as far as its ranges need.
+  thread_local std::vector<std::pair<size_t, size_t>> touches;
+  touches.clear();
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    if (ranges[r].begin == ranges[r].end) continue;
+    for (size_t b = ranges[r].begin / frame.blocksize; b <= (ranges[r].end - 1) / frame.blocksize; ++b) {
+      touches.emplace_back(b, r);
+    }
+  }
+  if (!std::is_sorted(touches.begin(), touches.end())) std::sort(touches.begin(), touches.end());
+  thread_local ScratchBuffer lz4_out;
+  uint8_t* scratch = lz4_out.get(std::min(frame.blocksize, out_size));
+  for (size_t t = 0; t < touches.size();) {
+    const size_t b = touches[t].first, start = b * frame.blocksize;
+    const size_t block_end = std::min(out_size, start + frame.blocksize);
+    size_t lo = block_end, hi = start, u = t;
+    for (; u < touches.size() && touches[u].first == b; ++u) {
+      const ByteRange& range = ranges[touches[u].second];
+      lo = std::min(lo, std::max(range.begin, start));
+      hi = std::max(hi, std::min(range.end, block_end));
+    }
+    const Block block = decode_block(frame, b, lo - start, hi - start, scratch);
+    for (; t < u; ++t) {
+      const ByteRange& range = ranges[touches[t].second];
+      const size_t a = std::max(range.begin, start), e = std::min(range.end, block_end);
+      block.write(a - start, e - start, range.out + (a - range.begin));
+    }
+  }
+}
+
+}  // namespace torch_shards::io::codecs

@@ -1,0 +1,36 @@
+// Parts of a blosc1 frame, decoded without decoding the rest of it.
+//
+// A random block of rows needs the tail of one chunk and the head of the
+// next; decoding both chunks whole (what c-blosc offers) decodes twice what
+// is used. Frames c-blosc writes with lz4 (numcodecs' and annbatch's default)
+// store each block as one stream per byte of the element (split streams) or
+// one stream, each either raw or lz4-compressed. Here raw streams are read
+// where they lie, only the lz4 streams the ranges need are decoded (whole:
+// their exact length is the only check lz4 data allows), and only the wanted
+// elements are unshuffled, straight into the ranges' outputs: no copy of the
+// chunk, no allocation per frame.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace torch_shards::io::codecs {
+
+// Bytes [begin, end) of a decoded buffer, to be written to out[0, end - begin).
+struct ByteRange {
+  size_t begin = 0, end = 0;
+  uint8_t* out = nullptr;
+};
+
+// Writes each range of what the blosc1 frame `in` decodes to (out_size bytes,
+// checked as decompress_blosc checks them). Ranges come in any order and may
+// overlap; each lies within [0, out_size). lz4 and stored frames with byte
+// shuffle or none are decoded in part, as above (a damaged stream a range
+// needs throws as c-blosc would); any other frame (blosclz,
+// zstd, zlib, bit shuffle) is decoded whole by c-blosc into a buffer kept per
+// thread, then copied. Throws std::runtime_error naming the frame for corrupt
+// or truncated input; never reads outside [in, in + in_size).
+void decompress_blosc_ranges(const uint8_t* in, size_t in_size, size_t out_size, const std::vector<ByteRange>& ranges);
+
+}  // namespace torch_shards::io::codecs
