@@ -135,11 +135,20 @@ struct Frame {
 // decoded into scratch. Shuffled, byte k of element i is T[k * elements + i]
 // and the bytes after the last whole element stay in place.
 struct Block {
-  size_t size = 0, typesize = 0, stream_bytes = 0;
+  size_t size = 0, typesize = 0, stream_bytes = 0, elements = 0;
   bool shuffled = false;
   const uint8_t* streams[kMaxSplits] = {};
+  const uint8_t* planes[kMaxSplits] = {};  // shuffled elements of up to 16 bytes: byte plane k
 
   const uint8_t* at(size_t x) const { return streams[x / stream_bytes] + x % stream_bytes; }
+
+  // Once the streams are in place.
+  void find_planes() {
+    elements = size / typesize;
+    if (shuffled && typesize <= kMaxSplits) {
+      for (size_t k = 0; k < typesize; ++k) planes[k] = at(k * elements);  // a plane never straddles streams
+    }
+  }
 
   // Bytes [a, e) of the decoded block to out.
   void write(size_t a, size_t e, uint8_t* out) const {
@@ -152,20 +161,31 @@ struct Block {
       }
       return;
     }
-    const size_t elements = size / typesize;
-    const uint8_t* planes[256];  // a plane never straddles two streams
-    for (size_t k = 0; k < typesize; ++k) planes[k] = at(k * elements);
-    const size_t whole_end = std::min(e, elements * typesize);
-    size_t x = a;
-    for (; x < whole_end && x % typesize != 0; ++x) *out++ = planes[x % typesize][x / typesize];
-    if (x < whole_end) {
-      const size_t count = (whole_end - x) / typesize;
-      interleave(planes, typesize, x / typesize, count, out);
-      out += count * typesize;
-      x += count * typesize;
+    const uint8_t* wide[256];  // planes of longer elements (one stream: never split)
+    const uint8_t* const* plane = planes;
+    if (typesize > kMaxSplits) {
+      for (size_t k = 0; k < typesize; ++k) wide[k] = at(k * elements);
+      plane = wide;
     }
-    for (; x < whole_end; ++x) *out++ = planes[x % typesize][x / typesize];
-    if (x < e) std::memcpy(out, at(x), e - x);
+    const size_t whole_end = std::min(e, elements * typesize);
+    if (a < whole_end) {
+      const size_t head = a / typesize, tail = whole_end / typesize;  // the elements holding a and whole_end
+      const size_t head_byte = a - head * typesize, tail_bytes = whole_end - tail * typesize;
+      if (head == tail) {
+        for (size_t k = head_byte; k < tail_bytes; ++k) *out++ = plane[k][head];
+      } else {
+        size_t first = head;
+        if (head_byte != 0) {
+          for (size_t k = head_byte; k < typesize; ++k) *out++ = plane[k][head];
+          ++first;
+        }
+        interleave(plane, typesize, first, tail - first, out);
+        out += (tail - first) * typesize;
+        for (size_t k = 0; k < tail_bytes; ++k) *out++ = plane[k][tail];
+      }
+    }
+    const size_t rest = std::max(a, elements * typesize);  // bytes after the last whole element stay in place
+    if (rest < e) std::memcpy(out, at(rest), e - rest);
   }
 };
 
@@ -213,6 +233,7 @@ Block decode_block(const Frame& frame, size_t b, size_t lo, size_t hi, uint8_t* 
       frame.corrupt(concat("block ", b, " stream ", j, " is not lz4 data of ", block.stream_bytes, " bytes"));
     }
   }
+  block.find_planes();
   return block;
 }
 
@@ -236,8 +257,13 @@ void decompress_blosc_ranges(const uint8_t* in, size_t in_size, size_t out_size,
   // check_blosc_frame has checked the sizes c-blosc checks: a stored frame
   // holds exactly out_size bytes, block offsets fit, blocks of 1 to out_size bytes.
   if (frame.flags & kStored) return copy_out(in + kHeaderBytes);
+  // Wanting most of the frame, c-blosc's whole decode (vectorised unshuffle
+  // into a buffer that stays in cache, then copies) is faster than gathering
+  // each range from the byte planes: measured on annbatch's chunks.
+  size_t wanted = 0;
+  for (const ByteRange& range : ranges) wanted += range.end - range.begin;
   const bool lz4 = (frame.flags >> 5) == kLz4Format && !(frame.flags & kBitShuffle);
-  if (!lz4 || (frame.splits(frame.blocksize) && frame.blocksize % frame.typesize != 0)) {
+  if (!lz4 || wanted >= out_size / 2 || (frame.splits(frame.blocksize) && frame.blocksize % frame.typesize != 0)) {
     thread_local ScratchBuffer whole;  // other compressors: c-blosc decodes it all
     uint8_t* decoded = whole.get(out_size);
     decompress_blosc(in, in_size, decoded, out_size);

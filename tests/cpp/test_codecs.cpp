@@ -431,6 +431,9 @@ void expect_ranges_match(const Bytes& packed, const Bytes& data, Rng& rng, size_
     auto spans = sample_ranges(data.size(), blocksize, rng);
     if (trial == 0 && !data.empty()) spans = {{0, data.size() - 1}};
     if (trial == 1 && !data.empty()) spans = {{1, data.size()}, {0, 0}};
+    if (trial >= 3) {  // a small part of the frame: decoded in part, not whole
+      for (auto& [begin, end] : spans) end = std::min(end, begin + data.size() / 32);
+    }
     std::vector<Bytes> outs;
     for (const auto& [begin, end] : spans) outs.emplace_back(end - begin + 1, 0xcd);  // one guard byte
     std::vector<ByteRange> ranges;
