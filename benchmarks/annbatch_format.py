@@ -299,7 +299,7 @@ def main():
     print(
         "\nrows/CPU-s: rows per second of the process's CPU time (all its threads), steadier than rows/s where "
         "other work shares the cores.\nceiling: the share of the decode limit reads of random blocks can reach "
-        "at best, each block decoding every chunk it touches whole."
+        "when each block decodes every chunk it touches whole (c-blosc's way; decoding part of a frame passes it)."
     )
     if args.json:
         os.makedirs(os.path.dirname(args.json), exist_ok=True)
