@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <numeric>
 
 #include "../core/errors.h"
+#include "../core/scratch_buffer.h"
 #include "../core/streaming_copy.h"
 #include "codecs.h"
 
@@ -133,16 +133,12 @@ void read_span(const File& file, int64_t region_offset, const Span& span, const 
     }
     return;
   }
-  thread_local std::unique_ptr<uint8_t[]> buffer;  // grown, never zero-filled
-  thread_local size_t capacity = 0;
-  if (capacity < bytes) {
-    buffer.reset(new uint8_t[bytes]);
-    capacity = bytes;
-  }
-  file.read_at(offset, bytes, buffer.get(), what);
+  thread_local core::ScratchBuffer scratch;
+  uint8_t* buffer = scratch.get(bytes);
+  file.read_at(offset, bytes, buffer, what);
   for (size_t i = span.first; i < span.last; ++i) {
     const Segment& segment = segments[i];
-    core::copy_bytes(out + segment.dest * row_bytes, buffer.get() + (segment.source - span.begin) * row_bytes,
+    core::copy_bytes(out + segment.dest * row_bytes, buffer + (segment.source - span.begin) * row_bytes,
                      static_cast<size_t>(segment.length) * row_bytes, streaming);
   }
   if (streaming) core::streaming_fence();

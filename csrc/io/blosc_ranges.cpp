@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -14,6 +13,7 @@
 #endif
 
 #include "../core/errors.h"
+#include "../core/scratch_buffer.h"
 #include "codecs.h"
 
 namespace torch_shards::io::codecs {
@@ -28,28 +28,6 @@ constexpr int kLz4Format = 1;  // the compressor, in bits 5-7 of the flags
 constexpr size_t kHeaderBytes = 16;
 constexpr size_t kMaxSplits = 16;          // a block is split into one stream per byte of the element
 constexpr size_t kMinSplitElements = 128;  // when the element is at most 16 bytes and a block holds 128 of them
-
-uint32_t le32(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
-
-// Grown on demand, never zero-filled: one per thread and use.
-class ScratchBuffer {
- public:
-  uint8_t* get(size_t bytes) {
-    if (capacity_ < bytes) {
-      data_.reset();
-      capacity_ = 0;
-      data_.reset(new uint8_t[bytes]);
-      capacity_ = bytes;
-    }
-    return data_.get();
-  }
-
- private:
-  std::unique_ptr<uint8_t[]> data_;
-  size_t capacity_ = 0;
-};
 
 // out[i * kSize + k] = planes[k][first + i] for i < count.
 template <size_t kSize>
@@ -207,12 +185,12 @@ Block decode_block(const Frame& frame, size_t b, size_t lo, size_t hi, uint8_t* 
   block.shuffled = (frame.flags & kByteShuffle) && frame.typesize > 1;
   const size_t streams = frame.splits(block.size) ? frame.typesize : 1;
   block.stream_bytes = block.size / streams;
-  size_t offset = le32(frame.in + kHeaderBytes + 4 * b);
+  size_t offset = read_le32(frame.in + kHeaderBytes + 4 * b);
   for (size_t j = 0; j < streams; ++j) {
     if (offset > frame.cbytes || frame.cbytes - offset < 4) {
       frame.corrupt(concat("block ", b, " stream ", j, " starts at byte ", offset, ", past its ", frame.cbytes));
     }
-    const size_t stored = le32(frame.in + offset);
+    const size_t stored = read_le32(frame.in + offset);
     offset += 4;
     if (stored > frame.cbytes - offset) {
       frame.corrupt(concat("block ", b, " stream ", j, " of ", stored, " bytes at byte ", offset, " overruns its ",
@@ -240,35 +218,41 @@ Block decode_block(const Frame& frame, size_t b, size_t lo, size_t hi, uint8_t* 
 }  // namespace
 
 void decompress_blosc_ranges(const uint8_t* in, size_t in_size, size_t out_size, const std::vector<ByteRange>& ranges) {
-  check_blosc_frame(in, in_size, out_size);
+  size_t wanted = 0;
   for (const ByteRange& range : ranges) {
     if (range.begin > range.end || range.end > out_size) {
       throw std::logic_error(concat("bytes [", range.begin, ", ", range.end, ") of a ", out_size, "-byte blosc frame"));
     }
+    wanted += range.end - range.begin;
   }
-  if (ranges.empty() || out_size == 0) return;
-  if (ranges.size() == 1 && ranges[0].begin == 0 && ranges[0].end == out_size) {
+  if (wanted == 0) return check_blosc_frame(in, in_size, out_size);
+  if (ranges.size() == 1 && wanted == out_size) {
     return decompress_blosc(in, in_size, ranges[0].out, out_size);  // all of it: c-blosc's vectorised unshuffle
   }
-  const Frame frame{in, le32(in + 12), out_size, le32(in + 8), in[3], in[2]};
-  const auto copy_out = [&](const uint8_t* decoded) {
-    for (const ByteRange& range : ranges) std::memcpy(range.out, decoded + range.begin, range.end - range.begin);
-  };
-  // check_blosc_frame has checked the sizes c-blosc checks: a stored frame
-  // holds exactly out_size bytes, block offsets fit, blocks of 1 to out_size bytes.
-  if (frame.flags & kStored) return copy_out(in + kHeaderBytes);
-  // Wanting most of the frame, c-blosc's whole decode (vectorised unshuffle
-  // into a buffer that stays in cache, then copies) is faster than gathering
-  // each range from the byte planes: measured on annbatch's chunks.
-  size_t wanted = 0;
-  for (const ByteRange& range : ranges) wanted += range.end - range.begin;
-  const bool lz4 = (frame.flags >> 5) == kLz4Format && !(frame.flags & kBitShuffle);
-  if (!lz4 || wanted >= out_size / 2 || (frame.splits(frame.blocksize) && frame.blocksize % frame.typesize != 0)) {
-    thread_local ScratchBuffer whole;  // other compressors: c-blosc decodes it all
+  const auto decode_whole = [&] {  // by c-blosc, which checks the frame
+    thread_local core::ScratchBuffer whole;
     uint8_t* decoded = whole.get(out_size);
     decompress_blosc(in, in_size, decoded, out_size);
-    return copy_out(decoded);
+    for (const ByteRange& range : ranges) std::memcpy(range.out, decoded + range.begin, range.end - range.begin);
+  };
+  // Decoded here: stored frames, and lz4 frames less than half wanted. For
+  // more, c-blosc's whole decode (vectorised unshuffle into a buffer that
+  // stays in cache, then copies) beats gathering each range from the byte
+  // planes: measured on annbatch's chunks. Other compressors: c-blosc.
+  const uint8_t flags = in_size >= kHeaderBytes ? in[2] : 0;
+  const bool lz4 = (flags >> 5) == kLz4Format && !(flags & kBitShuffle);
+  if (in_size < kHeaderBytes || !((flags & kStored) || (lz4 && wanted < out_size / 2))) return decode_whole();
+  // The sizes c-blosc checks: a stored frame holds exactly out_size bytes,
+  // block offsets fit, blocks of 1 to out_size bytes, typesize 1 or more.
+  check_blosc_frame(in, in_size, out_size);
+  if (flags & kStored) {
+    for (const ByteRange& range : ranges) {
+      std::memcpy(range.out, in + kHeaderBytes + range.begin, range.end - range.begin);
+    }
+    return;
   }
+  const Frame frame{in, read_le32(in + 12), out_size, read_le32(in + 8), in[3], flags};
+  if (frame.splits(frame.blocksize) && frame.blocksize % frame.typesize != 0) return decode_whole();  // not c-blosc's
   // (block, range) pairs, by block: each block is decoded once, as far as its ranges need.
   thread_local std::vector<std::pair<size_t, size_t>> touches;
   touches.clear();
@@ -279,7 +263,7 @@ void decompress_blosc_ranges(const uint8_t* in, size_t in_size, size_t out_size,
     }
   }
   if (!std::is_sorted(touches.begin(), touches.end())) std::sort(touches.begin(), touches.end());
-  thread_local ScratchBuffer lz4_out;
+  thread_local core::ScratchBuffer lz4_out;
   uint8_t* scratch = lz4_out.get(std::min(frame.blocksize, out_size));
   for (size_t t = 0; t < touches.size();) {
     const size_t b = touches[t].first, start = b * frame.blocksize;

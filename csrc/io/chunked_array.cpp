@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "../core/errors.h"
+#include "../core/scratch_buffer.h"
 
 namespace torch_shards::io {
 
@@ -111,25 +112,19 @@ void ChunkedArray::read_raw_chunk_rows(int64_t chunk_row, const std::vector<cons
   }
 }
 
-bool ChunkedArray::decode_from_mapping(const std::vector<int64_t>& coords,
-                                       const std::function<uint8_t*()>& buffer) const {
-  if (!decoder_->decodes_views() || !store_->maps_chunks() || store_->skipped_filters(coords) != 0) return false;
+bool ChunkedArray::use_mapped_chunk(const std::vector<int64_t>& coords,
+                                    const std::function<void(const uint8_t*, size_t)>& use) const {
+  if (!store_->maps_chunks() || store_->skipped_filters(coords) != 0) return false;
   const std::optional<ChunkLocation> location = store_->locate(coords);
   if (!location) return false;  // never written: the caller fills it
-  const auto decode = [&](const uint8_t* bytes) {
-    decoder_->decode_view(bytes, static_cast<size_t>(location->size), chunk_bytes_, buffer);
-  };
-  return location->file->use_mapped(location->offset, static_cast<size_t>(location->size), decode,
-                                    [&] { return store_->describe_chunk(coords); });
+  const size_t size = static_cast<size_t>(location->size);
+  return location->file->use_mapped(
+      location->offset, size, [&](const uint8_t* bytes) { use(bytes, size); },
+      [&] { return store_->describe_chunk(coords); });
 }
 
 bool ChunkedArray::decode_rows_from_mapping(const std::vector<int64_t>& coords, int64_t first_row, int64_t end_row,
                                             const std::vector<const Segment*>& touching, uint8_t* out) const {
-  if (!whole_rows_ || !decoder_->decodes_ranges() || !store_->maps_chunks() || store_->skipped_filters(coords) != 0) {
-    return false;
-  }
-  const std::optional<ChunkLocation> location = store_->locate(coords);
-  if (!location) return false;  // never written: the caller fills it
   const size_t row_size = row_bytes();
   thread_local std::vector<codecs::ByteRange> ranges;
   ranges.clear();
@@ -139,11 +134,9 @@ bool ChunkedArray::decode_rows_from_mapping(const std::vector<int64_t>& coords, 
                                        static_cast<size_t>(hi - first_row) * row_size,
                                        out + (segment->dest + lo - segment->source) * row_size});
   }
-  const auto decode = [&](const uint8_t* bytes) {
-    decoder_->decode_view_ranges(bytes, static_cast<size_t>(location->size), chunk_bytes_, ranges);
-  };
-  return location->file->use_mapped(location->offset, static_cast<size_t>(location->size), decode,
-                                    [&] { return store_->describe_chunk(coords); });
+  return use_mapped_chunk(coords, [&](const uint8_t* bytes, size_t size) {
+    decoder_->decode_view_ranges(bytes, size, chunk_bytes_, ranges);
+  });
 }
 
 void ChunkedArray::copy_row_part(const uint8_t* chunk, int64_t row_in_chunk, const std::vector<int64_t>& inner_coords,
@@ -217,6 +210,7 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
     return;
   }
 
+  const bool decodes_rows = whole_rows_ && decoder_->decodes_ranges();  // only the rows wanted, into place
   pool.parallel_for(chunk_rows * inner_chunks_, [&](int64_t task) {
     const int64_t group = task / inner_chunks_;
     int64_t inner = task % inner_chunks_;
@@ -237,28 +231,20 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
         direct = out + (segment.dest + first_row - segment.source) * row_size;
       }
     }
-    // Grown, never zero-filled: a chunk that fails to decode touches little of it.
-    thread_local std::unique_ptr<uint8_t[]> buffer;
-    thread_local size_t capacity = 0;
+    thread_local core::ScratchBuffer buffer;
     uint8_t* decoded = nullptr;
-    const auto reserve = [&] {
-      if (direct != nullptr) return decoded = direct;
-      if (capacity < chunk_bytes_) {
-        buffer.reset();
-        capacity = 0;
-        buffer.reset(new uint8_t[chunk_bytes_]);
-        capacity = chunk_bytes_;
-      }
-      return decoded = buffer.get();
-    };
+    const auto reserve = [&] { return decoded = direct != nullptr ? direct : buffer.get(chunk_bytes_); };
     try {
-      if (decoder_->decodes_ranges()) {
+      if (decodes_rows) {
         thread_local std::vector<const Segment*> touching;
         touching.clear();
         for (size_t t = starts[group]; t < starts[group + 1]; ++t) touching.push_back(&segments[touches[t].second]);
         if (decode_rows_from_mapping(coords, first_row, end_row, touching, out)) return;
       }
-      if (!decode_from_mapping(coords, reserve)) {
+      const bool mapped = decoder_->decodes_views() && use_mapped_chunk(coords, [&](const uint8_t* bytes, size_t size) {
+                            decoder_->decode_view(bytes, size, chunk_bytes_, reserve);
+                          });
+      if (!mapped) {
         std::optional<std::vector<uint8_t>> encoded = store_->read_chunk(coords);
         if (encoded) {
           const uint32_t skipped = store_->skipped_filters(coords);

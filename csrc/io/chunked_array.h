@@ -99,14 +99,15 @@ class ChunkedArray : public Array {
   // Reads only the requested rows of chunks stored raw (see ChunkDecoder::stores_raw).
   void read_raw_chunk_rows(int64_t chunk_row, const std::vector<const Segment*>& touching, uint8_t* out,
                            bool streaming) const;
-  // Decodes the chunk at `coords` straight from its file's mapping into
-  // buffer() (called once, when it will), where the decoder and the store
-  // allow; false when they do not, or the chunk was never written.
-  bool decode_from_mapping(const std::vector<int64_t>& coords, const std::function<uint8_t*()>& buffer) const;
+  // Runs use(bytes, size) on the chunk at `coords` where it lies in its
+  // file's mapping (a fault there is a ReadError naming the chunk); false
+  // when the store does not map chunks, the chunk skips filters, or it was
+  // never written (the caller then reads or fills it).
+  bool use_mapped_chunk(const std::vector<int64_t>& coords,
+                        const std::function<void(const uint8_t*, size_t)>& use) const;
   // Decodes the rows of the chunk at `coords` that `touching` wants (its
-  // rows [first_row, end_row)) straight into the output, from the file's
-  // mapping, where the decoder decodes ranges and the store maps chunks;
-  // false when they do not, or the chunk was never written.
+  // rows [first_row, end_row)) straight into the output, from the mapping
+  // (ChunkDecoder::decode_view_ranges); false as use_mapped_chunk.
   bool decode_rows_from_mapping(const std::vector<int64_t>& coords, int64_t first_row, int64_t end_row,
                                 const std::vector<const Segment*>& touching, uint8_t* out) const;
   // Copies row `row_in_chunk` of a decoded chunk at inner grid position

@@ -152,10 +152,6 @@ std::string describe_blosc(const uint8_t* header) {
 
 namespace {
 
-uint32_t read_le32(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
-
 // --------------------------------------------------------------------- crc32c
 
 struct Crc32cTables {

@@ -31,6 +31,10 @@ std::string describe_blosc(const uint8_t* header);
 // plane k. A size that is not a multiple of element_size keeps its trailing
 // bytes in place, as HDF5 does.
 void unshuffle(const uint8_t* in, size_t size, size_t element_size, uint8_t* out);
+// The little-endian 32-bit word at p (blosc headers, scale-offset headers).
+inline uint32_t read_le32(const uint8_t* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
 // CRC-32C (Castagnoli), as zarr v3's crc32c codec and shard indexes use.
 uint32_t crc32c(const uint8_t* data, size_t size);
 // Reverses the byte order of `count` elements of `unit` bytes, in place.
