@@ -122,7 +122,6 @@ struct Block {
 
   // Once the streams are in place.
   void find_planes() {
-    elements = size / typesize;
     if (shuffled && typesize <= kMaxSplits) {
       for (size_t k = 0; k < typesize; ++k) planes[k] = at(k * elements);  // a plane never straddles streams
     }
@@ -167,24 +166,35 @@ struct Block {
   }
 };
 
-// Whether bytes [lo, hi) of the block need stream j.
-bool needs_stream(const Block& block, size_t streams, size_t j, size_t lo, size_t hi) {
-  if (streams == 1) return hi > lo;
-  if (block.shuffled) return hi > lo;  // stream j is plane j: every element has a byte there
-  return hi > j * block.stream_bytes && lo < (j + 1) * block.stream_bytes;
+// How many leading bytes of stream j bytes [lo, hi) of the block need (0: none).
+size_t needed_prefix(const Block& block, size_t streams, size_t j, size_t lo, size_t hi) {
+  if (hi <= lo) return 0;
+  const size_t whole = block.elements * block.typesize;
+  if (!block.shuffled) {  // stream j holds bytes [j * stream_bytes, (j + 1) * stream_bytes) in place
+    const size_t first = j * block.stream_bytes;
+    return hi > first && lo < first + block.stream_bytes ? std::min(hi - first, block.stream_bytes) : 0;
+  }
+  const size_t elements_needed = (std::min(hi, whole) + block.typesize - 1) / block.typesize;
+  if (streams > 1) return elements_needed;  // stream j is plane j (split blocks hold whole elements only)
+  // One stream: planes one after another, then the bytes after the last whole element.
+  return hi > whole ? hi : (block.typesize - 1) * block.elements + elements_needed;
 }
 
 // Locates block b's streams and decodes the lz4 ones that [lo, hi) needs.
-// Each is decoded whole: lz4 carries no checksum, and a stream decoding to
-// exactly its length is the check c-blosc makes (decoding only a prefix
-// would deliver the rows of a damaged stream that c-blosc refuses).
-Block decode_block(const Frame& frame, size_t b, size_t lo, size_t hi, uint8_t* scratch) {
+// Untrusted, each is decoded whole: lz4 carries no checksum, and a stream
+// decoding to exactly its length is the check c-blosc makes (decoding only a
+// prefix would deliver the rows of a damaged stream that c-blosc refuses);
+// `checked_whole` turns false when a stream is skipped. Trusted (the frame
+// was checked whole before), only the prefix the range needs is decoded.
+Block decode_block(const Frame& frame, size_t b, size_t lo, size_t hi, uint8_t* scratch, bool trusted,
+                   bool& checked_whole) {
   Block block;
   block.size = std::min(frame.blocksize, frame.nbytes - b * frame.blocksize);
   block.typesize = frame.typesize;
   block.shuffled = (frame.flags & kByteShuffle) && frame.typesize > 1;
   const size_t streams = frame.splits(block.size) ? frame.typesize : 1;
   block.stream_bytes = block.size / streams;
+  block.elements = block.size / block.typesize;
   size_t offset = read_le32(frame.in + kHeaderBytes + 4 * b);
   for (size_t j = 0; j < streams; ++j) {
     if (offset > frame.cbytes || frame.cbytes - offset < 4) {
@@ -204,10 +214,18 @@ Block decode_block(const Frame& frame, size_t b, size_t lo, size_t hi, uint8_t* 
     }
     uint8_t* decoded = scratch + j * block.stream_bytes;
     block.streams[j] = decoded;
-    if (!needs_stream(block, streams, j, lo, hi)) continue;
-    const int got = LZ4_decompress_safe(reinterpret_cast<const char*>(source), reinterpret_cast<char*>(decoded),
-                                        static_cast<int>(stored), static_cast<int>(block.stream_bytes));
-    if (got < 0 || static_cast<size_t>(got) != block.stream_bytes) {
+    const size_t prefix = needed_prefix(block, streams, j, lo, hi);
+    if (prefix == 0 || (trusted && prefix < block.stream_bytes)) checked_whole = false;
+    if (prefix == 0) continue;
+    const auto source_text = reinterpret_cast<const char*>(source);
+    const auto decoded_text = reinterpret_cast<char*>(decoded);
+    const size_t want = trusted ? prefix : block.stream_bytes;
+    const int got = want < block.stream_bytes
+                        ? LZ4_decompress_safe_partial(source_text, decoded_text, static_cast<int>(stored),
+                                                      static_cast<int>(want), static_cast<int>(block.stream_bytes))
+                        : LZ4_decompress_safe(source_text, decoded_text, static_cast<int>(stored),
+                                              static_cast<int>(block.stream_bytes));
+    if (got < 0 || static_cast<size_t>(got) != want) {
       frame.corrupt(concat("block ", b, " stream ", j, " is not lz4 data of ", block.stream_bytes, " bytes"));
     }
   }
@@ -217,7 +235,8 @@ Block decode_block(const Frame& frame, size_t b, size_t lo, size_t hi, uint8_t* 
 
 }  // namespace
 
-void decompress_blosc_ranges(const uint8_t* in, size_t in_size, size_t out_size, const std::vector<ByteRange>& ranges) {
+bool decompress_blosc_ranges(const uint8_t* in, size_t in_size, size_t out_size, const std::vector<ByteRange>& ranges,
+                             bool trusted) {
   size_t wanted = 0;
   for (const ByteRange& range : ranges) {
     if (range.begin > range.end || range.end > out_size) {
@@ -225,15 +244,20 @@ void decompress_blosc_ranges(const uint8_t* in, size_t in_size, size_t out_size,
     }
     wanted += range.end - range.begin;
   }
-  if (wanted == 0) return check_blosc_frame(in, in_size, out_size);
+  if (wanted == 0) {
+    check_blosc_frame(in, in_size, out_size);
+    return false;
+  }
   if (ranges.size() == 1 && wanted == out_size) {
-    return decompress_blosc(in, in_size, ranges[0].out, out_size);  // all of it: c-blosc's vectorised unshuffle
+    decompress_blosc(in, in_size, ranges[0].out, out_size);  // all of it: c-blosc's vectorised unshuffle
+    return true;
   }
   const auto decode_whole = [&] {  // by c-blosc, which checks the frame
     thread_local core::ScratchBuffer whole;
     uint8_t* decoded = whole.get(out_size);
     decompress_blosc(in, in_size, decoded, out_size);
     for (const ByteRange& range : ranges) std::memcpy(range.out, decoded + range.begin, range.end - range.begin);
+    return true;
   };
   // Decoded here: stored frames, and lz4 frames less than half wanted. For
   // more, c-blosc's whole decode (vectorised unshuffle into a buffer that
@@ -249,7 +273,7 @@ void decompress_blosc_ranges(const uint8_t* in, size_t in_size, size_t out_size,
     for (const ByteRange& range : ranges) {
       std::memcpy(range.out, in + kHeaderBytes + range.begin, range.end - range.begin);
     }
-    return;
+    return true;
   }
   const Frame frame{in, read_le32(in + 12), out_size, read_le32(in + 8), in[3], flags};
   if (frame.splits(frame.blocksize) && frame.blocksize % frame.typesize != 0) return decode_whole();  // not c-blosc's
@@ -265,6 +289,9 @@ void decompress_blosc_ranges(const uint8_t* in, size_t in_size, size_t out_size,
   if (!std::is_sorted(touches.begin(), touches.end())) std::sort(touches.begin(), touches.end());
   thread_local core::ScratchBuffer lz4_out;
   uint8_t* scratch = lz4_out.get(std::min(frame.blocksize, out_size));
+  // Checked whole when every block's every lz4 stream decoded whole.
+  size_t blocks_decoded = 0;
+  bool checked_whole = true;
   for (size_t t = 0; t < touches.size();) {
     const size_t b = touches[t].first, start = b * frame.blocksize;
     const size_t block_end = std::min(out_size, start + frame.blocksize);
@@ -274,13 +301,16 @@ void decompress_blosc_ranges(const uint8_t* in, size_t in_size, size_t out_size,
       lo = std::min(lo, std::max(range.begin, start));
       hi = std::max(hi, std::min(range.end, block_end));
     }
-    const Block block = decode_block(frame, b, lo - start, hi - start, scratch);
+    const Block block = decode_block(frame, b, lo - start, hi - start, scratch, trusted, checked_whole);
+    ++blocks_decoded;
     for (; t < u; ++t) {
       const ByteRange& range = ranges[touches[t].second];
       const size_t a = std::max(range.begin, start), e = std::min(range.end, block_end);
       block.write(a - start, e - start, range.out + (a - range.begin));
     }
   }
+  const size_t blocks = (out_size + frame.blocksize - 1) / frame.blocksize;
+  return checked_whole && blocks_decoded == blocks;
 }
 
 }  // namespace torch_shards::io::codecs

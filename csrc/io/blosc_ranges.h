@@ -8,7 +8,10 @@
 // where they lie, only the lz4 streams the ranges need are decoded (whole:
 // their exact length is the only check lz4 data allows), and only the wanted
 // elements are unshuffled, straight into the ranges' outputs: no copy of the
-// chunk, no allocation per frame.
+// chunk, no allocation per frame. lz4 has no checksum: a stream decoding to
+// exactly its length is c-blosc's only check, so a frame is decoded whole (or
+// its needed streams are) until the caller knows it checked once; after
+// that, only the prefix of each stream the ranges need is decoded.
 #pragma once
 
 #include <cstddef>
@@ -31,6 +34,14 @@ struct ByteRange {
 // zstd, zlib, bit shuffle) is decoded whole by c-blosc into a buffer kept per
 // thread, then copied. Throws std::runtime_error naming the frame for corrupt
 // or truncated input; never reads outside [in, in + in_size).
-void decompress_blosc_ranges(const uint8_t* in, size_t in_size, size_t out_size, const std::vector<ByteRange>& ranges);
+//
+// trusted: this frame's bytes returned true before (the caller remembers
+// frames by their place in a read-only mapping); its lz4 streams are then
+// decoded only as far as the ranges need. A damaged frame passed as trusted
+// may deliver wrong bytes but never reads or writes out of bounds. Returns
+// true when this call checked the whole frame as c-blosc would (every lz4
+// stream decoded to its exact length, or the frame holds none).
+bool decompress_blosc_ranges(const uint8_t* in, size_t in_size, size_t out_size, const std::vector<ByteRange>& ranges,
+                             bool trusted = false);
 
 }  // namespace torch_shards::io::codecs

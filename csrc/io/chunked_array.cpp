@@ -6,9 +6,11 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
 
 #include "../core/errors.h"
 #include "../core/scratch_buffer.h"
+#include "file.h"
 
 namespace torch_shards::io {
 
@@ -113,7 +115,7 @@ void ChunkedArray::read_raw_chunk_rows(int64_t chunk_row, const std::vector<cons
 }
 
 bool ChunkedArray::use_mapped_chunk(const std::vector<int64_t>& coords,
-                                    const std::function<void(const uint8_t*, size_t)>& use) const {
+                                    core::FunctionRef<void(const uint8_t*, size_t)> use) const {
   if (!store_->maps_chunks() || store_->skipped_filters(coords) != 0) return false;
   const std::optional<ChunkLocation> location = store_->locate(coords);
   if (!location) return false;  // never written: the caller fills it
@@ -121,6 +123,23 @@ bool ChunkedArray::use_mapped_chunk(const std::vector<int64_t>& coords,
   return location->file->use_mapped(
       location->offset, size, [&](const uint8_t* bytes) { use(bytes, size); },
       [&] { return store_->describe_chunk(coords); });
+}
+
+std::atomic<uint64_t>* ChunkedArray::checked_chunks() const {
+  const int pid = current_process_id();
+  if (checked_pid_.load(std::memory_order_acquire) != pid) {
+    std::lock_guard<std::mutex> lock(first_use_mutex());
+    if (checked_pid_.load(std::memory_order_relaxed) != pid) {
+      int64_t chunks = 1;
+      for (const int64_t extent : grid_) {
+        chunks = extent > kMaxCheckedChunks ? kMaxCheckedChunks + 1 : std::min(chunks * extent, kMaxCheckedChunks + 1);
+      }
+      checked_chunks_.reset(
+          chunks > kMaxCheckedChunks ? nullptr : new std::atomic<uint64_t>[static_cast<size_t>(chunks + 63) / 64]());
+      checked_pid_.store(pid, std::memory_order_release);
+    }
+  }
+  return checked_chunks_.get();
 }
 
 bool ChunkedArray::decode_rows_from_mapping(const std::vector<int64_t>& coords, int64_t first_row, int64_t end_row,
@@ -134,8 +153,18 @@ bool ChunkedArray::decode_rows_from_mapping(const std::vector<int64_t>& coords, 
                                        static_cast<size_t>(hi - first_row) * row_size,
                                        out + (segment->dest + lo - segment->source) * row_size});
   }
+  // The chunk's bit (a mapping is read-only and lasts as long as the array:
+  // a chunk checked once keeps its bytes).
+  std::atomic<uint64_t>* const bits = checked_chunks();
+  int64_t chunk = 0;
+  for (size_t d = 0; d < coords.size(); ++d) chunk = chunk * grid_[d] + coords[d];
+  std::atomic<uint64_t>* word = bits != nullptr ? &bits[static_cast<size_t>(chunk) / 64] : nullptr;
+  const uint64_t bit = uint64_t{1} << (chunk % 64);
+  const bool trusted = word != nullptr && (word->load(std::memory_order_relaxed) & bit) != 0;
   return use_mapped_chunk(coords, [&](const uint8_t* bytes, size_t size) {
-    decoder_->decode_view_ranges(bytes, size, chunk_bytes_, ranges);
+    if (decoder_->decode_view_ranges(bytes, size, chunk_bytes_, ranges, trusted) && word != nullptr && !trusted) {
+      word->fetch_or(bit, std::memory_order_relaxed);
+    }
   });
 }
 
@@ -215,7 +244,8 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
     const int64_t group = task / inner_chunks_;
     int64_t inner = task % inner_chunks_;
     const int64_t chunk_row = touches[starts[group]].first;
-    std::vector<int64_t> coords(info_.shape.size());
+    thread_local std::vector<int64_t> coords;  // no allocation per chunk
+    coords.resize(info_.shape.size());
     coords[0] = chunk_row;
     for (size_t d = info_.shape.size() - 1; d >= 1; --d) {
       coords[d] = inner % grid_[d];

@@ -5,13 +5,14 @@
 // destination.
 #pragma once
 
-#include <functional>
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "../core/function_ref.h"
 #include "array.h"
 #include "blosc_ranges.h"
 
@@ -66,16 +67,19 @@ class ChunkDecoder {
   // (asked for once what check_encoded checks has passed, so that a corrupt
   // header allocates nothing). Only where decodes_views().
   virtual void decode_view(const uint8_t* /*encoded*/, size_t /*size*/, size_t /*out_bytes*/,
-                           const std::function<uint8_t*()>& /*out*/) const {
+                           core::FunctionRef<uint8_t*()> /*out*/) const {
     throw std::logic_error("this chunk decoder cannot decode from a view");
   }
   // Whether decode_view_ranges() works: the pipeline decodes parts of a
   // chunk from a view without decoding all of it (blosc's lz4 frames).
   virtual bool decodes_ranges() const { return false; }
   // Writes byte ranges of the decoded chunk (out_bytes in all) straight from
-  // `encoded` to each range's output. Only where decodes_ranges().
-  virtual void decode_view_ranges(const uint8_t* /*encoded*/, size_t /*size*/, size_t /*out_bytes*/,
-                                  const std::vector<codecs::ByteRange>& /*ranges*/) const {
+  // `encoded` to each range's output. Only where decodes_ranges(). trusted
+  // and the result as codecs::decompress_blosc_ranges: true when the call
+  // checked the whole chunk; trusted chunks (checked before, same bytes) are
+  // decoded only as far as the ranges need.
+  virtual bool decode_view_ranges(const uint8_t* /*encoded*/, size_t /*size*/, size_t /*out_bytes*/,
+                                  const std::vector<codecs::ByteRange>& /*ranges*/, bool /*trusted*/) const {
     throw std::logic_error("this chunk decoder cannot decode parts of a chunk");
   }
   // Throws (std::runtime_error) unless `encoded` can decode to out_bytes as
@@ -103,11 +107,11 @@ class ChunkedArray : public Array {
   // file's mapping (a fault there is a ReadError naming the chunk); false
   // when the store does not map chunks, the chunk skips filters, or it was
   // never written (the caller then reads or fills it).
-  bool use_mapped_chunk(const std::vector<int64_t>& coords,
-                        const std::function<void(const uint8_t*, size_t)>& use) const;
+  bool use_mapped_chunk(const std::vector<int64_t>& coords, core::FunctionRef<void(const uint8_t*, size_t)> use) const;
   // Decodes the rows of the chunk at `coords` that `touching` wants (its
   // rows [first_row, end_row)) straight into the output, from the mapping
-  // (ChunkDecoder::decode_view_ranges); false as use_mapped_chunk.
+  // (ChunkDecoder::decode_view_ranges); false as use_mapped_chunk. A chunk
+  // is decoded whole the first time, then trusted (checked_chunks_).
   bool decode_rows_from_mapping(const std::vector<int64_t>& coords, int64_t first_row, int64_t end_row,
                                 const std::vector<const Segment*>& touching, uint8_t* out) const;
   // Copies row `row_in_chunk` of a decoded chunk at inner grid position
@@ -123,6 +127,15 @@ class ChunkedArray : public Array {
   std::shared_ptr<const ChunkDecoder> decoder_;
   std::vector<uint8_t> fill_value_;
   bool whole_rows_ = false;  // a chunk holds whole rows (no inner dimension is split)
+  // This process's bits, one per chunk (linear grid index): the chunk's
+  // mapped bytes were checked whole by decode_view_ranges. Null for grids of
+  // more than kMaxCheckedChunks chunks (always checked then).
+  std::atomic<uint64_t>* checked_chunks() const;
+  static constexpr int64_t kMaxCheckedChunks = int64_t{1} << 26;  // 8 MiB of bits
+  // Made per process (a forked child may map files replaced since): its
+  // first partial decode in a process makes them.
+  mutable std::atomic<int> checked_pid_{0};
+  mutable std::unique_ptr<std::atomic<uint64_t>[]> checked_chunks_;
 };
 
 }  // namespace torch_shards::io

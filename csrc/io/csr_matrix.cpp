@@ -8,6 +8,7 @@
 
 #include "../core/errors.h"
 #include "../core/radix_sort.h"
+#include "../core/scratch_buffer.h"
 
 namespace torch_shards::io {
 
@@ -181,23 +182,44 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
 namespace {
 
 // Converts column indices to the output width and checks them against the
-// column count, in one typed pass the compiler vectorises (the bounds are
-// kept in the stored type: 64-bit min/max would not vectorise on baseline x86).
+// column count, in one typed pass the compiler vectorises. The bounds are
+// taken of the converted values where the conversion loses nothing (SSE2,
+// baseline x86, compares signed 32-bit values but not unsigned 16-bit ones:
+// numcodecs' uint16 indices), else of the stored values (int64 stored,
+// int32 out); a value out of range is then looked for as stored.
 template <typename Stored, typename Out>
-void convert_columns(const Stored* stored, Out* out, int64_t count, int64_t num_cols, const Array& indices) {
+void convert_columns(const Stored* __restrict stored, Out* __restrict out, int64_t count, int64_t num_cols,
+                     const Array& indices) {
   if (count == 0) return;
-  Stored low = stored[0], high = stored[0];
-  for (int64_t i = 0; i < count; ++i) {
-    low = std::min(low, stored[i]);
-    high = std::max(high, stored[i]);
-    if constexpr (!std::is_same_v<Stored, Out>) out[i] = static_cast<Out>(stored[i]);
+  bool in_range = false;
+  if constexpr (sizeof(Stored) <= sizeof(Out)) {  // widening, or a reinterpretation that flips the sign of large values
+    Out low = static_cast<Out>(stored[0]), high = low;
+    for (int64_t i = 0; i < count; ++i) {
+      const Out value = static_cast<Out>(stored[i]);
+      low = std::min(low, value);
+      high = std::max(high, value);
+      if constexpr (!std::is_same_v<Stored, Out>) out[i] = value;
+    }
+    in_range = low >= 0 && static_cast<int64_t>(high) < num_cols;
+  } else {
+    Stored low = stored[0], high = stored[0];
+    for (int64_t i = 0; i < count; ++i) {
+      low = std::min(low, stored[i]);
+      high = std::max(high, stored[i]);
+      out[i] = static_cast<Out>(stored[i]);
+    }
+    in_range = !(std::is_signed_v<Stored> && low < 0) && static_cast<uint64_t>(high) < static_cast<uint64_t>(num_cols);
   }
-  const bool below = std::is_signed_v<Stored> && low < 0;  // else high >= 0 too
-  if (!below && static_cast<uint64_t>(high) < static_cast<uint64_t>(num_cols)) return;
-  // Printed as numbers (not int8 characters), unsigned ones above INT64_MAX too.
-  using Printed = std::conditional_t<std::is_signed_v<Stored>, int64_t, uint64_t>;
-  throw ReadError(concat(indices.where(), ": column index ", static_cast<Printed>(below ? low : high),
-                         " out of range [0, ", num_cols, ")"));
+  if (in_range) return;
+  for (int64_t i = 0; i < count; ++i) {
+    const bool below = std::is_signed_v<Stored> && stored[i] < 0;
+    if (below || static_cast<uint64_t>(stored[i]) >= static_cast<uint64_t>(num_cols)) {
+      // Printed as numbers (not int8 characters), unsigned ones above INT64_MAX too.
+      using Printed = std::conditional_t<std::is_signed_v<Stored>, int64_t, uint64_t>;
+      throw ReadError(concat(indices.where(), ": column index ", static_cast<Printed>(stored[i]), " out of range [0, ",
+                             num_cols, ")"));
+    }
+  }
 }
 
 template <typename Out>
@@ -231,12 +253,9 @@ void CsrMatrix::read(const CsrPlan& plan, void* indices_out, size_t index_size, 
   data_->read(plan.segments, values_out, pool);
   const DType stored = indices_->info().dtype;
   const bool direct = (stored == DType::kInt32 && index_size == 4) || (stored == DType::kInt64 && index_size == 8);
-  std::vector<uint8_t> staging;
-  uint8_t* raw = static_cast<uint8_t*>(indices_out);
-  if (!direct) {
-    staging.resize(static_cast<size_t>(nnz) * dtype_size(stored));
-    raw = staging.data();
-  }
+  thread_local core::ScratchBuffer staging;  // stored indices of another width, converted below
+  uint8_t* raw =
+      direct ? static_cast<uint8_t*>(indices_out) : staging.get(static_cast<size_t>(nnz) * dtype_size(stored));
   indices_->read(plan.segments, raw, pool);
   if (index_size == 4) {
     convert_columns(raw, stored, static_cast<int32_t*>(indices_out), nnz, num_cols_, *indices_);

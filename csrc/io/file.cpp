@@ -209,8 +209,8 @@ void File::read_at(int64_t offset, size_t bytes, void* out, const std::string& w
   }
 }
 
-bool File::use_mapped(int64_t offset, size_t bytes, const std::function<void(const uint8_t*)>& use,
-                      const std::function<std::string()>& what) const {
+bool File::use_mapped(int64_t offset, size_t bytes, core::FunctionRef<void(const uint8_t*)> use,
+                      core::FunctionRef<std::string()> what) const {
   if (!contains(offset, bytes)) check_range(offset, bytes, what());  // raises; what() only for a message
   const uint8_t* mapped = mapping();
   if (mapped == nullptr) return false;

@@ -10,10 +10,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "../core/function_ref.h"
 
 namespace torch_shards::io {
 
@@ -41,8 +42,8 @@ class File {
   // and raises the ReadError of read_at: `use` must hold nothing that needs
   // destroying (it runs a decoder from the bytes into a plain buffer).
   // what() names the bytes in messages, only ever called for one.
-  bool use_mapped(int64_t offset, size_t bytes, const std::function<void(const uint8_t*)>& use,
-                  const std::function<std::string()>& what) const;
+  bool use_mapped(int64_t offset, size_t bytes, core::FunctionRef<void(const uint8_t*)> use,
+                  core::FunctionRef<std::string()> what) const;
   // True when reads copy from a mapping: a read then costs no system call, so
   // callers need not gather nearby reads into one.
   bool mapped() const { return mapping() != nullptr; }

@@ -957,7 +957,7 @@ class ZarrChunkDecoder : public ChunkDecoder {
   }
 
   void decode_view(const uint8_t* encoded, size_t size, size_t out_bytes,
-                   const std::function<uint8_t*()>& out) const override {
+                   core::FunctionRef<uint8_t*()> out) const override {
     codecs::check_decoded_size(decompressor(chain_.bytes_codecs[0]), encoded, size, out_bytes);  // before out()
     decompress(chain_.bytes_codecs[0], encoded, size, out(), out_bytes);  // writes exactly out_bytes or throws
   }
@@ -965,9 +965,9 @@ class ZarrChunkDecoder : public ChunkDecoder {
   // blosc frames: parts of a chunk decoded without the rest.
   bool decodes_ranges() const override { return decodes_views() && chain_.bytes_codecs[0] == BytesCodec::kBlosc; }
 
-  void decode_view_ranges(const uint8_t* encoded, size_t size, size_t out_bytes,
-                          const std::vector<codecs::ByteRange>& ranges) const override {
-    codecs::decompress_blosc_ranges(encoded, size, out_bytes, ranges);
+  bool decode_view_ranges(const uint8_t* encoded, size_t size, size_t out_bytes,
+                          const std::vector<codecs::ByteRange>& ranges, bool trusted) const override {
+    return codecs::decompress_blosc_ranges(encoded, size, out_bytes, ranges, trusted);
   }
 
   void decode(std::vector<uint8_t>& encoded, uint8_t* out, size_t out_bytes) const override {

@@ -434,17 +434,19 @@ void expect_ranges_match(const Bytes& packed, const Bytes& data, Rng& rng, size_
     if (trial >= 3) {  // a small part of the frame: decoded in part, not whole
       for (auto& [begin, end] : spans) end = std::min(end, begin + data.size() / 32);
     }
-    std::vector<Bytes> outs;
-    for (const auto& [begin, end] : spans) outs.emplace_back(end - begin + 1, 0xcd);  // one guard byte
-    std::vector<ByteRange> ranges;
-    for (size_t r = 0; r < spans.size(); ++r)
-      ranges.push_back(ByteRange{spans[r].first, spans[r].second, outs[r].data()});
-    decompress_blosc_ranges(packed.data(), packed.size(), data.size(), ranges);
-    for (size_t r = 0; r < spans.size(); ++r) {
-      const auto [begin, end] = spans[r];
-      ASSERT_TRUE(std::equal(data.begin() + begin, data.begin() + end, outs[r].begin()))
-          << what << ": bytes [" << begin << ", " << end << ") of " << data.size();
-      ASSERT_EQ(outs[r].back(), 0xcd) << what << ": wrote past bytes [" << begin << ", " << end << ")";
+    for (const bool trusted : {false, true}) {  // every lz4 stream decoded whole, or only the prefixes needed
+      std::vector<Bytes> outs;
+      for (const auto& [begin, end] : spans) outs.emplace_back(end - begin + 1, 0xcd);  // one guard byte
+      std::vector<ByteRange> ranges;
+      for (size_t r = 0; r < spans.size(); ++r)
+        ranges.push_back(ByteRange{spans[r].first, spans[r].second, outs[r].data()});
+      decompress_blosc_ranges(packed.data(), packed.size(), data.size(), ranges, trusted);
+      for (size_t r = 0; r < spans.size(); ++r) {
+        const auto [begin, end] = spans[r];
+        ASSERT_TRUE(std::equal(data.begin() + begin, data.begin() + end, outs[r].begin()))
+            << what << (trusted ? " (trusted)" : "") << ": bytes [" << begin << ", " << end << ") of " << data.size();
+        ASSERT_EQ(outs[r].back(), 0xcd) << what << ": wrote past bytes [" << begin << ", " << end << ")";
+      }
     }
   }
 }
@@ -547,6 +549,70 @@ TEST(Codecs, DecompressBloscRangesThrowsOnDamagedFrames) {
     }
   }
   EXPECT_GT(thrown, trials / 4);  // cut frames and most bad offsets; flips in stored streams decode
+}
+
+// The result says whether the call checked the whole frame as c-blosc does
+// (every lz4 stream decoded to its exact length): the caller then trusts the
+// frame, and later calls decode only the prefixes of streams they need.
+TEST(Codecs, DecompressBloscRangesSaysWhenItCheckedTheWholeFrame) {
+  blosc_set_splitmode(BLOSC_ALWAYS_SPLIT);
+  const Bytes data = float_data(6399, 5), large = float_data(40000, 6);
+  const Bytes one_block = blosc_compress_bytes(data, 3, BLOSC_SHUFFLE, 4, "lz4");       // annbatch's frames
+  const Bytes blocks = blosc_compress_bytes(large, 3, BLOSC_SHUFFLE, 4, "lz4", 16384);  // x typesize: 64 KiB
+  blosc_set_splitmode(BLOSC_FORWARD_COMPAT_SPLIT);
+  ASSERT_EQ(read_le32(one_block.data() + 8), data.size());
+  ASSERT_EQ(read_le32(blocks.data() + 8), 65536u);  // 3 blocks
+  Bytes out(large.size());
+  const auto call = [&](const Bytes& frame, size_t size, size_t begin, size_t end, bool trusted) {
+    return decompress_blosc_ranges(frame.data(), frame.size(), size, {ByteRange{begin, end, out.data()}}, trusted);
+  };
+  EXPECT_TRUE(call(one_block, data.size(), 0, 400, false));                // every plane of its block decoded whole
+  EXPECT_FALSE(call(one_block, data.size(), 0, 400, true));                // trusted: each plane's first 100 bytes
+  EXPECT_TRUE(call(one_block, data.size(), 24000, data.size(), true));     // a tail needs every plane whole
+  EXPECT_FALSE(call(one_block, data.size(), 10, 10, false));               // nothing wanted: the header checked
+  EXPECT_FALSE(call(blocks, large.size(), 0, 400, false));                 // two blocks left unchecked
+  EXPECT_TRUE(call(blocks, large.size(), 65000, 140000, false));           // a range in each block
+  EXPECT_TRUE(call(blocks, large.size(), 0, large.size() * 3 / 4, true));  // most of it: c-blosc's whole decode
+  EXPECT_TRUE(std::equal(out.begin(), out.begin() + 120000, large.begin()));
+  const Bytes stored = blosc_compress_bytes(data, 0, BLOSC_SHUFFLE, 4, "lz4");
+  EXPECT_TRUE(call(stored, data.size(), 0, 400, false));  // no lz4 stream to check
+  EXPECT_TRUE(std::equal(out.begin(), out.begin() + 400, data.begin()));
+}
+
+// A frame whose lz4 stream is damaged past the rows a read needs: c-blosc
+// refuses it, so must an untrusted call (however few bytes it wants); only a
+// caller that trusts the frame (it checked these bytes before) skips the check.
+TEST(Codecs, DecompressBloscRangesRefusesDamageBeyondTheRangesUntilTrusted) {
+  // Values in [1, 2) (exponent byte 0x3f: one lz4 match) then in [1, 4) at
+  // random (0x3f or 0x40: many short sequences, where the damage goes).
+  Bytes data = float_data(6399, 7);
+  Rng rng(7);
+  for (size_t i = 3200; i < 6399; ++i) data[4 * i + 3] = rng.below(2) ? 0x3f : 0x40;
+  blosc_set_splitmode(BLOSC_ALWAYS_SPLIT);
+  const Bytes packed = blosc_compress_bytes(data, 3, BLOSC_SHUFFLE, 4, "lz4");
+  blosc_set_splitmode(BLOSC_FORWARD_COMPAT_SPLIT);
+  Bytes head(256);
+  const auto read_head = [&](const Bytes& frame, bool trusted) {
+    decompress_blosc_ranges(frame.data(), frame.size(), data.size(), {ByteRange{0, head.size(), head.data()}}, trusted);
+    return std::equal(head.begin(), head.end(), data.begin());
+  };
+  size_t found = 0;
+  for (size_t at = packed.size() - 1; at > packed.size() - 64; --at) {  // the last stream's tail
+    Bytes damaged = packed;
+    damaged[at] ^= 0x40;
+    Bytes whole(data.size());
+    try {
+      decompress_blosc(damaged.data(), damaged.size(), whole.data(), whole.size());
+      continue;  // still decodes (a flipped literal): nothing to refuse
+    } catch (const std::runtime_error&) {
+    }
+    ++found;
+    EXPECT_THROW(read_head(damaged, false), std::runtime_error) << "byte " << at;
+    bool head_intact = false;
+    EXPECT_NO_THROW(head_intact = read_head(damaged, true)) << "byte " << at;  // damage past the prefix
+    EXPECT_TRUE(head_intact) << "byte " << at;
+  }
+  EXPECT_GT(found, 0u);
 }
 
 TEST(Codecs, DecompressBloscRangesChecksTheFrameFirst) {

@@ -864,6 +864,67 @@ TEST(ZarrV3, ShardedBlockReadsOfWholeAndPartialChunks) {
   expect_scattered_reads(*array, expected, 12);
 }
 
+// A read that needs part of a blosc-lz4 chunk decodes it whole the first
+// time (lz4 has no checksum: a stream decoding to exactly its length is
+// c-blosc's only check), then trusts it and decodes only what later reads
+// need. A chunk damaged past the rows read is refused on every read.
+TEST(ZarrV3, PartialChunkReadsCheckEachChunkWholeFirst) {
+  const Shape shape{8000}, shard{4000}, inner{2000};
+  // In each chunk, values in [1, 2) then in [1, 4): the exponent byte's lz4
+  // stream is one match, then many short sequences (where the damage goes).
+  std::vector<float> values(8000);
+  std::mt19937_64 random(3);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const float scale = i % 2000 >= 1000 && random() % 2 ? 2.0f : 1.0f;
+    values[i] = (1.0f + static_cast<float>(random() % (1 << 20)) / (1 << 20)) * scale;
+  }
+  const Bytes bytes = to_bytes(values);
+  const json inner_codecs =
+      json::array({bytes_codec(),
+                   {{"name", "blosc"},
+                    {"configuration",
+                     {{"typesize", 4}, {"cname", "lz4"}, {"clevel", 5}, {"shuffle", "shuffle"}, {"blocksize", 0}}}}});
+  TempStore store;
+  write_json(store.path() + "/zarr.json",
+             v3_metadata(shape, shard, "float32", json::array({sharding_codec(inner, inner_codecs, false)})));
+  bool damaged = false;
+  blosc_set_splitmode(BLOSC_ALWAYS_SPLIT);  // annbatch's frames: a stream per byte plane
+  write_shards(
+      store.path(), bytes, shape, shard, inner, 4,
+      [&](const Bytes& in) {
+        Bytes frame = blosc_compress(in, 4, BLOSC_SHUFFLE, "lz4");
+        if (!std::equal(in.begin(), in.end(), bytes.begin() + 2 * 2000 * 4)) return frame;  // chunk 2 only
+        Bytes out(in.size());
+        for (size_t at = frame.size() - 1; at > frame.size() - 64; --at) {  // the last stream's tail
+          frame[at] ^= 0x40;
+          if (blosc_decompress_ctx(frame.data(), out.data(), out.size(), 1) < 0) {
+            damaged = true;
+            break;
+          }
+          frame[at] ^= 0x40;
+        }
+        return frame;
+      },
+      ShardOptions{});
+  blosc_set_splitmode(BLOSC_FORWARD_COMPAT_SPLIT);
+  ASSERT_TRUE(damaged);
+  const auto array = open_zarr_array(store.path(), "/");
+  core::ThreadPool pool(1);
+  std::vector<float> out(100);
+  for (int read = 0; read < 3; ++read) {  // chunk 0 checked by the first read, trusted after
+    for (const int64_t chunk : {0, 1, 3}) {
+      std::fill(out.begin(), out.end(), 0.0f);
+      array->read({Segment{chunk * 2000 + 10 * read, 100, 0}}, out.data(), pool);
+      ASSERT_TRUE(std::equal(out.begin(), out.end(), values.begin() + chunk * 2000 + 10 * read)) << chunk;
+    }
+    expect_read_error(
+        [&] {
+          array->read({Segment{4000 + read, 100, 0}}, out.data(), pool);
+        },
+        store.path(), "/", "chunk (2,)");
+  }
+}
+
 // Whole rows per chunk in two dimensions (the chunk spans every column).
 TEST(ZarrV2, BlockReadsOfWholeRowChunks) {
   const Shape shape{97, 6}, chunks{8, 6};

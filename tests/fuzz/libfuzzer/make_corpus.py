@@ -41,6 +41,8 @@ def codecs():
     floats = (1 + np.random.default_rng(0).random(512, dtype=np.float32)).tobytes()
     split = numcodecs.Blosc(cname="lz4", clevel=3, shuffle=1, typesize=4).encode(floats)
     save("codecs", "blosc_ranges", bytes([0x83]) + struct.pack("<I", len(floats))[:3] + bytes(split))
+    # The same, trusted (bit 6): only the lz4 prefixes the parts need are decoded.
+    save("codecs", "blosc_ranges_trusted", bytes([0xC3]) + struct.pack("<I", len(floats))[:3] + bytes(split))
     # Scale-offset: 4-byte elements (selector bits 3-4 = 2), minbits 3, minval 100, 8 values.
     packed = bytes([0b00000101, 0b00111001, 0b01110111])
     header = struct.pack("<I", 3) + bytes([8]) + struct.pack("<Q", 100) + bytes(8)
