@@ -144,6 +144,7 @@ std::atomic<uint64_t>* ChunkedArray::checked_chunks() const {
 
 bool ChunkedArray::decode_rows_from_mapping(const std::vector<int64_t>& coords, int64_t first_row, int64_t end_row,
                                             const std::vector<const Segment*>& touching, uint8_t* out) const {
+  if (!store_->maps_chunks()) return false;  // before the bits are made: chunks read by copy are never trusted
   const size_t row_size = row_bytes();
   thread_local std::vector<codecs::ByteRange> ranges;
   ranges.clear();
@@ -244,8 +245,7 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
     const int64_t group = task / inner_chunks_;
     int64_t inner = task % inner_chunks_;
     const int64_t chunk_row = touches[starts[group]].first;
-    thread_local std::vector<int64_t> coords;  // no allocation per chunk
-    coords.resize(info_.shape.size());
+    std::vector<int64_t> coords(info_.shape.size());
     coords[0] = chunk_row;
     for (size_t d = info_.shape.size() - 1; d >= 1; --d) {
       coords[d] = inner % grid_[d];
