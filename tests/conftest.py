@@ -1,10 +1,16 @@
 import collections
 
+import anndata as ad
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 import torch_shards as ts
+
+# With pandas 3 an AnnData's default index is a pandas StringArray, which anndata 0.11-0.12 writes
+# only when asked (0.13 writes it by default): the tests' files are written as users' are.
+if hasattr(ad.settings, "allow_write_nullable_strings"):
+    ad.settings.allow_write_nullable_strings = True
 
 # Every dtype the sources read, in native byte order.
 DTYPES = [

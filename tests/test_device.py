@@ -1,6 +1,8 @@
 """Batches on the GPU (ShardedDataset(device=), ts.DeviceLoader): the checks
 that run everywhere, and the GPU tests, which skip without CUDA."""
 
+import warnings
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -136,11 +138,16 @@ def test_exactly_once_and_len_unchanged_on_the_device():
 @cuda
 def test_local_rank_cross_check(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", str(torch.cuda.current_device()))
-    dataset("cuda")  # consistent: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # consistent: no warning
+        dataset("cuda")
+        ts.DeviceLoader([], "cuda")
     other = (torch.cuda.current_device() + 1) % max(torch.cuda.device_count(), 2)
     monkeypatch.setenv("LOCAL_RANK", str(other))
-    with pytest.warns(UserWarning, match=f"but LOCAL_RANK={other}"):
+    with pytest.warns(UserWarning, match=f"ShardedDataset: the current device is cuda:.* but LOCAL_RANK={other}"):
         dataset("cuda")
+    with pytest.warns(UserWarning, match=f"DeviceLoader: the current device is cuda:.* but LOCAL_RANK={other}"):
+        ts.DeviceLoader([], "cuda")
     if torch.cuda.device_count() > 1:
         with pytest.raises(ValueError, match="but LOCAL_RANK="):
             dataset(f"cuda:{other}")
@@ -149,9 +156,9 @@ def test_local_rank_cross_check(monkeypatch):
 @cuda
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_device_loader_over_workers(num_workers):
-    loader = DataLoader(dataset(), batch_size=None, num_workers=num_workers)
-    host = [b["X"] for b in loader]
-    on_device = list(ts.DeviceLoader(loader, "cuda"))
+    # Two datasets built alike: each iteration of one dataset is its next epoch (another order).
+    host = [b["X"] for b in DataLoader(dataset(), batch_size=None, num_workers=num_workers)]
+    on_device = list(ts.DeviceLoader(DataLoader(dataset(), batch_size=None, num_workers=num_workers), "cuda"))
     assert len(on_device) == len(host)
     for a, b in zip(on_device, host):
         assert a["X"].is_cuda and torch.equal(a["X"].cpu(), b)

@@ -5,6 +5,8 @@ The copy itself is native (torch.classes.torch_shards.DeviceStage, the same
 code ShardedDataset(device=) runs): pinned host memory, a side stream, an event
 the current stream waits on."""
 
+import warnings
+
 import torch
 
 from ._library import LIBRARY_PATH  # noqa: F401  (loads the native classes)
@@ -33,7 +35,9 @@ class DeviceLoader:
         self.device = device_name("DeviceLoader", device)
         if self.device is None:
             raise ValueError("DeviceLoader: device must be given ('cuda', 'cuda:1', a torch.device or 'cpu')")
-        torch.classes.torch_shards.DeviceStage(self.device)  # checks the device now
+        warning = torch.classes.torch_shards.DeviceStage(self.device).warning()  # checks the device now
+        if warning:
+            warnings.warn(warning, stacklevel=2)
 
     def __len__(self):
         return len(self.loader)

@@ -106,7 +106,8 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("put", &DeviceStageImpl::put)
       .def("take", &DeviceStageImpl::take)
       .def("pending", &DeviceStageImpl::pending)
-      .def("device", &DeviceStageImpl::device);
+      .def("device", &DeviceStageImpl::device)
+      .def("warning", [](const c10::intrusive_ptr<DeviceStageImpl>& self) { return self->warning(); });
 
   m.class_<ShardedDatasetImpl>("ShardedDataset")
       .def(
@@ -137,6 +138,7 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("drop_last", &ShardedDatasetImpl::drop_last)
       .def("even_batches", &ShardedDatasetImpl::even_batches)
       .def("pin_memory", &ShardedDatasetImpl::pin_memory)
+      .def("device_warning", [](const c10::intrusive_ptr<ShardedDatasetImpl>& self) { return self->device_warning(); })
       .def("device",
            [](const c10::intrusive_ptr<ShardedDatasetImpl>& self) -> std::optional<std::string> {
              const auto device = self->device();

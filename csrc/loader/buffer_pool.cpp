@@ -27,6 +27,18 @@ size_t size_class(size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
+// Whether the storage's Python object is its only other holder. torch keeps that object alive while C++
+// holds the storage (PyObject preservation) and says so through PyObjectSlot::has_unique_reference;
+// a torch without that method has no such reference to discount: false (the storage counts as held).
+template <typename Slot>
+auto python_holds_only_itself(Slot* slot, int) -> decltype(slot->has_unique_reference()) {
+  return slot->has_unique_reference();
+}
+template <typename Slot>
+bool python_holds_only_itself(Slot*, long) {
+  return false;
+}
+
 c10::Storage allocate(size_t bytes, sources::Memory memory) {
   if (memory == sources::Memory::kSharedPooled) {
     c10::Storage storage(at::new_shm_fd_storage(bytes));
@@ -89,7 +101,7 @@ void BufferPool::note_python_holders() {
   std::lock_guard<std::mutex> lock(sync_->mutex);
   for (Kept& kept : kept_) {
     kept.python_only = kept.memory == sources::Memory::kSharedPooled && kept.storage.use_count() == 2 &&
-                       kept.storage.unsafeGetStorageImpl()->pyobj_slot()->has_unique_reference();
+                       python_holds_only_itself(kept.storage.unsafeGetStorageImpl()->pyobj_slot(), 0);
   }
 }
 

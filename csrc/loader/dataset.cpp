@@ -98,7 +98,7 @@ ShardedDatasetImpl::ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c1
     }
     planner_ = std::make_shared<const core::Planner>(strategy_->bind(source_->num_rows()), layout, world_size_);
   });
-  options_.device = resolve_device(options.device, kWho);
+  options_.device = resolve_device(options.device, kWho, device_warning_);
   if (options_.device) options_.pin_memory = true;  // asynchronous copies need pinned host memory
   // Without CUDA there is nothing to pin for; the doors tell their users (pin_memory() is false).
   if (!at::hasCUDA()) options_.pin_memory = false;
@@ -817,6 +817,7 @@ ShardedDataset::ShardedDataset(const Source& source, const Strategy& strategy, c
         "ShardedDataset: pin_memory=true has no effect: this torch has no CUDA device, batches stay in "
         "pageable memory");
   }
+  if (!impl_->device_warning().empty()) TORCH_WARN(impl_->device_warning());
 }
 
 }  // namespace torch_shards

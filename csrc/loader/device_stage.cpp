@@ -54,7 +54,8 @@ std::optional<c10::Device> parse_device(const std::optional<std::string>& spec, 
   }
 }
 
-std::optional<c10::Device> resolve_device(std::optional<c10::Device> parsed, const char* who) {
+std::optional<c10::Device> resolve_device(std::optional<c10::Device> parsed, const char* who, std::string& warning) {
+  warning.clear();
   if (!parsed || parsed->is_cpu()) return std::nullopt;
   const std::string spec = parsed->str();
   TORCH_CHECK_VALUE(parsed->is_cuda(), who, ": device '", spec, "' is not supported (batches go to 'cuda' devices)");
@@ -70,7 +71,7 @@ std::optional<c10::Device> resolve_device(std::optional<c10::Device> parsed, con
                     " CUDA devices");
   const core::DeviceCheck check = core::check_local_rank(explicit_index, current, local_rank_from_environment());
   TORCH_CHECK_VALUE(!check.error, who, ": ", check.problem);
-  if (!check.problem.empty()) TORCH_WARN(who, ": ", check.problem);
+  if (!check.problem.empty()) warning = core::concat(who, ": ", check.problem);
   return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(explicit_index.value_or(current)));
 }
 
@@ -109,7 +110,8 @@ Batch DeviceStage::hand_over(Copy copy) const {
 }
 
 DeviceStageImpl::DeviceStageImpl(const std::string& device) {
-  const std::optional<c10::Device> resolved = resolve_device(parse_device(device, "DeviceLoader"), "DeviceLoader");
+  const std::optional<c10::Device> resolved =
+      resolve_device(parse_device(device, "DeviceLoader"), "DeviceLoader", warning_);
   if (resolved) stage_ = std::make_unique<DeviceStage>(*resolved);
 }
 

@@ -27,9 +27,11 @@ std::optional<c10::Device> parse_device(const std::optional<std::string>& spec, 
 // The device batches go to: nullopt keeps them on the host ("cpu" included);
 // "cuda" without an index is the current device. Raises ValueError for a
 // device this torch cannot reach and, under LOCAL_RANK, for an explicit index
-// that is not the current device; warns when the current device is not
-// LOCAL_RANK (damacy's cross-check).
-std::optional<c10::Device> resolve_device(std::optional<c10::Device> device, const char* who);
+// that is not the current device. When the current device is not LOCAL_RANK
+// (damacy's cross-check), `warning` says so (else it is left empty): each door
+// warns its own way (torch's custom-class and operator calls do not turn a
+// TORCH_WARN into a Python warning).
+std::optional<c10::Device> resolve_device(std::optional<c10::Device> device, const char* who, std::string& warning);
 
 // Copies batches to one device. A host batch is kept until its copy's event
 // has completed, so its (recycled, pinned) buffers are reused only then.
@@ -72,8 +74,11 @@ class DeviceStageImpl : public torch::CustomClassHolder {
   std::optional<Batch> take();
   int64_t pending() const { return static_cast<int64_t>(host_.size() + copies_.size()); }
   std::string device() const;
+  // The LOCAL_RANK cross-check's warning (resolve_device), or empty.
+  const std::string& warning() const { return warning_; }
 
  private:
+  std::string warning_;
   std::unique_ptr<DeviceStage> stage_;  // null: batches stay on the host
   std::deque<DeviceStage::Copy> copies_;
   std::deque<Batch> host_;  // device "cpu"

@@ -131,6 +131,8 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   bool pin_memory() const { return options_.pin_memory; }
   // The device batches are delivered on (in-process iteration), or nullopt: the host.
   std::optional<c10::Device> device() const { return options_.device; }
+  // The LOCAL_RANK cross-check's warning for that device, or empty: each door warns its own way.
+  const std::string& device_warning() const { return device_warning_; }
   int64_t plan_size() const;
   int64_t num_fetches() const;
   int64_t num_global_batches() const;
@@ -200,6 +202,7 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   int64_t rank_ = 0;
   int64_t world_size_ = 1;
   std::string topology_source_;
+  std::string device_warning_;
   std::shared_ptr<const core::Planner> planner_;
   at::Tensor shared_state_;
   int64_t local_iterations_ = 0;  // worker iterations started by this process's copy
