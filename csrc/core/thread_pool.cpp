@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 namespace torch_shards::core {
 namespace {
 thread_local bool inside_pool_task = false;
@@ -16,7 +18,7 @@ ThreadPool::~ThreadPool() {
   }
   {
     std::lock_guard<std::mutex> lock(sync_->mutex);
-    stopping_ = true;
+    sync_->stopping = true;
   }
   sync_->wake.notify_all();
   for (auto& worker : workers_) worker->join();
@@ -25,11 +27,10 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::adopt_after_fork() {
   for (auto& worker : workers_) worker.release();  // std::thread objects of threads that are not ours
   workers_.clear();
-  (void)sync_.release();  // may hold the parent's waiters: never lock, signal or destroy it
+  // May hold the parent's waiters and a list a parent thread was changing: never lock, signal or
+  // destroy it (its jobs are only counters; the parent's absent threads hold no task of ours).
+  (void)sync_.release();
   sync_ = std::make_unique<Sync>();
-  job_.reset();  // only an atomic count: copies held by the parent's absent threads keep the job alive
-  generation_ = 0;
-  stopping_ = false;
   owner_pid_ = static_cast<int>(getpid());
 }
 
@@ -61,15 +62,23 @@ void ThreadPool::run_tasks(Job& job) {
 
 void ThreadPool::worker_loop() {
   Sync& sync = *sync_;  // a worker only ever runs in the process that started it
-  uint64_t seen = 0;
   for (;;) {
     std::shared_ptr<Job> job;
     {
       std::unique_lock<std::mutex> lock(sync.mutex);
-      sync.wake.wait(lock, [&] { return stopping_ || (job_ && generation_ != seen); });
-      if (stopping_) return;
-      seen = generation_;
-      job = job_;
+      sync.wake.wait(lock, [&] {
+        // Calls whose tasks are all taken leave the list (their callers wait on `done`, not on it).
+        while (!sync.jobs.empty() && !sync.jobs.front()->has_tasks_left()) sync.jobs.pop_front();
+        return sync.stopping || std::any_of(sync.jobs.begin(), sync.jobs.end(),
+                                            [](const std::shared_ptr<Job>& j) { return j->has_tasks_left(); });
+      });
+      if (sync.stopping) return;
+      for (const std::shared_ptr<Job>& candidate : sync.jobs) {
+        if (candidate->has_tasks_left()) {
+          job = candidate;  // the oldest call with tasks left
+          break;
+        }
+      }
     }
     run_tasks(*job);
   }
@@ -77,30 +86,26 @@ void ThreadPool::worker_loop() {
 
 void ThreadPool::parallel_for(int64_t count, const std::function<void(int64_t)>& task) {
   if (count <= 0) return;
-  const auto run_inline = [&] {
+  if (threads_ == 0 || count == 1 || inside_pool_task) {
     for (int64_t i = 0; i < count; ++i) task(i);
-  };
-  if (threads_ == 0 || count == 1 || inside_pool_task) return run_inline();
+    return;
+  }
   if (owner_pid_ != static_cast<int>(getpid())) adopt_after_fork();
-  // The workers serve one caller at a time; another caller meanwhile runs its
-  // own tasks rather than wait idle for them.
-  std::unique_lock<std::mutex> running(sync_->run, std::try_to_lock);
-  if (!running.owns_lock()) return run_inline();
   auto job = std::make_shared<Job>();
   job->task = &task;
   job->count = count;
   {
     std::lock_guard<std::mutex> lock(sync_->mutex);
     start();
-    job_ = job;
-    ++generation_;
+    sync_->jobs.push_back(job);
   }
   sync_->wake.notify_all();
   run_tasks(*job);
   {
     std::unique_lock<std::mutex> lock(sync_->mutex);
     sync_->done.wait(lock, [&] { return job->finished.load() == job->count; });
-    job_.reset();
+    const auto listed = std::find(sync_->jobs.begin(), sync_->jobs.end(), job);
+    if (listed != sync_->jobs.end()) sync_->jobs.erase(listed);
   }
   if (job->error) std::rethrow_exception(job->error);
 }

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -29,9 +30,11 @@ class ThreadPool {
 
   // Runs task(i) for every i in [0, count) on the workers and the calling
   // thread, and returns when all have finished. If tasks throw, the remaining
-  // ones are skipped and the first exception is rethrown here. Called from
-  // inside a task (nested), or while another thread's call has the workers,
-  // it runs inline.
+  // ones are skipped and the first exception is rethrown here. Callers on
+  // several threads share the workers (a worker takes tasks of the oldest call
+  // that has some left, so the read needed first finishes first); a caller
+  // runs its own tasks too, and never waits for workers that are busy with
+  // another call's. Called from inside a task (nested), it runs inline.
   void parallel_for(int64_t count, const std::function<void(int64_t)>& task);
 
  private:
@@ -43,16 +46,19 @@ class ThreadPool {
     std::atomic<bool> failed{false};
     std::exception_ptr error;
     std::mutex error_mutex;
+    bool has_tasks_left() const { return next.load(std::memory_order_relaxed) < count; }
   };
 
-  // Locks and condition variables. A forked child must not touch the ones it
-  // inherited (the parent's waiting threads are registered in them and do not
-  // exist there): it abandons them and makes fresh ones.
+  // Locks, condition variables and the calls under way. A forked child must
+  // not touch the ones it inherited (the parent's waiting threads are
+  // registered in them and do not exist there; a parent thread may have been
+  // changing the list): it abandons them and makes fresh ones.
   struct Sync {
-    std::mutex mutex;  // guards job_, generation_, stopping_
+    std::mutex mutex;  // guards jobs and stopping
     std::condition_variable wake;
     std::condition_variable done;
-    std::mutex run;  // held by the parallel_for that has the workers
+    std::deque<std::shared_ptr<Job>> jobs;  // calls under way, oldest first
+    bool stopping = false;
   };
 
   void adopt_after_fork();
@@ -64,9 +70,6 @@ class ThreadPool {
   int owner_pid_ = 0;
   std::unique_ptr<Sync> sync_ = std::make_unique<Sync>();
   std::vector<std::unique_ptr<std::thread>> workers_;
-  std::shared_ptr<Job> job_;
-  uint64_t generation_ = 0;
-  bool stopping_ = false;
 };
 
 }  // namespace torch_shards::core

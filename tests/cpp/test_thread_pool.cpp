@@ -1,6 +1,7 @@
 // ThreadPool: every task index runs exactly once, on the workers and the
-// caller; errors come back to the caller; nested and zero-thread calls, and
-// calls made while another caller has the workers, run inline; and a pool
+// caller; errors come back to the caller; nested and zero-thread calls run
+// inline; concurrent callers share the workers, and a caller whose workers are
+// all busy with another call runs its own tasks instead of waiting; and a pool
 // inherited by a forked child keeps working there.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -97,6 +98,32 @@ TEST(ThreadPool, ConcurrentCallersEachGetEveryIndexOnce) {
   }
   for (auto& caller : callers) caller.join();
   EXPECT_EQ(sum.load(), 4 * 50 * 4950);
+}
+
+TEST(ThreadPool, ConcurrentCallersShareTheWorkers) {
+  // The first call holds the caller and one worker until the second is done; the two idle workers
+  // must help the second call (a pool serving one call at a time left it to its caller alone).
+  ThreadPool pool(3);
+  std::atomic<bool> second_done{false};
+  std::atomic<int> first_started{0};
+  std::thread first([&] {
+    pool.parallel_for(2, [&](int64_t) {
+      first_started.fetch_add(1);
+      while (!second_done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+  });
+  while (first_started.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::mutex mutex;
+  std::set<std::thread::id> threads;
+  pool.parallel_for(64, [&](int64_t) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::lock_guard<std::mutex> lock(mutex);
+    threads.insert(std::this_thread::get_id());
+  });
+  second_done = true;
+  first.join();
+  EXPECT_GT(threads.size(), 1u);
+  EXPECT_LE(threads.size(), 3u);  // the caller and the two workers the first call left free
 }
 
 TEST(ThreadPool, ACallerRunsItsOwnTasksWhileAnotherHasTheWorkers) {
