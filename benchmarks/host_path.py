@@ -95,9 +95,12 @@ def fresh_epoch(x, plan, batch_size, ring):
     return plan.numel(), seconds, minor_faults() - faults
 
 
-def measure(name, make_source, x, batch_size, epochs, threads, seed=0):
+def measure(name, make_source, x, batch_size, epochs, threads, prefetch, seed=0):
     strategy = ts.BlockShuffling(BLOCK)
-    dataset = ts.ShardedDataset(make_source(), strategy, batch_size=batch_size, seed=seed, num_threads=threads)
+    options = {} if prefetch is None else {"prefetch": prefetch}
+    dataset = ts.ShardedDataset(
+        make_source(), strategy, batch_size=batch_size, seed=seed, num_threads=threads, **options
+    )
     row_bytes = x[0].numel() * x.element_size()
     buffer = torch.empty((batch_size, *x.shape[1:]), dtype=x.dtype)
     ring = torch.zeros((max(batch_size, RING_BYTES // row_bytes), *x.shape[1:]), dtype=x.dtype)  # faulted in
@@ -136,6 +139,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=5, help="per method and configuration (the first is warm-up)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 4096])
+    parser.add_argument("--prefetch", type=int, default=None, help="ShardedDataset's prefetch (default: its default)")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "host_path"))
     args = parser.parse_args()
     if args.epochs < 2:
@@ -158,7 +162,7 @@ def main():
     try:
         for name, make_source in sources.items():
             for batch_size in args.batch_sizes:
-                result = measure(name, make_source, x, batch_size, args.epochs, args.threads)
+                result = measure(name, make_source, x, batch_size, args.epochs, args.threads, args.prefetch)
                 results.append(result)
                 print(
                     f"{name:16s} b={batch_size:5d}  ours {result['torch_shards_rows_per_s']:.3g} rows/s  "
@@ -176,7 +180,9 @@ def main():
     gigabytes = args.rows * args.columns * 4 / 1e9
     lines = [
         f"host path: {args.rows} rows x {args.columns} float32 ({gigabytes:.2f} GB), BlockShuffling({BLOCK}), "
-        f"fetch_factor 16, {args.threads} threads, {args.epochs} alternated epochs (first = warm-up), "
+        f"fetch_factor 16, {args.threads} threads, "
+        f"prefetch {'default' if args.prefetch is None else args.prefetch}, {args.epochs} alternated epochs "
+        "(first = warm-up), "
         f"torch {torch.__version__}",
         "",
         "| source | batch | torch_shards rows/s | torch gather rows/s | ratio | fresh memory rows/s | ratio |"

@@ -203,7 +203,9 @@ class ShardedDataset(IterableDataset, NativeBacked):
         num_threads: native threads reading for one process (None: this
             process's CPUs shared among the DataLoader workers).
         prefetch: units (fetches) read ahead by the native threads while the
-            training loop runs; 0 reads each one when it is asked for.
+            training loop runs (None: one per thread, at least 2, so that
+            every thread has a unit to read); 0 reads each one when it is
+            asked for.
         prefetch_bytes: queued bytes beyond which no new unit is started (one
             unit is always allowed): memory stays bounded by this budget plus
             one unit per thread, whatever the dataset's size.
@@ -252,7 +254,7 @@ class ShardedDataset(IterableDataset, NativeBacked):
         world_size=None,
         process_group=None,
         num_threads=None,
-        prefetch=2,
+        prefetch=None,
         prefetch_bytes=1 << 30,
         pin_memory=False,
         fetch_transform=None,
@@ -294,7 +296,7 @@ class ShardedDataset(IterableDataset, NativeBacked):
         self.rank = _convert.optional_int("ShardedDataset: rank", rank)
         self.world_size = _convert.optional_int("ShardedDataset: world_size", world_size)
         self.num_threads = _convert.optional_int("ShardedDataset: num_threads", num_threads)
-        self.prefetch = _convert.check_int("ShardedDataset: prefetch", prefetch)
+        self.prefetch = _convert.optional_int("ShardedDataset: prefetch", prefetch)
         self.prefetch_bytes = _convert.check_int("ShardedDataset: prefetch_bytes", prefetch_bytes)
         self.pin_memory = pin_memory
         self.fetch_transform = fetch_transform

@@ -21,7 +21,7 @@ c10::intrusive_ptr<ShardedDatasetImpl> make_dataset(
     c10::intrusive_ptr<SourceImpl> source, c10::intrusive_ptr<StrategyImpl> strategy, int64_t batch_size,
     int64_t fetch_factor, bool drop_last, std::optional<std::string> even_batches, std::optional<int64_t> seed,
     std::optional<int64_t> rank, std::optional<int64_t> world_size, ProcessGroupPtr process_group,
-    std::optional<int64_t> num_threads, int64_t prefetch, int64_t prefetch_bytes, bool pin_memory,
+    std::optional<int64_t> num_threads, std::optional<int64_t> prefetch, int64_t prefetch_bytes, bool pin_memory,
     std::optional<at::Tensor> shared_state, std::optional<std::string> device) {
   DatasetOptions options;
   options.batch_size = batch_size;
@@ -242,7 +242,7 @@ TORCH_LIBRARY(torch_shards, m) {
       "sharded_dataset(__torch__.torch.classes.torch_shards.Source source, "
       "__torch__.torch.classes.torch_shards.Strategy strategy, int batch_size, int fetch_factor=16, "
       "bool drop_last=False, str? even_batches=\"pad\", int? seed=None, int? rank=None, int? world_size=None, "
-      "__torch__.torch.classes.c10d.ProcessGroup? process_group=None, int? num_threads=None, int prefetch=2, "
+      "__torch__.torch.classes.c10d.ProcessGroup? process_group=None, int? num_threads=None, int? prefetch=None, "
       "int prefetch_bytes=1073741824, bool pin_memory=False, Tensor? shared_state=None, str? device=None) -> "
       "__torch__.torch.classes.torch_shards.ShardedDataset",
       &make_dataset);

@@ -82,8 +82,8 @@ ShardedDatasetImpl::ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c1
   TORCH_CHECK_VALUE(options.fetch_factor >= 1, kWho, ": fetch_factor must be >= 1, got ", options.fetch_factor);
   TORCH_CHECK_VALUE(!options.num_threads || (*options.num_threads >= 1 && *options.num_threads <= kMaxThreads), kWho,
                     ": num_threads must be in [1, ", kMaxThreads, "], got ", options.num_threads.value_or(0));
-  TORCH_CHECK_VALUE(options.prefetch >= 0 && options.prefetch <= kMaxPrefetch, kWho, ": prefetch must be in [0, ",
-                    kMaxPrefetch, "], got ", options.prefetch);
+  TORCH_CHECK_VALUE(!options.prefetch || (*options.prefetch >= 0 && *options.prefetch <= kMaxPrefetch), kWho,
+                    ": prefetch must be in [0, ", kMaxPrefetch, "], got ", options.prefetch.value_or(0));
   TORCH_CHECK_VALUE(options.prefetch_bytes >= 0, kWho, ": prefetch_bytes must be >= 0, got ", options.prefetch_bytes);
   core::LoaderOptions layout{options.batch_size, options.fetch_factor, options.drop_last,
                              even_batches_of(options.even_batches)};
@@ -219,7 +219,9 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
   ReaderOptions reader;
   reader.num_threads =
       options_.num_threads.value_or(std::clamp<int64_t>(available_cpus() / num_workers, 1, kMaxThreads));
-  reader.prefetch = options_.prefetch;
+  // Every reader thread can hold a unit: small units are read one per thread, and the planning of
+  // large ones (whose copies all threads share) overlaps.
+  reader.prefetch = options_.prefetch.value_or(std::max<int64_t>(2, reader.num_threads));
   reader.prefetch_bytes = options_.prefetch_bytes;
   reader.memory = memory;
   reader.batch_size = options_.batch_size;
@@ -628,7 +630,7 @@ ShardedDatasetImpl::State ShardedDatasetImpl::state() const {
   if (options_.rank) ints.insert("rank", *options_.rank);
   if (options_.world_size) ints.insert("world_size", *options_.world_size);
   if (options_.num_threads) ints.insert("num_threads", *options_.num_threads);
-  ints.insert("prefetch", options_.prefetch);
+  if (options_.prefetch) ints.insert("prefetch", *options_.prefetch);
   ints.insert("prefetch_bytes", options_.prefetch_bytes);
   ints.insert("pin_memory", options_.pin_memory);
   if (options_.device) ints.insert("device_index", options_.device->index());  // a CUDA device
@@ -650,7 +652,7 @@ c10::intrusive_ptr<ShardedDatasetImpl> ShardedDatasetImpl::from_state(const Stat
   options.rank = optional("rank");
   options.world_size = optional("world_size");
   options.num_threads = optional("num_threads");
-  options.prefetch = ints.at("prefetch");
+  options.prefetch = optional("prefetch");
   options.prefetch_bytes = ints.at("prefetch_bytes");
   options.pin_memory = ints.at("pin_memory") != 0;
   if (ints.contains("device_index")) {
