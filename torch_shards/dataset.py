@@ -328,8 +328,9 @@ class ShardedDataset(IterableDataset, NativeBacked):
                 "pageable memory",
                 stacklevel=2,
             )
-        if native.device_warning():
-            warnings.warn(native.device_warning(), stacklevel=2)
+        device_warning = native.device_warning()
+        if device_warning:
+            warnings.warn(device_warning, stacklevel=2)
 
     def _build(self, process_group=None):
         return ops.sharded_dataset(

@@ -67,18 +67,15 @@ void ThreadPool::worker_loop() {
     {
       std::unique_lock<std::mutex> lock(sync.mutex);
       sync.wake.wait(lock, [&] {
+        if (sync.stopping) return true;
         // Calls whose tasks are all taken leave the list (their callers wait on `done`, not on it).
         while (!sync.jobs.empty() && !sync.jobs.front()->has_tasks_left()) sync.jobs.pop_front();
-        return sync.stopping || std::any_of(sync.jobs.begin(), sync.jobs.end(),
-                                            [](const std::shared_ptr<Job>& j) { return j->has_tasks_left(); });
+        const auto oldest = std::find_if(sync.jobs.begin(), sync.jobs.end(),
+                                         [](const std::shared_ptr<Job>& j) { return j->has_tasks_left(); });
+        if (oldest != sync.jobs.end()) job = *oldest;  // the oldest call with tasks left
+        return job != nullptr;
       });
       if (sync.stopping) return;
-      for (const std::shared_ptr<Job>& candidate : sync.jobs) {
-        if (candidate->has_tasks_left()) {
-          job = candidate;  // the oldest call with tasks left
-          break;
-        }
-      }
     }
     run_tasks(*job);
   }
@@ -101,13 +98,17 @@ void ThreadPool::parallel_for(int64_t count, const std::function<void(int64_t)>&
   }
   sync_->wake.notify_all();
   run_tasks(*job);
+  std::exception_ptr error;
   {
     std::unique_lock<std::mutex> lock(sync_->mutex);
     sync_->done.wait(lock, [&] { return job->finished.load() == job->count; });
     const auto listed = std::find(sync_->jobs.begin(), sync_->jobs.end(), job);
     if (listed != sync_->jobs.end()) sync_->jobs.erase(listed);
+    // Taken out of the job: a worker may still hold the job after this call returns, and the
+    // exception must not be freed there while the caller is handling it.
+    error = std::move(job->error);
   }
-  if (job->error) std::rethrow_exception(job->error);
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace torch_shards::core

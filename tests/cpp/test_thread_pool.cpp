@@ -31,8 +31,8 @@ TEST(ThreadPool, EveryIndexRunsExactlyOnceAcrossThreads) {
   }
 }
 
-TEST(ThreadPool, WorkIsSharedWithTheWorkerThreads) {
-  ThreadPool pool(3);
+// The threads that ran 64 tasks of 2 ms each.
+std::set<std::thread::id> threads_running_slow_tasks(ThreadPool& pool) {
   std::mutex mutex;
   std::set<std::thread::id> threads;
   pool.parallel_for(64, [&](int64_t) {
@@ -40,6 +40,12 @@ TEST(ThreadPool, WorkIsSharedWithTheWorkerThreads) {
     std::lock_guard<std::mutex> lock(mutex);
     threads.insert(std::this_thread::get_id());
   });
+  return threads;
+}
+
+TEST(ThreadPool, WorkIsSharedWithTheWorkerThreads) {
+  ThreadPool pool(3);
+  const std::set<std::thread::id> threads = threads_running_slow_tasks(pool);
   EXPECT_GT(threads.size(), 1u);
   EXPECT_LE(threads.size(), 4u);  // three workers and the caller
 }
@@ -113,13 +119,7 @@ TEST(ThreadPool, ConcurrentCallersShareTheWorkers) {
     });
   });
   while (first_started.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::mutex mutex;
-  std::set<std::thread::id> threads;
-  pool.parallel_for(64, [&](int64_t) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    std::lock_guard<std::mutex> lock(mutex);
-    threads.insert(std::this_thread::get_id());
-  });
+  const std::set<std::thread::id> threads = threads_running_slow_tasks(pool);
   second_done = true;
   first.join();
   EXPECT_GT(threads.size(), 1u);
