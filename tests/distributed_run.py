@@ -6,6 +6,7 @@ import faulthandler
 import os
 import pickle
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -39,10 +40,22 @@ def _rank_main(rank, world_size, port, function, args, out_dir, init):
     except BaseException as error:  # reported to the parent, with the rank
         result = ("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
     finally:
+        try:
+            data = pickle.dumps(result)
+        except Exception as error:  # an unpicklable result is this rank's error
+            data = pickle.dumps(("error", f"the result could not be pickled: {type(error).__name__}: {error}"))
         with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as out:
-            pickle.dump(result, out)
+            out.write(data)
         if dist.is_initialized():
             dist.destroy_process_group()
+        # The result is on disk: leave without the interpreter's teardown. With torch 2.13 a gloo worker
+        # thread may still be finishing work then, and one that needs the GIL during finalization aborts
+        # the process ("terminate called without an active exception" from ProcessGroupGloo::runLoop ->
+        # PyEval_AcquireThread; about one 2-rank DDP run in eight here, with or without torch_shards'
+        # threads in play).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def run_ranks(function, world_size, *args, timeout=120, init=True):
