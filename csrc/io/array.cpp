@@ -12,7 +12,6 @@
 
 namespace torch_shards::io {
 
-using core::check_argument;
 using core::concat;
 
 Array::Array(ArrayInfo info) : info_(std::move(info)) {
@@ -41,8 +40,10 @@ Array::Array(ArrayInfo info) : info_(std::move(info)) {
 void Array::read(const std::vector<Segment>& segments, void* out, core::ThreadPool& pool) const {
   const int64_t rows = num_rows();
   for (const Segment& segment : segments) {
-    check_argument(segment.source >= 0 && segment.length >= 0 && segment.source + segment.length <= rows, where(),
-                   ": rows [", segment.source, ", ", segment.source + segment.length, ") outside [0, ", rows, ")");
+    if (segment.source < 0 || segment.length < 0 || segment.source + segment.length > rows) {  // where() allocates
+      throw core::InvalidArgument(concat(where(), ": rows [", segment.source, ", ", segment.source + segment.length,
+                                         ") outside [0, ", rows, ")"));
+    }
   }
   if (segments.empty() || row_bytes() == 0) return;
   auto* bytes = static_cast<uint8_t*>(out);

@@ -211,8 +211,15 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
   const int64_t rows_per_chunk = chunk_shape_[0];
   const int64_t rows = num_rows();
   const size_t row_size = row_bytes();
-  // (chunk row, segment) pairs, grouped by chunk row: each chunk decodes once.
-  std::vector<std::pair<int64_t, size_t>> touches;
+  // (chunk row, segment) pairs, grouped by chunk row: each chunk decodes
+  // once. Kept per thread (a read runs once per fetch and field); the tasks
+  // below see the caller's through these references.
+  thread_local std::vector<std::pair<int64_t, size_t>> touches_of_thread;
+  thread_local std::vector<size_t> starts_of_thread;
+  std::vector<std::pair<int64_t, size_t>>& touches = touches_of_thread;
+  std::vector<size_t>& starts = starts_of_thread;  // index into touches where each chunk row begins
+  touches.clear();
+  starts.clear();
   for (size_t s = 0; s < segments.size(); ++s) {
     const Segment& segment = segments[s];
     if (segment.length == 0) continue;
@@ -224,7 +231,6 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
   if (!std::is_sorted(touches.begin(), touches.end())) {  // segments in source order touch chunks in order
     std::sort(touches.begin(), touches.end());
   }
-  std::vector<size_t> starts;  // index into touches where each chunk row begins
   for (size_t i = 0; i < touches.size(); ++i) {
     if (i == 0 || touches[i].first != touches[i - 1].first) starts.push_back(i);
   }
@@ -245,7 +251,8 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
     const int64_t group = task / inner_chunks_;
     int64_t inner = task % inner_chunks_;
     const int64_t chunk_row = touches[starts[group]].first;
-    std::vector<int64_t> coords(info_.shape.size());
+    thread_local std::vector<int64_t> coords;  // this task's thread's
+    coords.resize(info_.shape.size());
     coords[0] = chunk_row;
     for (size_t d = info_.shape.size() - 1; d >= 1; --d) {
       coords[d] = inner % grid_[d];

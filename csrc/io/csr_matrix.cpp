@@ -127,8 +127,9 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
     int64_t last = 0;
     for (const RowRun& run : runs) last = std::max(last, run.row + run.length - 1);
     const int64_t first = runs[by_row.front()].row;
-    core::check_argument(first >= 0 && last < num_rows_, where(), ": rows [", first, ", ", last, "] outside [0, ",
-                         num_rows_, ")");
+    if (first < 0 || last >= num_rows_) {
+      throw core::InvalidArgument(concat(where(), ": rows [", first, ", ", last, "] outside [0, ", num_rows_, ")"));
+    }
   }
   // indptr of each stretch of adjacent runs [b, e): entries b .. e; base[r]:
   // where run r's first row's start lies among them.
