@@ -286,7 +286,10 @@ def _epoch_by_row(dataset, field):
 
 @pytest.mark.parametrize("kind", ["tensor", "hdf5_contiguous", "hdf5_chunked"])
 @pytest.mark.parametrize("columns", [1001, 2048])  # rows of 4004 bytes (not 16-byte aligned) and of 8 KB
-def test_large_fetches_are_read_exactly(tmp_path, kind, columns):
+# A piece per reader thread (the default budget), or pieces of 8 MB, one in flight at a time, each
+# read with the help of the other thread (the shared helpers).
+@pytest.mark.parametrize("prefetch_bytes", [None, 8 << 20])
+def test_large_fetches_are_read_exactly(tmp_path, kind, columns, prefetch_bytes):
     x = torch.randn(STREAMED_ROWS, columns)
     if kind == "tensor":
         source = ts.TensorSource({"X": x})
@@ -295,7 +298,8 @@ def test_large_fetches_are_read_exactly(tmp_path, kind, columns):
         with h5py.File(path, "w") as f:  # chunked: uncompressed, read straight from the file like contiguous
             f.create_dataset("X", data=x.numpy(), chunks=(64, columns) if kind == "hdf5_chunked" else None)
         source = ts.HDF5Source(path, "X")
-    dataset = ts.ShardedDataset(source, ts.BlockShuffling(64), batch_size=256, seed=3)
+    budget = {} if prefetch_bytes is None else {"prefetch_bytes": prefetch_bytes}
+    dataset = ts.ShardedDataset(source, ts.BlockShuffling(64), batch_size=256, seed=3, num_threads=2, **budget)
     for _ in range(2):  # the second epoch writes into recycled memory
         rows = _epoch_by_row(dataset, "X")
         assert sorted(rows) == list(range(STREAMED_ROWS))
