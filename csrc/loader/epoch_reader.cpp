@@ -16,11 +16,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Pieces at least this large are read with the shared helper threads when
-// fewer pieces fit in flight than there are reader threads (threads would
-// otherwise idle): below, handing work to another thread costs more than it
-// saves; with a piece per thread, every core already reads, and helpers only
-// add switches (2 cores, dense rows of annbatch's collection: +8% without).
+// Pieces at least this large are read with the shared helper threads: below,
+// handing work to another thread costs more than it saves, and the reader
+// threads already read several pieces at once. The helpers run only while
+// some reader thread is idle (ThreadPool::set_worker_limit): with a piece per
+// reader thread every core already reads, and helpers competing for them
+// cost 8% (2 cores, dense rows of annbatch's collection at block 512); at an
+// epoch's end, or with fewer pieces in flight than threads (prefetch_bytes),
+// idle threads' cores help finish the pieces the consumer waits for.
 constexpr int64_t kParallelBytes = int64_t{4} << 20;
 
 int64_t microseconds_since(Clock::time_point start) {
@@ -192,6 +195,10 @@ void EpochReader::start_threads() {
   }
 }
 
+void EpochReader::limit_helpers() {
+  if (helpers_) helpers_->set_worker_limit(static_cast<int>(options_.num_threads - in_flight_));
+}
+
 void EpochReader::reader_loop(size_t thread) {
   core::ThreadPool inline_pool(0);  // small pieces: read on this thread alone
   const int64_t ahead = options_.prefetch;
@@ -212,17 +219,14 @@ void EpochReader::reader_loop(size_t thread) {
       slots_.emplace_back();
       out_bytes_ += piece.estimate;
       ++in_flight_;
+      limit_helpers();
     }
     Slot result;
     result.error = piece.error;
     const auto start = Clock::now();
     if (!result.error) {
       try {
-        // Pieces that fit in flight at once: `ahead`, fewer when their bytes exceed the budget.
-        const int64_t fit =
-            std::min(ahead, std::max<int64_t>(1, options_.prefetch_bytes / std::max<int64_t>(1, piece.estimate)));
-        const bool shared = helpers_ && piece.estimate >= kParallelBytes && fit < options_.num_threads;
-        core::ThreadPool& pool = shared ? *helpers_ : inline_pool;
+        core::ThreadPool& pool = helpers_ && piece.estimate >= kParallelBytes ? *helpers_ : inline_pool;
         result.unit = read_piece(piece, pool);
         result.bytes = batch_bytes(result.unit->batch);
       } catch (...) {
@@ -233,6 +237,7 @@ void EpochReader::reader_loop(size_t thread) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       --in_flight_;
+      limit_helpers();
       ++thread_units_[thread];
       failed_ = failed_ || result.error != nullptr;
       queued_bytes_ += result.bytes;
