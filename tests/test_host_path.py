@@ -286,8 +286,7 @@ def _epoch_by_row(dataset, field):
 
 @pytest.mark.parametrize("kind", ["tensor", "hdf5_contiguous", "hdf5_chunked"])
 @pytest.mark.parametrize("columns", [1001, 2048])  # rows of 4004 bytes (not 16-byte aligned) and of 8 KB
-# A piece per reader thread (the default budget), or pieces of 8 MB, one in flight at a time, each
-# read with the help of the other thread (the shared helpers).
+# Whole fetches (the default budget), or pieces of 8 MB, one in flight at a time.
 @pytest.mark.parametrize("prefetch_bytes", [None, 8 << 20])
 def test_large_fetches_are_read_exactly(tmp_path, kind, columns, prefetch_bytes):
     x = torch.randn(STREAMED_ROWS, columns)

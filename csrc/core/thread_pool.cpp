@@ -39,13 +39,10 @@ void ThreadPool::start() {
   for (int i = 0; i < threads_; ++i) workers_.push_back(std::make_unique<std::thread>([this] { worker_loop(); }));
 }
 
-void ThreadPool::run_tasks(Job& job, bool worker) {
+void ThreadPool::run_tasks(Job& job) {
   const bool was_inside = inside_pool_task;
   inside_pool_task = true;
-  for (;;) {
-    if (worker && sync_->running.load(std::memory_order_relaxed) > sync_->limit.load(std::memory_order_relaxed)) break;
-    const int64_t i = job.next.fetch_add(1);
-    if (i >= job.count) break;
+  for (int64_t i = job.next.fetch_add(1); i < job.count; i = job.next.fetch_add(1)) {
     if (!job.failed.load(std::memory_order_relaxed)) {
       try {
         (*job.task)(i);
@@ -73,31 +70,15 @@ void ThreadPool::worker_loop() {
         if (sync.stopping) return true;
         // Calls whose tasks are all taken leave the list (their callers wait on `done`, not on it).
         while (!sync.jobs.empty() && !sync.jobs.front()->has_tasks_left()) sync.jobs.pop_front();
-        if (sync.running.load() >= sync.limit.load()) return false;
         const auto oldest = std::find_if(sync.jobs.begin(), sync.jobs.end(),
                                          [](const std::shared_ptr<Job>& j) { return j->has_tasks_left(); });
         if (oldest != sync.jobs.end()) job = *oldest;  // the oldest call with tasks left
         return job != nullptr;
       });
       if (sync.stopping) return;
-      ++sync.running;
     }
-    run_tasks(*job, true);
-    {
-      std::lock_guard<std::mutex> lock(sync.mutex);
-      --sync.running;
-    }
-    sync.wake.notify_one();  // a worker held back by the limit may take the job this one left
+    run_tasks(*job);
   }
-}
-
-void ThreadPool::set_worker_limit(int count) {
-  if (owner_pid_ != static_cast<int>(getpid())) adopt_after_fork();
-  {
-    std::lock_guard<std::mutex> lock(sync_->mutex);
-    sync_->limit = std::max(count, 0);
-  }
-  sync_->wake.notify_all();
 }
 
 void ThreadPool::parallel_for(int64_t count, const std::function<void(int64_t)>& task) {
@@ -116,7 +97,7 @@ void ThreadPool::parallel_for(int64_t count, const std::function<void(int64_t)>&
     sync_->jobs.push_back(job);
   }
   sync_->wake.notify_all();
-  run_tasks(*job, false);
+  run_tasks(*job);
   std::exception_ptr error;
   {
     std::unique_lock<std::mutex> lock(sync_->mutex);

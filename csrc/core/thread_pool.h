@@ -6,7 +6,6 @@
 #pragma once
 
 #include <atomic>
-#include <climits>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -38,13 +37,6 @@ class ThreadPool {
   // another call's. Called from inside a task (nested), it runs inline.
   void parallel_for(int64_t count, const std::function<void(int64_t)>& task);
 
-  // At most `count` workers run tasks at once (initially: all). A worker over
-  // the limit finishes the task it runs and waits; callers always run their
-  // own tasks, so every call still completes. For owners whose own threads
-  // keep the cores busy part of the time: workers then help only while some
-  // of those threads are idle, instead of competing with them for the cores.
-  void set_worker_limit(int count);
-
  private:
   struct Job {
     const std::function<void(int64_t)>* task = nullptr;
@@ -67,15 +59,12 @@ class ThreadPool {
     std::condition_variable done;
     std::deque<std::shared_ptr<Job>> jobs;  // calls under way, oldest first
     bool stopping = false;
-    std::atomic<int> limit{INT_MAX};  // set_worker_limit (changed under mutex)
-    std::atomic<int> running{0};      // workers running tasks (changed under mutex)
   };
 
   void adopt_after_fork();
   void start();
   void worker_loop();
-  // worker: stops taking tasks once the workers running exceed the limit.
-  void run_tasks(Job& job, bool worker);
+  void run_tasks(Job& job);
 
   int threads_;
   int owner_pid_ = 0;

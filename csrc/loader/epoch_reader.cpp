@@ -18,12 +18,7 @@ using Clock = std::chrono::steady_clock;
 
 // Pieces at least this large are read with the shared helper threads: below,
 // handing work to another thread costs more than it saves, and the reader
-// threads already read several pieces at once. The helpers run only while
-// some reader thread is idle (ThreadPool::set_worker_limit): with a piece per
-// reader thread every core already reads, and helpers competing for them
-// cost 8% (2 cores, dense rows of annbatch's collection at block 512); at an
-// epoch's end, or with fewer pieces in flight than threads (prefetch_bytes),
-// idle threads' cores help finish the pieces the consumer waits for.
+// threads already read several pieces at once.
 constexpr int64_t kParallelBytes = int64_t{4} << 20;
 
 int64_t microseconds_since(Clock::time_point start) {
@@ -195,10 +190,6 @@ void EpochReader::start_threads() {
   }
 }
 
-void EpochReader::limit_helpers() {
-  if (helpers_) helpers_->set_worker_limit(static_cast<int>(options_.num_threads - in_flight_));
-}
-
 void EpochReader::reader_loop(size_t thread) {
   core::ThreadPool inline_pool(0);  // small pieces: read on this thread alone
   const int64_t ahead = options_.prefetch;
@@ -219,7 +210,6 @@ void EpochReader::reader_loop(size_t thread) {
       slots_.emplace_back();
       out_bytes_ += piece.estimate;
       ++in_flight_;
-      limit_helpers();
     }
     Slot result;
     result.error = piece.error;
@@ -237,7 +227,6 @@ void EpochReader::reader_loop(size_t thread) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       --in_flight_;
-      limit_helpers();
       ++thread_units_[thread];
       failed_ = failed_ || result.error != nullptr;
       queued_bytes_ += result.bytes;

@@ -109,7 +109,6 @@ class EpochReader {
   Unit read_piece(const Piece& piece, core::ThreadPool& pool);
   int64_t estimate_bytes(int64_t rows) const;
   void start_threads();
-  void limit_helpers();  // under mutex_: helpers run on the cores of idle reader threads only
   void reader_loop(size_t thread);
   Unit take(Slot& slot);
 

@@ -2,8 +2,7 @@
 // caller; errors come back to the caller; nested and zero-thread calls run
 // inline; concurrent callers share the workers, and a caller whose workers are
 // all busy with another call runs its own tasks instead of waiting; and a pool
-// inherited by a forked child keeps working there. A worker limit holds the
-// workers back (the caller then runs its tasks alone).
+// inherited by a forked child keeps working there.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -125,36 +124,6 @@ TEST(ThreadPool, ConcurrentCallersShareTheWorkers) {
   first.join();
   EXPECT_GT(threads.size(), 1u);
   EXPECT_LE(threads.size(), 3u);  // the caller and the two workers the first call left free
-}
-
-TEST(ThreadPool, WorkersBeyondTheLimitLeaveTheTasksToTheCaller) {
-  ThreadPool pool(3);
-  pool.set_worker_limit(0);
-  const std::set<std::thread::id> alone = threads_running_slow_tasks(pool);
-  EXPECT_EQ(alone, std::set<std::thread::id>{std::this_thread::get_id()});
-  pool.set_worker_limit(1);
-  EXPECT_EQ(threads_running_slow_tasks(pool).size(), 2u);  // the caller and one worker
-  pool.set_worker_limit(3);
-  EXPECT_GT(threads_running_slow_tasks(pool).size(), 2u);
-}
-
-TEST(ThreadPool, ACallLeftByItsWorkersMidWayStillCompletes) {
-  // The limit falls to 0 during the call: workers stop after their task, the caller runs the rest.
-  ThreadPool pool(2);
-  std::atomic<int> runs{0};
-  pool.parallel_for(200, [&](int64_t i) {
-    if (i == 20) pool.set_worker_limit(0);
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-    runs.fetch_add(1);
-  });
-  EXPECT_EQ(runs.load(), 200);
-  std::mutex mutex;
-  std::set<std::thread::id> threads;
-  pool.parallel_for(50, [&](int64_t) {
-    std::lock_guard<std::mutex> lock(mutex);
-    threads.insert(std::this_thread::get_id());
-  });
-  EXPECT_EQ(threads, std::set<std::thread::id>{std::this_thread::get_id()});
 }
 
 TEST(ThreadPool, ACallerRunsItsOwnTasksWhileAnotherHasTheWorkers) {
