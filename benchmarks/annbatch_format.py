@@ -17,6 +17,13 @@ cache warm, batch 256, epoch after epoch for --seconds each, in alternated round
   decode limit          every chunk of X (data, indices, indptr) decoded in order by --cores threads
                         from the page cache, nothing else (benchmarks/decode_limit.cpp, the same io
                         code): what no read of these chunks can beat on these cores
+  io floor block B      the same program reading random blocks of B rows, fetch by fetch (B x 32
+                        rows), with the io code the sources use (CSR plan, then only the parts of
+                        the chunks the rows need) into reused buffers: no loader, no tensors, no
+                        Python. What any reader of these random blocks pays at least
+  dense write limit     writing dense float32 rows of X's width and density into memory with the
+                        stores the dense scatter uses (decode_limit --write-rows, --cores threads):
+                        with dense=True every row costs its CSR read plus this write
   torch_shards          ShardedDataset(ts.open(collection), BlockShuffling(block)), sparse CSR
                         batches, native threads; fetch_factor = chunk x preload / batch (annbatch's
                         rows in memory at once)
@@ -82,33 +89,11 @@ def x_arrays(collection):
     return specs
 
 
-def decode_ceiling(collection, block):
-    """The share of the decode limit block reads can reach at best: a random block of `block` rows
-    decodes every chunk of data and indices it touches, whole (blosc blocks span the chunk), so
-    with chunks of ~64 rows a 64-row block decodes ~2 chunks for one chunk's worth of rows."""
-    import numpy as np
-
+def anndata_specs(collection):
+    """STORE:PATH of every dataset (an AnnData) of the collection."""
     import torch_shards as ts
 
-    touched = needed = 0.0
-    for source in ts.open(collection).sources:
-        x = os.path.join(source.path, "X")
-        with open(os.path.join(x, "data", "zarr.json")) as f:
-            meta = json.load(f)
-        codec = meta["codecs"][0]
-        chunk = (
-            codec["configuration"]["chunk_shape"][0]
-            if codec["name"] == "sharding_indexed"
-            else meta["chunk_grid"]["configuration"]["chunk_shape"][0]
-        )
-        indptr_source = ts.ZarrSource(collection, "/" + os.path.relpath(os.path.join(x, "indptr"), collection))
-        indptr = indptr_source.read(range(len(indptr_source)))["X"].numpy().astype(np.int64)
-        starts = indptr[:-1:block]
-        ends = indptr[np.minimum(np.arange(block, len(indptr) - 1 + block, block), len(indptr) - 1)]
-        nonempty = ends > starts
-        touched += float(((ends - 1) // chunk - starts // chunk + 1)[nonempty].sum())
-        needed += indptr[-1] / chunk
-    return needed / touched
+    return [f"{collection}:/{os.path.relpath(source.path, collection)}" for source in ts.open(collection).sources]
 
 
 def shown_path(path):
@@ -141,6 +126,45 @@ def decode_limit(binary, specs, rows, args):
     )
     result = json.loads(done.stdout)
     return rows * result["passes"] / result["seconds"], rows * result["passes"] / result["cpu_seconds"]
+
+
+def io_floor(binary, specs, rows, block, args):
+    done = subprocess.run(
+        ["taskset", "-c", args.cpu_list, binary, "--threads", str(args.cores), "--seconds", str(args.seconds)]
+        + ["--csr-blocks", str(block), "--fetch-rows", str(block * PRELOAD_NCHUNKS)]
+        + specs,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result = json.loads(done.stdout)
+    return rows * result["passes"] / result["seconds"], rows * result["passes"] / result["cpu_seconds"]
+
+
+def dense_write_limit(binary, collection, args):
+    """Rows/s of writing dense float32 rows of X's width, as sparse as X's (the share of all-zero
+    cache lines changes the rate), into memory with the dense scatter's stores, on --cores threads."""
+    import torch_shards as ts
+
+    stored = cells = 0
+    width = None
+    for source in ts.open(collection).sources:
+        data = os.path.join(source.path, "X", "data")
+        meta = os.path.join(data, "zarr.json") if os.path.exists(os.path.join(data, "zarr.json")) else None
+        with open(meta or os.path.join(data, ".zarray")) as f:
+            stored += json.load(f)["shape"][0]
+        cells += source.n_obs * source.n_vars
+        width = source.n_vars
+    done = subprocess.run(
+        ["taskset", "-c", args.cpu_list, binary, "--threads", str(args.cores), "--seconds", str(args.seconds)]
+        + ["--write-rows", str(width), "--write-density", str(stored / cells)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result = json.loads(done.stdout)
+    rows = 16384 * result["passes"]  # decode_limit writes a 16,384-row output per pass
+    return rows / result["seconds"], rows / result["cpu_seconds"]
 
 
 def cpu_seconds():
@@ -226,9 +250,14 @@ def main():
 
     rows = len(ts.open(collection))
     skip = set(filter(None, args.skip.split(",")))
-    methods = [("decode limit", None, lambda: decode_limit(binary, specs, rows, args))]
+    datasets = anndata_specs(collection)
+    methods = [
+        ("decode limit", None, lambda: decode_limit(binary, specs, rows, args)),
+        ("dense write limit", None, lambda: dense_write_limit(binary, collection, args)),
+    ]
     for block in CONFIGS:
         ff = block * PRELOAD_NCHUNKS // BATCH_SIZE
+        methods.append((f"io floor block {block}", block, lambda b=block: io_floor(binary, datasets, rows, b, args)))
         methods.append(
             (
                 f"torch_shards block {block} ff {ff}",
@@ -248,7 +277,6 @@ def main():
                 )
             )
     methods = [m for m in methods if m[0].split(" block")[0].split(" chunk")[0] not in skip]
-    ceilings = {block: decode_ceiling(collection, block) for block in CONFIGS}
     print(
         f"{shown_path(collection)}: {rows} rows; {args.cores} cores (cpus {args.cpu_list}); "
         f"batch {BATCH_SIZE}; "
@@ -267,22 +295,26 @@ def main():
     wall = {name: statistics.median(values) for name, values in walls.items()}
     cpu = {name: statistics.median(values) for name, values in cpus.items()}
     header = (
-        f"{'method':<36} {'rows/s':>11} {'of limit':>9} {'vs annbatch':>12} {'rows/CPU-s':>11} {'of limit':>9} "
-        f"{'vs annbatch':>12} {'ceiling':>8}"
+        f"{'method':<36} {'rows/s':>11} {'of limit':>9} {'of floor':>9} {'vs annbatch':>12} {'rows/CPU-s':>11} "
+        f"{'of limit':>9} {'of floor':>9} {'vs annbatch':>12}"
     )
     print("\n" + header + "\n" + "-" * len(header))
     results = []
     for name, block, _ in methods:
         reference = f"annbatch chunk {block} x {PRELOAD_NCHUNKS}"
-        ours = not name.startswith("annbatch") and block is not None
+        floor = f"io floor block {block}"
+        ours = name.startswith("torch_shards")
 
         def versus(values, name=name, reference=reference, ours=ours):
             return f"{values[name] / values[reference]:.2f}x" if ours and reference in values else ""
 
-        ceiling = f"{ceilings[block]:.2f}" if ours else ""
+        def of_floor(values, name=name, floor=floor, ours=ours):
+            return f"{values[name] / values[floor]:.2f}" if ours and floor in values else ""
+
         print(
-            f"{name:<36} {wall[name]:>11,.0f} {wall[name] / wall['decode limit']:>9.2f} {versus(wall):>12} "
-            f"{cpu[name]:>11,.0f} {cpu[name] / cpu['decode limit']:>9.2f} {versus(cpu):>12} {ceiling:>8}"
+            f"{name:<36} {wall[name]:>11,.0f} {wall[name] / wall['decode limit']:>9.2f} {of_floor(wall):>9} "
+            f"{versus(wall):>12} {cpu[name]:>11,.0f} {cpu[name] / cpu['decode limit']:>9.2f} {of_floor(cpu):>9} "
+            f"{versus(cpu):>12}"
         )
         results.append(
             {
@@ -293,13 +325,24 @@ def main():
                 "rounds_rows_per_cpu_s": cpus[name],
                 "of_limit": wall[name] / wall["decode limit"],
                 "of_limit_cpu": cpu[name] / cpu["decode limit"],
-                "ceiling": ceilings.get(block),
             }
+        )
+    print("\ndense=True against CSR (time per row; a dense row costs its CSR read plus writing it):")
+    for block in CONFIGS:
+        sparse, dense = f"torch_shards block {block} ff {block * PRELOAD_NCHUNKS // BATCH_SIZE}", None
+        dense = f"torch_shards dense block {block}"
+        if sparse not in wall or dense not in wall or "dense write limit" not in wall:
+            continue
+        model = 1 / (1 / wall[sparse] + 1 / wall["dense write limit"])
+        print(
+            f"  block {block}: dense/CSR {wall[sparse] / wall[dense]:.2f}x; CSR time + writing the rows at the "
+            f"write limit: {model:,.0f} rows/s = {wall[sparse] / model:.2f}x the CSR time, ours at "
+            f"{wall[dense] / model:.2f} of that"
         )
     print(
         "\nrows/CPU-s: rows per second of the process's CPU time (all its threads), steadier than rows/s where "
-        "other work shares the cores.\nceiling: the share of the decode limit reads of random blocks can reach "
-        "when each block decodes every chunk it touches whole (c-blosc's way; decoding part of a frame passes it)."
+        "other work shares the cores.\nio floor: random blocks read by the io code alone (see the top of this file); "
+        "'of floor' compares ours with the floor of the same block size."
     )
     if args.json:
         os.makedirs(os.path.dirname(args.json), exist_ok=True)

@@ -9,6 +9,29 @@
 // Prints one JSON line: {"passes": full passes over all arrays, "seconds": their
 // time, "cpu_seconds": the process's CPU time meanwhile, "decoded_bytes": bytes
 // one pass decodes, "arrays": [...]}.
+//
+// The rate of writing dense rows to memory (what dense=True adds to a CSR read):
+//
+//   decode_limit --threads 2 --seconds 8 --write-rows 2000
+//
+// rows of 2000 float32 values copied from 64 row buffers that stay in cache
+// to a 16,384-row output (past the last-level cache) with the non-temporal
+// stores the dense scatter streams its rows with (core/streaming_copy.h);
+// "passes" are whole outputs written. --write-density D (default 1): the
+// share of non-zero values in each row, at random columns. It matters: this
+// VM's memory takes all-zero cache lines about twice as fast as others.
+//
+// The floor of random block reads of CSR matrices:
+//
+//   decode_limit --threads 2 --seconds 8 --csr-blocks 64 --fetch-rows 2048 store.zarr:/dataset_0 ...
+//
+// Each STORE:PATH is an AnnData whose X is CSR. Its rows are cut into blocks
+// of --csr-blocks rows, shuffled (--seed), and taken --fetch-rows rows at a
+// time by the threads in turn; a fetch is planned and read with the io code
+// the sources use (CsrMatrix::plan and read: indptr, then only the parts of
+// the chunks of indices and data its rows need), into buffers each thread
+// reuses. No batches, no tensors, no Python: what any reader of the same
+// random blocks pays at least. "passes" are then epochs over every row.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -18,11 +41,15 @@
 #include <exception>
 #include <iostream>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/streaming_copy.h"
 #include "core/thread_pool.h"
+#include "io/anndata.h"
 #include "io/chunked_array.h"
 #include "io/file.h"
 #include "io/hdf5_group.h"
@@ -64,15 +91,62 @@ std::vector<Piece> pieces_of(const io::Array& array, size_t target_bytes) {
   return pieces;
 }
 
+std::shared_ptr<const io::Group> open_group(const std::string& spec) {
+  const size_t colon = spec.rfind(':');
+  if (colon == std::string::npos) throw std::invalid_argument("expected STORE:PATH, got " + spec);
+  const std::string store = spec.substr(0, colon), path = spec.substr(colon + 1);
+  return io::is_directory(store) ? io::open_zarr_group(store, path) : io::open_hdf5_group(store, path);
+}
+
+struct Fetch {
+  const io::CsrMatrix* matrix;
+  std::vector<int64_t> rows;  // blocks of consecutive rows, in shuffled order
+};
+
+// The epoch of random block reads: every row of every matrix, once.
+std::vector<Fetch> block_fetches(const std::vector<std::shared_ptr<const io::CsrMatrix>>& matrices, int64_t block,
+                                 int64_t fetch_rows, uint64_t seed) {
+  std::vector<Fetch> fetches;
+  std::mt19937_64 random(seed);
+  for (const auto& matrix : matrices) {
+    std::vector<int64_t> starts;
+    for (int64_t row = 0; row < matrix->num_rows(); row += block) starts.push_back(row);
+    std::shuffle(starts.begin(), starts.end(), random);
+    Fetch fetch{matrix.get(), {}};
+    for (const int64_t start : starts) {
+      for (int64_t row = start; row < std::min(matrix->num_rows(), start + block); ++row) fetch.rows.push_back(row);
+      if (static_cast<int64_t>(fetch.rows.size()) >= fetch_rows) {
+        fetches.push_back(std::move(fetch));
+        fetch = Fetch{matrix.get(), {}};
+      }
+    }
+    if (!fetch.rows.empty()) fetches.push_back(std::move(fetch));
+  }
+  return fetches;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 1;
   double seconds = 5;
+  int64_t block = 0, fetch_rows = 2048, write_columns = 0;
+  double write_density = 1.0;
+  uint64_t seed = 0;
   std::vector<std::string> specs;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--threads" && i + 1 < argc) {
+    if (arg == "--write-rows" && i + 1 < argc) {
+      write_columns = std::max<int64_t>(1, std::atoll(argv[++i]));
+    } else if (arg == "--write-density" && i + 1 < argc) {
+      write_density = std::atof(argv[++i]);
+    } else if (arg == "--csr-blocks" && i + 1 < argc) {
+      block = std::max<int64_t>(1, std::atoll(argv[++i]));
+    } else if (arg == "--fetch-rows" && i + 1 < argc) {
+      fetch_rows = std::max<int64_t>(1, std::atoll(argv[++i]));
+    } else if (arg == "--seed" && i + 1 < argc) {
+      seed = std::strtoull(argv[++i], nullptr, 10);
+    } else if (arg == "--threads" && i + 1 < argc) {
       threads = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--seconds" && i + 1 < argc) {
       seconds = std::atof(argv[++i]);
@@ -80,41 +154,78 @@ int main(int argc, char** argv) {
       specs.push_back(arg);
     }
   }
-  if (specs.empty()) {
-    std::cerr << "usage: decode_limit [--threads N] [--seconds S] STORE:ARRAY [STORE:ARRAY ...]\n";
+  if (specs.empty() && write_columns == 0) {
+    std::cerr << "usage: decode_limit [--threads N] [--seconds S] STORE:ARRAY [STORE:ARRAY ...]\n"
+                 "       decode_limit [--threads N] [--seconds S] --csr-blocks ROWS [--fetch-rows ROWS] [--seed S] "
+                 "STORE:ANNDATA [...]\n"
+                 "       decode_limit [--threads N] [--seconds S] --write-rows COLUMNS\n";
     return 2;
   }
   try {
     std::vector<std::shared_ptr<const io::Array>> arrays;
+    std::vector<std::shared_ptr<const io::CsrMatrix>> matrices;
     std::vector<Piece> pieces;
+    std::vector<Fetch> fetches;
     size_t decoded_bytes = 0, largest = 0;
     std::string names;
     for (const std::string& spec : specs) {
+      names += (names.empty() ? "\"" : ", \"") + spec + "\"";
+      if (block > 0) {
+        const io::MatrixData x = io::AnnDataStore(open_group(spec)).matrix(std::nullopt);
+        if (!x.csr) throw std::invalid_argument(spec + ": X is not a CSR matrix");
+        matrices.push_back(x.csr);
+        continue;
+      }
       arrays.push_back(open_array(spec));
       for (const Piece& piece : pieces_of(*arrays.back(), size_t{4} << 20)) {
         pieces.push_back(piece);
         largest = std::max(largest, static_cast<size_t>(piece.end - piece.begin) * piece.array->row_bytes());
       }
       decoded_bytes += static_cast<size_t>(arrays.back()->num_rows()) * arrays.back()->row_bytes();
-      names += (names.empty() ? "\"" : ", \"") + spec + "\"";
     }
-    using Clock = std::chrono::steady_clock;
-    const auto start = Clock::now();
-    const double cpu_start = cpu_seconds();
-    int passes = 0;
-    double elapsed = 0;
-    while (passes == 0 || elapsed < seconds) {
+    if (block > 0) fetches = block_fetches(matrices, block, fetch_rows, seed);
+    constexpr int64_t kWriteRows = 16384, kWriteTask = 256;  // rows of the output, rows per task
+    const size_t row_bytes = static_cast<size_t>(write_columns) * sizeof(float);
+    std::vector<uint8_t> written(write_columns > 0 ? kWriteRows * row_bytes : 0, 1);  // faulted in once
+    if (write_columns > 0) names = "\"write rows\"";
+    constexpr int64_t kRowPatterns = 64;
+    std::vector<float> patterns(static_cast<size_t>(kRowPatterns * write_columns), 0.0F);
+    std::mt19937_64 random(seed);
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    for (float& value : patterns)
+      value = uniform(random) < write_density ? 1.0F + static_cast<float>(uniform(random)) : 0.0F;
+    const size_t tasks = write_columns > 0 ? kWriteRows / kWriteTask : (block > 0 ? fetches.size() : pieces.size());
+    // One pass over every task, by `threads` threads taking tasks in turn.
+    const auto pass = [&] {
       std::atomic<size_t> next{0};
       std::vector<std::thread> workers;
       std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
       for (int t = 0; t < threads; ++t) {
         workers.emplace_back([&, t] {
           try {
-            torch_shards::core::ThreadPool inline_pool(0);  // one piece per thread, as reader threads read
-            std::vector<uint8_t> out(largest);
-            for (size_t p = next++; p < pieces.size(); p = next++) {
-              const Piece& piece = pieces[p];
-              piece.array->read({io::Segment{piece.begin, piece.end - piece.begin, 0}}, out.data(), inline_pool);
+            torch_shards::core::ThreadPool inline_pool(0);  // one task per thread, as reader threads read
+            std::vector<uint8_t> out(largest), values;
+            std::vector<int32_t> columns;
+            for (size_t p = next++; p < tasks; p = next++) {
+              if (write_columns > 0) {
+                for (int64_t r = 0; r < kWriteTask; ++r) {
+                  const float* row = patterns.data() + (r % kRowPatterns) * write_columns;
+                  torch_shards::core::streaming_copy(written.data() + (p * kWriteTask + r) * row_bytes, row, row_bytes);
+                }
+                torch_shards::core::streaming_fence();
+                continue;
+              }
+              if (block == 0) {
+                const Piece& piece = pieces[p];
+                piece.array->read({io::Segment{piece.begin, piece.end - piece.begin, 0}}, out.data(), inline_pool);
+                continue;
+              }
+              const Fetch& fetch = fetches[p];
+              const io::CsrPlan plan = fetch.matrix->plan(fetch.rows, inline_pool);
+              const auto nnz = static_cast<size_t>(plan.nnz());
+              columns.resize(nnz);
+              values.resize(nnz * io::dtype_size(fetch.matrix->value_dtype()));
+              fetch.matrix->read(plan, columns.data(), sizeof(int32_t), values.data(), inline_pool);
             }
           } catch (...) {
             errors[static_cast<size_t>(t)] = std::current_exception();
@@ -125,6 +236,15 @@ int main(int argc, char** argv) {
       for (const auto& error : errors) {
         if (error) std::rethrow_exception(error);
       }
+    };
+    pass();  // untimed: compressed chunks are checked whole the first time they are read
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    const double cpu_start = cpu_seconds();
+    int passes = 0;
+    double elapsed = 0;
+    while (passes == 0 || elapsed < seconds) {
+      pass();
       ++passes;
       elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     }
