@@ -19,6 +19,32 @@ using core::ReadError;
 
 namespace {
 
+// This thread's T, kept from one use to the next (a read runs once per fetch
+// and field: its lists need not be allocated every time), or a fresh one while
+// a caller up this thread's stack holds it (a read nested in another's task).
+template <typename T>
+class Reused {
+ public:
+  Reused() : nested_(in_use()) { in_use() = true; }
+  ~Reused() { in_use() = nested_; }
+  Reused(const Reused&) = delete;
+  Reused& operator=(const Reused&) = delete;
+  T& get() {
+    if (nested_) return own_;
+    thread_local T kept;
+    kept.clear();
+    return kept;
+  }
+
+ private:
+  static bool& in_use() {
+    thread_local bool flag = false;
+    return flag;
+  }
+  bool nested_;
+  T own_;
+};
+
 std::string format_coords(const std::vector<int64_t>& coords) {
   std::string text = "(";
   for (size_t i = 0; i < coords.size(); ++i) text += (i ? ", " : "") + std::to_string(coords[i]);
@@ -212,12 +238,11 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
   const int64_t rows = num_rows();
   const size_t row_size = row_bytes();
   // (chunk row, segment) pairs, grouped by chunk row: each chunk decodes
-  // once. Kept per thread (a read runs once per fetch and field); the tasks
-  // below see the caller's through these references.
-  thread_local std::vector<std::pair<int64_t, size_t>> touches_of_thread;
-  thread_local std::vector<size_t> starts_of_thread;
-  std::vector<std::pair<int64_t, size_t>>& touches = touches_of_thread;
-  std::vector<size_t>& starts = starts_of_thread;  // index into touches where each chunk row begins
+  // once. The tasks below see the caller's lists through these references.
+  Reused<std::vector<std::pair<int64_t, size_t>>> touches_of_thread;
+  Reused<std::vector<size_t>> starts_of_thread;
+  std::vector<std::pair<int64_t, size_t>>& touches = touches_of_thread.get();
+  std::vector<size_t>& starts = starts_of_thread.get();  // where each chunk row begins in touches
   touches.clear();
   starts.clear();
   for (size_t s = 0; s < segments.size(); ++s) {
@@ -251,7 +276,8 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
     const int64_t group = task / inner_chunks_;
     int64_t inner = task % inner_chunks_;
     const int64_t chunk_row = touches[starts[group]].first;
-    thread_local std::vector<int64_t> coords;  // this task's thread's
+    Reused<std::vector<int64_t>> coords_of_thread;
+    std::vector<int64_t>& coords = coords_of_thread.get();
     coords.resize(info_.shape.size());
     coords[0] = chunk_row;
     for (size_t d = info_.shape.size() - 1; d >= 1; --d) {
