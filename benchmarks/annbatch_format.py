@@ -163,7 +163,7 @@ def dense_write_limit(binary, collection, args):
         text=True,
     )
     result = json.loads(done.stdout)
-    rows = 16384 * result["passes"]  # decode_limit writes a 16,384-row output per pass
+    rows = result["written_rows"] * result["passes"]
     return rows / result["seconds"], rows / result["cpu_seconds"]
 
 
@@ -329,7 +329,7 @@ def main():
         )
     print("\ndense=True against CSR (time per row; a dense row costs its CSR read plus writing it):")
     for block in CONFIGS:
-        sparse, dense = f"torch_shards block {block} ff {block * PRELOAD_NCHUNKS // BATCH_SIZE}", None
+        sparse = f"torch_shards block {block} ff {block * PRELOAD_NCHUNKS // BATCH_SIZE}"
         dense = f"torch_shards dense block {block}"
         if sparse not in wall or dense not in wall or "dense write limit" not in wall:
             continue

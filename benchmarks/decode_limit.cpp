@@ -17,9 +17,10 @@
 // rows of 2000 float32 values copied from 64 row buffers that stay in cache
 // to a 16,384-row output (past the last-level cache) with the non-temporal
 // stores the dense scatter streams its rows with (core/streaming_copy.h);
-// "passes" are whole outputs written. --write-density D (default 1): the
-// share of non-zero values in each row, at random columns. It matters: this
-// VM's memory takes all-zero cache lines about twice as fast as others.
+// "passes" are whole outputs written ("written_rows" rows each).
+// --write-density D (default 1): the share of non-zero values in each row, at
+// random columns. It matters: this VM's memory takes all-zero cache lines
+// about twice as fast as others.
 //
 // The floor of random block reads of CSR matrices:
 //
@@ -250,8 +251,9 @@ int main(int argc, char** argv) {
     }
     const double cpu = cpu_seconds() - cpu_start;
     std::cout << "{\"passes\": " << passes << ", \"seconds\": " << elapsed << ", \"cpu_seconds\": " << cpu
-              << ", \"decoded_bytes\": " << decoded_bytes << ", \"threads\": " << threads << ", \"arrays\": [" << names
-              << "]}" << std::endl;
+              << ", \"decoded_bytes\": " << decoded_bytes
+              << ", \"written_rows\": " << (write_columns > 0 ? kWriteRows : 0) << ", \"threads\": " << threads
+              << ", \"arrays\": [" << names << "]}" << std::endl;
   } catch (const std::exception& error) {
     std::cerr << "decode_limit: " << error.what() << "\n";
     return 1;

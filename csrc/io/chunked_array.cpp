@@ -29,7 +29,7 @@ class Reused {
   ~Reused() { in_use() = nested_; }
   Reused(const Reused&) = delete;
   Reused& operator=(const Reused&) = delete;
-  T& get() {
+  T& get() {  // empty
     if (nested_) return own_;
     thread_local T kept;
     kept.clear();
@@ -243,8 +243,6 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
   Reused<std::vector<size_t>> starts_of_thread;
   std::vector<std::pair<int64_t, size_t>>& touches = touches_of_thread.get();
   std::vector<size_t>& starts = starts_of_thread.get();  // where each chunk row begins in touches
-  touches.clear();
-  starts.clear();
   for (size_t s = 0; s < segments.size(); ++s) {
     const Segment& segment = segments[s];
     if (segment.length == 0) continue;
