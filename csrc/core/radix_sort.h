@@ -71,4 +71,27 @@ inline void sort_rows(std::vector<int64_t>& rows, std::vector<int64_t>& scratch)
   if (!sort_disjoint_runs(rows, scratch)) radix_sort_rows(rows, scratch);
 }
 
+// The positions of `rows` (non-negative) in ascending row order, equal rows
+// in their order: `order` holds them, `scratch` is working memory. Each
+// position rides in the low bits of its row's key, so the radix sort above
+// sorts both at once (std::stable_sort where a row is too large for that).
+inline void sort_positions_by_row(const std::vector<int64_t>& rows, std::vector<int64_t>& order,
+                                  std::vector<int64_t>& scratch) {
+  const size_t n = rows.size();
+  int bits = 0;
+  while (bits < 63 && (size_t{1} << bits) < n) ++bits;
+  uint64_t max_row = 0;
+  for (int64_t row : rows) max_row |= static_cast<uint64_t>(row);
+  order.resize(n);
+  if (bits == 0 || (max_row >> (63 - bits)) == 0) {
+    for (size_t i = 0; i < n; ++i) order[i] = static_cast<int64_t>((static_cast<uint64_t>(rows[i]) << bits) | i);
+    radix_sort_rows(order, scratch);
+    const uint64_t mask = (uint64_t{1} << bits) - 1;
+    for (int64_t& key : order) key = static_cast<int64_t>(static_cast<uint64_t>(key) & mask);
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) order[i] = static_cast<int64_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows[a] < rows[b]; });
+}
+
 }  // namespace torch_shards::core

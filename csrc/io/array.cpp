@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "../core/errors.h"
+#include "../core/radix_sort.h"
 #include "../core/scratch_buffer.h"
 #include "../core/streaming_copy.h"
 #include "codecs.h"
@@ -70,13 +71,16 @@ std::vector<uint8_t> Array::read_range(int64_t begin, int64_t end, core::ThreadP
 }
 
 std::vector<Segment> segments_for_rows(const std::vector<int64_t>& rows, const std::vector<int64_t>& dests) {
-  std::vector<size_t> order(rows.size());
-  std::iota(order.begin(), order.end(), 0);
-  if (!std::is_sorted(rows.begin(), rows.end())) {
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rows[a] < rows[b]; });
+  // Kept per thread (a leaf: nothing else runs on this thread while they are in use).
+  thread_local std::vector<int64_t> order, scratch;
+  if (std::is_sorted(rows.begin(), rows.end())) {
+    order.resize(rows.size());
+    std::iota(order.begin(), order.end(), 0);
+  } else {
+    core::sort_positions_by_row(rows, order, scratch);
   }
   std::vector<Segment> segments;
-  for (size_t i : order) {
+  for (int64_t i : order) {
     if (!segments.empty()) {
       Segment& last = segments.back();
       if (rows[i] == last.source + last.length && dests[i] == last.dest + last.length) {

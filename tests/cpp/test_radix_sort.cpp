@@ -110,5 +110,36 @@ TEST(SortRows, RadixSortMatchesStdSortAboveItsSmallInputCutoff) {
   }
 }
 
+// The positions std::stable_sort gives: ascending rows, equal rows in their order.
+std::vector<int64_t> stable_positions(const std::vector<int64_t>& rows) {
+  std::vector<int64_t> order(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) order[i] = static_cast<int64_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows[a] < rows[b]; });
+  return order;
+}
+
+TEST(SortPositionsByRow, MatchesStableSortOnBothPaths) {
+  // Small rows carry their position in the key (radix path); rows near 2^63 leave no room for it
+  // (std::stable_sort path). Duplicates check that equal rows keep their order.
+  for (size_t n : {0, 1, 2, 3, 255, 256, 4096, 5000}) {
+    for (uint64_t bound : {uint64_t{1}, uint64_t{7}, uint64_t{100000}, uint64_t{1} << 40, uint64_t{INT64_MAX}}) {
+      const auto rows = random_rows(n, bound, bound * 7 + n);
+      std::vector<int64_t> order, scratch;
+      sort_positions_by_row(rows, order, scratch);
+      EXPECT_EQ(order, stable_positions(rows)) << "n=" << n << " bound=" << bound;
+    }
+  }
+  // A shuffled fetch of block runs, the order a reader meets.
+  std::vector<int64_t> rows;
+  for (int64_t b = 0; b < 64; ++b) {
+    for (int64_t t = 0; t < 64; ++t)
+      rows.push_back(static_cast<int64_t>(mix64(static_cast<uint64_t>(b)) % 1000) * 64 + t);
+  }
+  for (size_t i = rows.size() - 1; i > 0; --i) std::swap(rows[i], rows[mix64(i) % (i + 1)]);
+  std::vector<int64_t> order, scratch;
+  sort_positions_by_row(rows, order, scratch);
+  EXPECT_EQ(order, stable_positions(rows));
+}
+
 }  // namespace
 }  // namespace torch_shards::core
