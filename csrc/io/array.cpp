@@ -122,7 +122,7 @@ std::vector<Span> plan_spans(const std::vector<Segment>& segments, size_t row_by
 }
 
 void read_span(const File& file, int64_t region_offset, const Span& span, const std::vector<Segment>& segments,
-               size_t row_bytes, uint8_t* out, const std::string& what, bool streaming) {
+               size_t row_bytes, uint8_t* out, core::FunctionRef<std::string()> what, bool streaming) {
   const int64_t offset = region_offset + span.begin * static_cast<int64_t>(row_bytes);
   const size_t bytes = static_cast<size_t>(span.end - span.begin) * row_bytes;
   const Segment& first = segments[span.first];
@@ -130,23 +130,21 @@ void read_span(const File& file, int64_t region_offset, const Span& span, const 
     file.read_at(offset, bytes, out + first.dest * row_bytes, what, streaming);
     return;
   }
-  if (file.mapped()) {  // no request cost: every segment straight from the mapping to its place
+  // Mapped: no request cost, every segment straight from the mapping to its place, under one
+  // guard and one fence for the span (a fence per row would wait on every row's stores).
+  const auto copy_segments = [&](const uint8_t* bytes_of_span) {
     for (size_t i = span.first; i < span.last; ++i) {
       const Segment& segment = segments[i];
-      file.read_at(region_offset + segment.source * static_cast<int64_t>(row_bytes),
-                   static_cast<size_t>(segment.length) * row_bytes, out + segment.dest * row_bytes, what, streaming);
+      core::copy_bytes(out + segment.dest * row_bytes, bytes_of_span + (segment.source - span.begin) * row_bytes,
+                       static_cast<size_t>(segment.length) * row_bytes, streaming);
     }
-    return;
-  }
+    if (streaming) core::streaming_fence();
+  };
+  if (file.use_mapped(offset, bytes, copy_segments, what)) return;
   thread_local core::ScratchBuffer scratch;
   uint8_t* buffer = scratch.get(bytes);
   file.read_at(offset, bytes, buffer, what);
-  for (size_t i = span.first; i < span.last; ++i) {
-    const Segment& segment = segments[i];
-    core::copy_bytes(out + segment.dest * row_bytes, buffer + (segment.source - span.begin) * row_bytes,
-                     static_cast<size_t>(segment.length) * row_bytes, streaming);
-  }
-  if (streaming) core::streaming_fence();
+  copy_segments(buffer);
 }
 
 bool streams_output(const std::vector<Segment>& segments, size_t row_bytes) {

@@ -83,9 +83,10 @@ std::vector<Span> plan_spans(const std::vector<Segment>& segments, size_t row_by
 // from byte `region_offset` (its row 0), and puts the span's segments in
 // place: straight into `out` when the span is exactly one segment or the file
 // is mapped, else through a buffer holding the span. streaming: `out` is
-// written with non-temporal stores (see streams_output).
+// written with non-temporal stores (see streams_output). what() names the
+// bytes in an error message (called only for one).
 void read_span(const File& file, int64_t region_offset, const Span& span, const std::vector<Segment>& segments,
-               size_t row_bytes, uint8_t* out, const std::string& what, bool streaming = false);
+               size_t row_bytes, uint8_t* out, core::FunctionRef<std::string()> what, bool streaming = false);
 
 // Whether a read of `segments` writes enough (core::streams) that its
 // output is read only once it has left the caches: it is then streamed out.

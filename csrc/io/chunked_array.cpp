@@ -134,7 +134,7 @@ void ChunkedArray::read_raw_chunk_rows(int64_t chunk_row, const std::vector<cons
     throw ReadError(concat(where(), ": ", store_->describe_chunk(coords), ": stored chunk holds ", location->size,
                            " bytes, expected ", chunk_bytes_));
   }
-  const std::string what = concat(info_.path, " ", store_->describe_chunk(coords));
+  const auto what = [&] { return concat(info_.path, " ", store_->describe_chunk(coords)); };
   for (const Span& span : plan_spans(pieces, row_size, kMaxGapBytes, kMaxSpanBytes)) {
     read_span(*location->file, location->offset, span, pieces, row_size, out, what, streaming);
   }

@@ -21,7 +21,8 @@ void ContiguousArray::read_raw(const std::vector<Segment>& segments, uint8_t* ou
   const bool streaming = streams_output(segments, row_size);
   pool.parallel_for(static_cast<int64_t>(spans.size()), [&](int64_t s) {
     // File adds the offsets on error.
-    read_span(*file_, offset_, spans[s], segments, row_size, out, info_.path, streaming);
+    read_span(
+        *file_, offset_, spans[s], segments, row_size, out, [&] { return info_.path; }, streaming);
   });
 }
 

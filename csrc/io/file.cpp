@@ -191,9 +191,15 @@ void File::check_range(int64_t offset, size_t bytes, const std::string& what) co
 }
 
 void File::read_at(int64_t offset, size_t bytes, void* out, const std::string& what, bool streaming) const {
-  check_range(offset, bytes, what);
+  read_at(
+      offset, bytes, out, [&] { return what; }, streaming);
+}
+
+void File::read_at(int64_t offset, size_t bytes, void* out, core::FunctionRef<std::string()> what,
+                   bool streaming) const {
+  if (!contains(offset, bytes)) check_range(offset, bytes, what());  // raises
   if (const uint8_t* mapped = mapping()) {
-    if (!guarded_copy(out, mapped + offset, bytes, streaming)) throw mapping_fault(path_, offset, bytes, what);
+    if (!guarded_copy(out, mapped + offset, bytes, streaming)) throw mapping_fault(path_, offset, bytes, what());
     return;
   }
   auto* cursor = static_cast<uint8_t*>(out);
@@ -202,9 +208,9 @@ void File::read_at(int64_t offset, size_t bytes, void* out, const std::string& w
     const ssize_t got = ::pread(descriptor(), cursor + done, bytes - done, static_cast<off_t>(offset + done));
     if (got < 0) {
       if (errno == EINTR) continue;
-      throw ReadError(concat(path_, ": reading ", what, " failed: ", std::strerror(errno)));
+      throw ReadError(concat(path_, ": reading ", what(), " failed: ", std::strerror(errno)));
     }
-    if (got == 0) throw ReadError(concat(path_, ": unexpected end of file reading ", what));
+    if (got == 0) throw ReadError(concat(path_, ": unexpected end of file reading ", what()));
     done += static_cast<size_t>(got);
   }
 }

@@ -34,6 +34,9 @@ class File {
   // streaming: into memory read much later (core/streaming_copy.h), from a
   // mapping with non-temporal stores.
   void read_at(int64_t offset, size_t bytes, void* out, const std::string& what, bool streaming = false) const;
+  // The same, what() called only to build a message (hot paths name chunks).
+  void read_at(int64_t offset, size_t bytes, void* out, core::FunctionRef<std::string()> what,
+               bool streaming = false) const;
   std::vector<uint8_t> read_at(int64_t offset, size_t bytes, const std::string& what) const;
   // Runs use(bytes) on [offset, offset + bytes) of the mapping itself, no copy
   // made, and returns true; returns false, running nothing, when the file is

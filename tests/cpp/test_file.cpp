@@ -57,8 +57,10 @@ TEST(File, ReadSpanScattersTheSameRowsMappedOrNot) {
   const auto spans = torch_shards::io::plan_spans(segments, 64, 1 << 10, 1 << 20);
   ASSERT_EQ(spans.size(), 1u);
   std::vector<uint8_t> from_plain(8 * 64, 0), from_mapped(8 * 64, 0), expected(8 * 64, 0);
-  torch_shards::io::read_span(plain, 100, spans[0], segments, 64, from_plain.data(), "rows");
-  torch_shards::io::read_span(mapped, 100, spans[0], segments, 64, from_mapped.data(), "rows");
+  torch_shards::io::read_span(plain, 100, spans[0], segments, 64, from_plain.data(),
+                              [] { return std::string("rows"); });
+  torch_shards::io::read_span(mapped, 100, spans[0], segments, 64, from_mapped.data(),
+                              [] { return std::string("rows"); });
   for (const Segment& segment : segments) {
     for (int64_t r = 0; r < segment.length; ++r) {
       for (int64_t b = 0; b < 64; ++b) {
