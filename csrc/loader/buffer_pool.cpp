@@ -5,7 +5,10 @@
 #include <ATen/StorageUtils.h>
 #include <ATen/ops/empty.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 
@@ -39,6 +42,21 @@ bool python_holds_only_itself(Slot*, long) {
   return false;
 }
 
+// Large pageable storages ask for transparent huge pages (where the kernel
+// leaves that to madvise, its default): a fetch's rows land at scattered
+// places in tens or hundreds of MB, and with 4 KB pages nearly every row
+// written misses the TLB (batch 4096 of 8 KB rows: 512 MB fetches, ~10% of
+// the copy rate). Before the first touch, so the pages are made huge then.
+void ask_for_huge_pages(void* data, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  if (bytes < 2 * kHuge) return;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
+  if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // a hint only
+#endif
+}
+
 c10::Storage allocate(size_t bytes, sources::Memory memory) {
   if (memory == sources::Memory::kSharedPooled) {
     c10::Storage storage(at::new_shm_fd_storage(bytes));
@@ -46,7 +64,10 @@ c10::Storage allocate(size_t bytes, sources::Memory memory) {
     return storage;
   }
   const bool pinned = memory == sources::Memory::kPinned;
-  return at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned)).storage();
+  c10::Storage storage =
+      at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned)).storage();
+  if (!pinned) ask_for_huge_pages(storage.mutable_data(), bytes);
+  return storage;
 }
 
 }  // namespace
