@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import resource
+import time
 
 import anndata as ad
 import h5py
@@ -265,6 +266,39 @@ def test_output_memory_is_recycled_across_epochs():
     stats = dict(iterator.stats())
     iterator.close()
     assert stats["pool_reuses"] > 0 and stats["pool_kept_bytes"] <= ds.prefetch_bytes + 2 * 16 * 256 * 4 * width
+
+
+def _pool_allocations(ds):
+    iterator = ds.native.iter()
+    next(iter(iter(iterator.next, None)))
+    stats = dict(iterator.stats())
+    iterator.close()
+    return stats["pool_allocations"]
+
+
+def test_units_larger_than_half_the_budget_are_recycled_too():
+    """Units of 2/3 of prefetch_bytes, four per epoch: two in flight (the second starts while the bytes out
+    are under the budget, and takes them past it), the one the loop goes through and the one before it (its
+    last batch still held while the next is asked for). The pool keeps all four: after the first epochs it
+    allocates nothing more (it kept three and allocated the fourth afresh every epoch)."""
+    rows, width = 16384, 256  # 1 KB rows; units of 4096 rows = 4 MB
+    source = ts.TensorSource({"X": torch.randn(rows, width)})
+    ds = ts.ShardedDataset(source, ts.BlockShuffling(64), batch_size=256, seed=0, num_threads=2, prefetch_bytes=6 << 20)
+
+    def epoch():  # a loop slower than the reader, holding the previous batch while it takes the next
+        count, previous = 0, None
+        for batch in ds:
+            time.sleep(0.002)
+            count += batch["X"].shape[0]
+            previous = batch  # noqa: F841
+        assert count == rows
+
+    for _ in range(2):
+        epoch()
+    settled = _pool_allocations(ds)
+    for _ in range(3):
+        epoch()
+    assert _pool_allocations(ds) == settled
 
 
 # ---- outputs past the caches are streamed out (core/streaming_copy.h) ----------------------------------------

@@ -50,7 +50,7 @@ bool python_holds_only_itself(Slot*, long) {
 void ask_for_huge_pages(void* data, size_t bytes) {
 #ifdef MADV_HUGEPAGE
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  if (bytes < 2 * kHuge) return;
+  if (bytes < 2 * kHuge || getenv("NOHUGE")) return;
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
   const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
   if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // a hint only
@@ -170,7 +170,7 @@ c10::Storage BufferPool::acquire(size_t bytes, sources::Memory memory) {
     return best->storage;
   }
   // Room for a new one: the least recently used free storages go first.
-  const size_t limit = static_cast<size_t>(budget_) + 2 * largest_;
+  const size_t limit = static_cast<size_t>(budget_) + 3 * largest_;
   while (kept_bytes_ + wanted > limit) {
     auto victim = kept_.end();
     for (auto it = kept_.begin(); it != kept_.end(); ++it) {

@@ -19,9 +19,12 @@
 // (TensorPool allocates them fresh). A storage whose memory was moved since (torch moves plain memory
 // into its own shared memory to send it) is never reused.
 //
-// The pool keeps at most `budget` bytes (plus two of the largest storages
-// asked for: the unit the consumer goes through and one being read); beyond
-// it, storages are handed out untracked and freed when dropped. Size classes
+// The pool keeps at most `budget` bytes plus three of the largest storages
+// asked for: the unit whose start took the bytes in flight past the budget
+// (a unit starts while they are under it), the unit the consumer goes
+// through and the one before it (its last batch is still held while the
+// consumer asks for the next). Beyond that, storages are handed out
+// untracked and freed when dropped. Size classes
 // (an eighth of a power of two) let units of slightly different sizes (CSR
 // fetches) reuse each other's storages. Thread-safe; a pool inherited
 // through fork starts empty in the child.
