@@ -318,7 +318,7 @@ def _epoch_by_row(dataset, field):
     return out
 
 
-@pytest.mark.parametrize("kind", ["tensor", "hdf5_contiguous", "hdf5_chunked"])
+@pytest.mark.parametrize("kind", ["tensor", "tensor_collection", "hdf5_contiguous", "hdf5_chunked"])
 @pytest.mark.parametrize("columns", [1001, 2048])  # rows of 4004 bytes (not 16-byte aligned) and of 8 KB
 # Whole fetches (the default budget), or pieces of 8 MB, one in flight at a time.
 @pytest.mark.parametrize("prefetch_bytes", [None, 8 << 20])
@@ -326,6 +326,8 @@ def test_large_fetches_are_read_exactly(tmp_path, kind, columns, prefetch_bytes)
     x = torch.randn(STREAMED_ROWS, columns)
     if kind == "tensor":
         source = ts.TensorSource({"X": x})
+    elif kind == "tensor_collection":  # each part copies its rows in source order to scattered places
+        source = ts.Collection([ts.TensorSource({"X": x[:1700]}), ts.TensorSource({"X": x[1700:]})])
     else:
         path = tmp_path / "wide.h5"
         with h5py.File(path, "w") as f:  # chunked: uncompressed, read straight from the file like contiguous
