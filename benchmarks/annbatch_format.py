@@ -21,6 +21,9 @@ cache warm, batch 256, epoch after epoch for --seconds each, in alternated round
                         rows), with the io code the sources use (CSR plan, then only the parts of
                         the chunks the rows need) into reused buffers: no loader, no tensors, no
                         Python. What any reader of these random blocks pays at least
+  io floor shuffled     the same with each fetch's rows shuffled (decode_limit --shuffle-rows), as
+                        BlockShuffling delivers them: a range per row, not per block, each written
+                        to its own place. The floor of what torch_shards does ('of floor')
   dense write limit     writing dense float32 rows of X's width and density into memory with the
                         stores the dense scatter uses (decode_limit --write-rows, --cores threads):
                         with dense=True every row costs its CSR read plus this write
@@ -128,10 +131,11 @@ def decode_limit(binary, specs, rows, args):
     return rows * result["passes"] / result["seconds"], rows * result["passes"] / result["cpu_seconds"]
 
 
-def io_floor(binary, specs, rows, block, args):
+def io_floor(binary, specs, rows, block, shuffle_rows, args):
     done = subprocess.run(
         ["taskset", "-c", args.cpu_list, binary, "--threads", str(args.cores), "--seconds", str(args.seconds)]
         + ["--csr-blocks", str(block), "--fetch-rows", str(block * PRELOAD_NCHUNKS)]
+        + (["--shuffle-rows"] if shuffle_rows else [])
         + specs,
         check=True,
         capture_output=True,
@@ -257,7 +261,12 @@ def main():
     ]
     for block in CONFIGS:
         ff = block * PRELOAD_NCHUNKS // BATCH_SIZE
-        methods.append((f"io floor block {block}", block, lambda b=block: io_floor(binary, datasets, rows, b, args)))
+        methods.append(
+            (f"io floor block {block}", block, lambda b=block: io_floor(binary, datasets, rows, b, False, args))
+        )
+        methods.append(
+            (f"io floor shuffled block {block}", block, lambda b=block: io_floor(binary, datasets, rows, b, True, args))
+        )
         methods.append(
             (
                 f"torch_shards block {block} ff {ff}",
@@ -302,7 +311,7 @@ def main():
     results = []
     for name, block, _ in methods:
         reference = f"annbatch chunk {block} x {PRELOAD_NCHUNKS}"
-        floor = f"io floor block {block}"
+        floor = f"io floor shuffled block {block}"
         ours = name.startswith("torch_shards")
 
         def versus(values, name=name, reference=reference, ours=ours):
@@ -342,7 +351,8 @@ def main():
     print(
         "\nrows/CPU-s: rows per second of the process's CPU time (all its threads), steadier than rows/s where "
         "other work shares the cores.\nio floor: random blocks read by the io code alone (see the top of this file); "
-        "'of floor' compares ours with the floor of the same block size."
+        "io floor shuffled: the same with each fetch's rows shuffled, as ours delivers them; 'of floor' compares "
+        "ours with the shuffled floor of the same block size."
     )
     if args.json:
         os.makedirs(os.path.dirname(args.json), exist_ok=True)

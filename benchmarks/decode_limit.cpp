@@ -33,6 +33,9 @@
 // the chunks of indices and data its rows need), into buffers each thread
 // reuses. No batches, no tensors, no Python: what any reader of the same
 // random blocks pays at least. "passes" are then epochs over every row.
+// --shuffle-rows: each fetch's rows are shuffled too, as a loader delivers
+// them (BlockShuffling permutes every fetch): the CSR plan then has a range
+// per row, not per block, each written to its own place.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -101,12 +104,12 @@ std::shared_ptr<const io::Group> open_group(const std::string& spec) {
 
 struct Fetch {
   const io::CsrMatrix* matrix;
-  std::vector<int64_t> rows;  // blocks of consecutive rows, in shuffled order
+  std::vector<int64_t> rows;  // blocks of consecutive rows, in shuffled order (rows shuffled: any order)
 };
 
 // The epoch of random block reads: every row of every matrix, once.
 std::vector<Fetch> block_fetches(const std::vector<std::shared_ptr<const io::CsrMatrix>>& matrices, int64_t block,
-                                 int64_t fetch_rows, uint64_t seed) {
+                                 int64_t fetch_rows, uint64_t seed, bool shuffle_rows) {
   std::vector<Fetch> fetches;
   std::mt19937_64 random(seed);
   for (const auto& matrix : matrices) {
@@ -123,6 +126,9 @@ std::vector<Fetch> block_fetches(const std::vector<std::shared_ptr<const io::Csr
     }
     if (!fetch.rows.empty()) fetches.push_back(std::move(fetch));
   }
+  if (shuffle_rows) {
+    for (Fetch& fetch : fetches) std::shuffle(fetch.rows.begin(), fetch.rows.end(), random);
+  }
   return fetches;
 }
 
@@ -134,6 +140,7 @@ int main(int argc, char** argv) {
   int64_t block = 0, fetch_rows = 2048, write_columns = 0;
   double write_density = 1.0;
   uint64_t seed = 0;
+  bool shuffle_rows = false;
   std::vector<std::string> specs;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -145,6 +152,8 @@ int main(int argc, char** argv) {
       block = std::max<int64_t>(1, std::atoll(argv[++i]));
     } else if (arg == "--fetch-rows" && i + 1 < argc) {
       fetch_rows = std::max<int64_t>(1, std::atoll(argv[++i]));
+    } else if (arg == "--shuffle-rows") {
+      shuffle_rows = true;
     } else if (arg == "--seed" && i + 1 < argc) {
       seed = std::strtoull(argv[++i], nullptr, 10);
     } else if (arg == "--threads" && i + 1 < argc) {
@@ -158,6 +167,7 @@ int main(int argc, char** argv) {
   if (specs.empty() && write_columns == 0) {
     std::cerr << "usage: decode_limit [--threads N] [--seconds S] STORE:ARRAY [STORE:ARRAY ...]\n"
                  "       decode_limit [--threads N] [--seconds S] --csr-blocks ROWS [--fetch-rows ROWS] [--seed S] "
+                 "[--shuffle-rows] "
                  "STORE:ANNDATA [...]\n"
                  "       decode_limit [--threads N] [--seconds S] --write-rows COLUMNS\n";
     return 2;
@@ -184,7 +194,7 @@ int main(int argc, char** argv) {
       }
       decoded_bytes += static_cast<size_t>(arrays.back()->num_rows()) * arrays.back()->row_bytes();
     }
-    if (block > 0) fetches = block_fetches(matrices, block, fetch_rows, seed);
+    if (block > 0) fetches = block_fetches(matrices, block, fetch_rows, seed, shuffle_rows);
     constexpr int64_t kWriteRows = 16384, kWriteTask = 256;  // rows of the output, rows per task
     const size_t row_bytes = static_cast<size_t>(write_columns) * sizeof(float);
     std::vector<uint8_t> written(write_columns > 0 ? kWriteRows * row_bytes : 0, 1);  // faulted in once
