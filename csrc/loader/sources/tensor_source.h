@@ -27,8 +27,10 @@ class TensorSource : public Source {
 };
 
 // Copies rows[i] of `source` (rows of row_bytes bytes, contiguous) to row
-// request.dest(i) of `out`, runs of consecutive rows at once, on the pool.
-void gather_rows(const uint8_t* source, size_t row_bytes, const RowRequest& request, uint8_t* out,
-                 core::ThreadPool& pool);
+// request.dest(i) of `out`, runs of consecutive rows at once, on the pool; in
+// the order of `order` (positions i, e.g. by ascending source row:
+// core::sort_positions_by_row), or as listed when it is null.
+void gather_rows(const uint8_t* source, size_t row_bytes, const RowRequest& request, const std::vector<int64_t>* order,
+                 uint8_t* out, core::ThreadPool& pool);
 
 }  // namespace torch_shards::sources
