@@ -7,7 +7,7 @@ never overwritten."""
 import hashlib
 import json
 import os
-import resource
+import sys
 import time
 
 import anndata as ad
@@ -23,6 +23,9 @@ from torch.utils.data import DataLoader
 from zarr.codecs import BloscCodec
 
 import torch_shards as ts
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from host_path import faulted_bytes  # noqa: E402  (huge-page faults counted as their 2 MB)
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "data", "host_path_batches.json")
 ROWS = 203
@@ -247,21 +250,6 @@ def test_fetch_transform_sees_whole_fetches_when_read_in_pieces(golden_sources):
     assert seen[:full] == [21] * full and all(n <= 7 for n in seen[full:]) and sum(seen) == ROWS
 
 
-def _huge_page_faults():
-    """Transparent huge pages faulted in, machine-wide (0 where /proc/vmstat does not say)."""
-    try:
-        with open("/proc/vmstat") as f:
-            return next((int(line.split()[1]) for line in f if line.startswith("thp_fault_alloc ")), 0)
-    except OSError:
-        return 0
-
-
-def _faulted_bytes():
-    """Bytes faulted in so far: a fault that made a huge page (the pool asks for them) maps 2 MB, not a page."""
-    huge = _huge_page_faults()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - huge) * resource.getpagesize() + huge * (2 << 20)
-
-
 def test_output_memory_is_recycled_across_epochs():
     """After the first epoch the reader hands out memory it already has: the memory faulted in per epoch
     is a small fraction of the bytes delivered, and the pool reports reuses."""
@@ -270,9 +258,9 @@ def test_output_memory_is_recycled_across_epochs():
     ds = ts.ShardedDataset(source, ts.BlockShuffling(64), batch_size=256, seed=0, num_threads=2)
     faulted = []
     for _ in range(4):
-        before = _faulted_bytes()
+        before = faulted_bytes()
         count = sum(batch["X"].shape[0] for batch in ds)
-        faulted.append(_faulted_bytes() - before)
+        faulted.append(faulted_bytes() - before)
         assert count == rows
     epoch_bytes = rows * width * 4
     assert max(faulted[1:]) < 0.05 * epoch_bytes, (faulted, epoch_bytes)
