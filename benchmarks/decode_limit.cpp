@@ -36,6 +36,22 @@
 // --shuffle-rows: each fetch's rows are shuffled too, as a loader delivers
 // them (BlockShuffling permutes every fetch): the CSR plan then has a range
 // per row, not per block, each written to its own place.
+//
+// The copy limit of the host path (benchmarks/host_path.py): rows of memory
+// gathered as BlockShuffling delivers them, with nothing but the copy.
+//
+//   decode_limit --threads 2 --seconds 2 --gather-rows 100000 --row-bytes 8192 --blocks 64 --fetch-rows 4096
+//
+// A source of --gather-rows rows of --row-bytes bytes in plain memory (not
+// zero: this VM takes all-zero lines faster), cut into blocks of --blocks
+// rows, shuffled, taken --fetch-rows rows a fetch, each fetch's rows shuffled.
+// Fetch after fetch, the threads copy its rows (64 at a time) in
+// ascending source order to their places in the fetch (as the sources do),
+// into three recycled output buffers (huge pages asked for as the pool does),
+// with non-temporal stores from 8 MB (core::streams). The plan is made before
+// the clock starts. "passes" are epochs of every row;
+// "gathered_rows" the rows of one.
+#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -132,19 +148,140 @@ std::vector<Fetch> block_fetches(const std::vector<std::shared_ptr<const io::Csr
   return fetches;
 }
 
+// Memory for the gather mode, faulted in with `fill`; huge: asked to use huge
+// pages from 4 MB, as BufferPool's storages do (a tensor torch allocates is not).
+struct Memory {
+  Memory(size_t bytes, uint8_t fill, bool huge) : bytes(bytes) {
+    constexpr size_t kHuge = size_t{2} << 20;
+    data = static_cast<uint8_t*>(std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge));
+    if (data == nullptr) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    if (huge && bytes >= 2 * kHuge) (void)madvise(data, bytes / kHuge * kHuge, MADV_HUGEPAGE);
+#endif
+    std::memset(data, fill, bytes);
+  }
+  ~Memory() { std::free(data); }
+  Memory(const Memory&) = delete;
+  Memory& operator=(const Memory&) = delete;
+  uint8_t* data = nullptr;
+  size_t bytes = 0;
+};
+
+// One fetch of the gather mode: (source row, place in the fetch), by source row.
+using GatherFetch = std::vector<std::pair<int64_t, int64_t>>;
+
+std::vector<GatherFetch> gather_fetches(int64_t rows, int64_t block, int64_t fetch_rows, uint64_t seed) {
+  std::mt19937_64 random(seed);
+  std::vector<int64_t> starts;
+  for (int64_t row = 0; row < rows; row += block) starts.push_back(row);
+  std::shuffle(starts.begin(), starts.end(), random);
+  std::vector<GatherFetch> fetches;
+  std::vector<int64_t> delivered;
+  const auto close = [&] {
+    std::shuffle(delivered.begin(), delivered.end(), random);
+    GatherFetch fetch;
+    for (size_t place = 0; place < delivered.size(); ++place) {
+      fetch.emplace_back(delivered[place], static_cast<int64_t>(place));
+    }
+    std::sort(fetch.begin(), fetch.end());
+    fetches.push_back(std::move(fetch));
+    delivered.clear();
+  };
+  for (const int64_t start : starts) {
+    for (int64_t row = start; row < std::min(rows, start + block); ++row) delivered.push_back(row);
+    if (static_cast<int64_t>(delivered.size()) >= fetch_rows) close();
+  }
+  if (!delivered.empty()) close();
+  return fetches;
+}
+
+// The gather mode's epochs (see the top of this file): {passes, seconds, cpu seconds}.
+std::vector<double> gather_epochs(int64_t rows, size_t row_bytes, int64_t block, int64_t fetch_rows, uint64_t seed,
+                                  int threads, double seconds) {
+  const std::vector<GatherFetch> fetches = gather_fetches(rows, block, fetch_rows, seed);
+  Memory source(static_cast<size_t>(rows) * row_bytes, 0, false);
+  std::mt19937_64 random(seed);
+  for (size_t word = 0; word + 8 <= source.bytes; word += 8) {
+    const uint64_t value = random() | 1;  // never an all-zero line
+    std::memcpy(source.data + word, &value, 8);
+  }
+  constexpr size_t kBuffers = 3;
+  const size_t fetch_bytes = static_cast<size_t>(fetch_rows) * row_bytes;
+  const bool streaming = torch_shards::core::streams(fetch_bytes);
+  std::vector<std::unique_ptr<Memory>> outputs;
+  for (size_t b = 0; b < kBuffers; ++b) outputs.push_back(std::make_unique<Memory>(fetch_bytes, 1, true));
+  // Fetch after fetch, its copy spread over the threads (as a reader spreads
+  // a large fetch's): they take 64 rows at a time and meet at its end,
+  // spinning (one thread per core: a sleeping thread's wake-up would be
+  // counted against the copy).
+  constexpr size_t kTaskRows = 64;
+  const auto pass = [&] {
+    std::atomic<size_t> arrived{0}, generation{0}, next_task{0};
+    const auto meet = [&] {
+      const size_t mine = generation.load();
+      if (arrived.fetch_add(1) + 1 == static_cast<size_t>(threads)) {
+        arrived = 0;
+        next_task = 0;  // every thread is here: the next fetch starts afresh
+        generation.fetch_add(1);
+      } else {
+        while (generation.load() == mine) {
+        }
+      }
+    };
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&] {
+        for (size_t f = 0; f < fetches.size(); ++f) {
+          const GatherFetch& fetch = fetches[f];
+          uint8_t* out = outputs[f % kBuffers]->data;
+          for (size_t begin = kTaskRows * next_task++; begin < fetch.size(); begin = kTaskRows * next_task++) {
+            for (size_t k = begin; k < std::min(fetch.size(), begin + kTaskRows); ++k) {
+              const auto [row, place] = fetch[k];
+              torch_shards::core::copy_bytes(out + static_cast<size_t>(place) * row_bytes,
+                                             source.data + static_cast<size_t>(row) * row_bytes, row_bytes, streaming);
+            }
+          }
+          if (streaming) torch_shards::core::streaming_fence();
+          meet();
+        }
+      });
+    }
+    for (auto& worker : workers) worker.join();
+  };
+  pass();  // untimed: the first touches of the output
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const double cpu_start = cpu_seconds();
+  int passes = 0;
+  double elapsed = 0;
+  while (passes == 0 || elapsed < seconds) {
+    pass();
+    ++passes;
+    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  return {static_cast<double>(passes), elapsed, cpu_seconds() - cpu_start};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 1;
   double seconds = 5;
-  int64_t block = 0, fetch_rows = 2048, write_columns = 0;
+  int64_t block = 0, fetch_rows = 2048, write_columns = 0, gather_rows = 0;
+  size_t gather_row_bytes = 8192;
   double write_density = 1.0;
   uint64_t seed = 0;
   bool shuffle_rows = false;
   std::vector<std::string> specs;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--write-rows" && i + 1 < argc) {
+    if (arg == "--gather-rows" && i + 1 < argc) {
+      gather_rows = std::max<int64_t>(1, std::atoll(argv[++i]));
+    } else if (arg == "--row-bytes" && i + 1 < argc) {
+      gather_row_bytes = static_cast<size_t>(std::max<int64_t>(1, std::atoll(argv[++i])));
+    } else if (arg == "--blocks" && i + 1 < argc) {
+      block = std::max<int64_t>(1, std::atoll(argv[++i]));
+    } else if (arg == "--write-rows" && i + 1 < argc) {
       write_columns = std::max<int64_t>(1, std::atoll(argv[++i]));
     } else if (arg == "--write-density" && i + 1 < argc) {
       write_density = std::atof(argv[++i]);
@@ -164,12 +301,27 @@ int main(int argc, char** argv) {
       specs.push_back(arg);
     }
   }
+  if (gather_rows > 0) {
+    try {
+      const std::vector<double> run =
+          gather_epochs(gather_rows, gather_row_bytes, std::max<int64_t>(1, block), fetch_rows, seed, threads, seconds);
+      std::cout << "{\"passes\": " << run[0] << ", \"seconds\": " << run[1] << ", \"cpu_seconds\": " << run[2]
+                << ", \"gathered_rows\": " << gather_rows << ", \"row_bytes\": " << gather_row_bytes
+                << ", \"threads\": " << threads << "}" << std::endl;
+    } catch (const std::exception& error) {
+      std::cerr << "decode_limit: " << error.what() << "\n";
+      return 1;
+    }
+    return 0;
+  }
   if (specs.empty() && write_columns == 0) {
     std::cerr << "usage: decode_limit [--threads N] [--seconds S] STORE:ARRAY [STORE:ARRAY ...]\n"
                  "       decode_limit [--threads N] [--seconds S] --csr-blocks ROWS [--fetch-rows ROWS] [--seed S] "
                  "[--shuffle-rows] "
                  "STORE:ANNDATA [...]\n"
-                 "       decode_limit [--threads N] [--seconds S] --write-rows COLUMNS\n";
+                 "       decode_limit [--threads N] [--seconds S] --write-rows COLUMNS\n"
+                 "       decode_limit [--threads N] [--seconds S] --gather-rows ROWS [--row-bytes B] [--blocks ROWS] "
+                 "[--fetch-rows ROWS] [--seed S]\n";
     return 2;
   }
   try {

@@ -13,11 +13,16 @@ uncompressed); the files live in /dev/shm when it has room, so in memory) and ea
                 the rows of the same epoch's plan (the same rows in the same block order), from the
                 in-memory tensor, torch.set_num_threads(T)
   fresh memory  the same gather, each batch into the next slot of a 512 MB ring instead of one buffer:
-                the copy limit of any reader that reads ahead (its batches land in memory past the
-                caches, as ours must, where the reused buffer of the torch loop stays in cache)
+                what torch pays to read ahead (its batches land in memory past the caches, as ours
+                must, where the reused buffer of the torch loop stays in cache)
+  copy limit    the same copy with nothing else (benchmarks/decode_limit.cpp --gather-rows: C++, T
+                threads, the rows of block-shuffled fetches of batch x 16 rows, each fetch's rows
+                shuffled, copied in source order to their places with the stores the sources use,
+                into recycled buffers; its own epochs of an equal source, between ours): the
+                physical limit of any reader delivering these rows in this order
 
-and reports rows/s (median over the epochs after the first), the ratios torch_shards / torch gather
-and torch_shards / fresh memory,
+and reports rows/s (median over the epochs after the first), the ratios torch_shards / torch gather,
+torch_shards / fresh memory and torch_shards / copy limit,
 and the memory faulted in per epoch as a fraction of the epoch's bytes (1.0: every byte delivered was
 faulted in): minor page faults of the whole process (getrusage), those that made a transparent huge page
 (/proc/vmstat, machine-wide) counted as 2 MB, the others as a page; in the first epoch, and the mean and
@@ -31,11 +36,13 @@ import json
 import os
 import resource
 import statistics
+import subprocess
 import tempfile
 import time
 
 import h5py
 import torch
+from annbatch_format import build_decode_limit
 
 import torch_shards as ts
 
@@ -113,7 +120,21 @@ def fresh_epoch(x, plan, batch_size, ring):
     return plan.numel(), seconds, faulted_bytes() - faults
 
 
-def measure(name, make_source, x, batch_size, epochs, threads, prefetch, seed=0):
+def copy_limit(binary, x, batch_size, fetch_factor, threads, seconds):
+    """Rows/s of decode_limit --gather-rows: the copy of this configuration and nothing else."""
+    done = subprocess.run(
+        [binary, "--threads", str(threads), "--seconds", str(seconds), "--gather-rows", str(x.shape[0])]
+        + ["--row-bytes", str(x[0].numel() * x.element_size()), "--blocks", str(BLOCK)]
+        + ["--fetch-rows", str(batch_size * fetch_factor)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result = json.loads(done.stdout)
+    return result["gathered_rows"] * result["passes"] / result["seconds"]
+
+
+def measure(name, make_source, x, batch_size, epochs, threads, prefetch, limit_binary, seed=0):
     strategy = ts.BlockShuffling(BLOCK)
     options = {} if prefetch is None else {"prefetch": prefetch}
     dataset = ts.ShardedDataset(
@@ -122,8 +143,10 @@ def measure(name, make_source, x, batch_size, epochs, threads, prefetch, seed=0)
     row_bytes = x[0].numel() * x.element_size()
     buffer = torch.empty((batch_size, *x.shape[1:]), dtype=x.dtype)
     ring = torch.zeros((max(batch_size, RING_BYTES // row_bytes), *x.shape[1:]), dtype=x.dtype)  # faulted in
-    ours, theirs, fresh = [], [], []
+    ours, theirs, fresh, limits = [], [], [], []
     for epoch in range(epochs):
+        if epoch % 2 == 1:  # between our epochs, as often as the machine's memory changes pace
+            limits.append(copy_limit(limit_binary, x, batch_size, dataset.fetch_factor, threads, 0.5))
         plan = strategy.plan(x.shape[0], seed, epoch)  # the rows of ours' epoch, in block order
         rows, seconds, faults = ours_epoch(dataset)
         assert rows == x.shape[0], (rows, x.shape[0])
@@ -139,14 +162,17 @@ def measure(name, make_source, x, batch_size, epochs, threads, prefetch, seed=0)
         "torch_shards_rows_per_s": statistics.median(r for r, _ in ours[steady]),
         "torch_rows_per_s": statistics.median(r for r, _ in theirs[steady]),
         "fresh_rows_per_s": statistics.median(r for r, _ in fresh[steady]),
+        "copy_limit_rows_per_s": statistics.median(limits),
         "torch_shards_faults_first": ours[0][1],
         "torch_shards_faults_after": statistics.mean(f for _, f in ours[steady]),
         "torch_shards_faults_after_max": max(f for _, f in ours[steady]),
         "torch_faults_after": max(f for _, f in theirs[steady]),
         "epochs": {"torch_shards": ours, "torch": theirs, "fresh": fresh},
+        "copy_limits": limits,
     }
     result["ratio"] = result["torch_shards_rows_per_s"] / result["torch_rows_per_s"]
     result["ratio_fresh"] = result["torch_shards_rows_per_s"] / result["fresh_rows_per_s"]
+    result["ratio_limit"] = result["torch_shards_rows_per_s"] / result["copy_limit_rows_per_s"]
     return result
 
 
@@ -163,6 +189,7 @@ def main():
     if args.epochs < 2:
         parser.error("--epochs must be >= 2 (the first is the warm-up)")
     torch.set_num_threads(args.threads)
+    limit_binary = build_decode_limit(args)
 
     x = torch.randn(args.rows, args.columns)
     directory = data_dir(x.numel() * x.element_size())
@@ -180,12 +207,15 @@ def main():
     try:
         for name, make_source in sources.items():
             for batch_size in args.batch_sizes:
-                result = measure(name, make_source, x, batch_size, args.epochs, args.threads, args.prefetch)
+                result = measure(
+                    name, make_source, x, batch_size, args.epochs, args.threads, args.prefetch, limit_binary
+                )
                 results.append(result)
                 print(
                     f"{name:16s} b={batch_size:5d}  ours {result['torch_shards_rows_per_s']:.3g} rows/s  "
                     f"torch {result['torch_rows_per_s']:.3g} rows/s  ratio {result['ratio']:.2f}  "
                     f"fresh memory {result['fresh_rows_per_s']:.3g} rows/s  ratio {result['ratio_fresh']:.2f}  "
+                    f"copy limit {result['copy_limit_rows_per_s']:.3g} rows/s  ratio {result['ratio_limit']:.2f}  "
                     f"faults {result['torch_shards_faults_first']:.2f} -> {result['torch_shards_faults_after']:.3f}",
                     flush=True,
                 )
@@ -204,8 +234,8 @@ def main():
         f"torch {torch.__version__}",
         "",
         "| source | batch | torch_shards rows/s | torch gather rows/s | ratio | fresh memory rows/s | ratio |"
-        " faults epoch 1 | faults after (mean / max) | time per row vs smallest batch |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " copy limit rows/s | ratio | faults epoch 1 | faults after (mean / max) | time per row vs smallest batch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = {r["source"]: r["torch_shards_rows_per_s"] for r in results if r["batch_size"] == min(args.batch_sizes)}
     for r in results:
@@ -214,6 +244,7 @@ def main():
         lines.append(
             f"| {r['source']} | {r['batch_size']} | {r['torch_shards_rows_per_s']:.3g} | {r['torch_rows_per_s']:.3g} "
             f"| {r['ratio']:.2f} | {r['fresh_rows_per_s']:.3g} | {r['ratio_fresh']:.2f} "
+            f"| {r['copy_limit_rows_per_s']:.3g} | {r['ratio_limit']:.2f} "
             f"| {r['torch_shards_faults_first']:.1%} | {r['torch_shards_faults_after']:.2%} / "
             f"{r['torch_shards_faults_after_max']:.2%} "
             f"| {slowdown:.2f}x |"
