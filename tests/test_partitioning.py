@@ -87,6 +87,56 @@ def test_every_global_batch_once_across_ranks_and_workers(strategy_name, drop_la
                 assert delivered == reference, (num_rows, batch_size, fetch_factor, world_size, num_workers)
 
 
+def dealt_batches(dataset, epoch, world_size, num_workers):
+    """DESIGN.md's dealing, computed here: [rank][worker] -> that worker's batches in order (even_batches=None)."""
+    fetch_size = dataset.batch_size * dataset.fetch_factor
+    fetches = [
+        dataset.native.fetch_rows(epoch, f).tolist()
+        for f in range((dataset.native.plan_size() + fetch_size - 1) // fetch_size)
+    ]
+    units = [[] for _ in range(world_size)]  # per rank: units, each a list of batches
+    whole = 0
+    while whole + world_size <= len(fetches) and all(len(f) == fetch_size for f in fetches[whole : whole + world_size]):
+        for rank in range(world_size):
+            fetch = fetches[whole + rank]
+            units[rank].append([fetch[b : b + dataset.batch_size] for b in range(0, fetch_size, dataset.batch_size)])
+        whole += world_size
+    tail = [f[b : b + dataset.batch_size] for f in fetches[whole:] for b in range(0, len(f), dataset.batch_size)]
+    for k, batch in enumerate(tail):
+        units[k % world_size].append([batch])
+    return [
+        [[batch for unit in units[rank][worker::num_workers] for batch in unit] for worker in range(num_workers)]
+        for rank in range(world_size)
+    ]
+
+
+@pytest.mark.parametrize("strategy_name", ["Streaming", "BlockShuffling"])
+def test_each_worker_delivers_its_dealt_batches_in_dealing_order(strategy_name):
+    """Tail batches are dealt one at a time; the reader reads a worker's tail batches of one fetch together
+    (one unit): the batches, and their order, stay those of the dealing."""
+    for num_rows, batch_size, fetch_factor in itertools.product([37, 101, 250], [1, 4, 7], [3, 8]):
+        for world_size, num_workers in itertools.product([1, 2, 3], [1, 2, 3]):
+            ranks = [
+                build(
+                    num_rows,
+                    make_strategy(strategy_name, num_rows),
+                    rank,
+                    world_size,
+                    batch_size=batch_size,
+                    fetch_factor=fetch_factor,
+                    even_batches=None,
+                    num_threads=2,
+                )
+                for rank in range(world_size)
+            ]
+            want = dealt_batches(ranks[0], 1, world_size, num_workers)
+            for rank, dataset in enumerate(ranks):
+                for worker in range(num_workers):
+                    iterator = dataset.native.iter_epoch(1, worker, num_workers)
+                    got = [batch["index"].tolist() for batch in iter(iterator.next, None)]
+                    assert got == want[rank][worker], (num_rows, batch_size, fetch_factor, world_size, rank, worker)
+
+
 @pytest.mark.parametrize("strategy_name", ["Streaming", "StreamingShuffle", "BlockShuffling"])
 @pytest.mark.parametrize("num_rows", [1, 9, 64, 250])
 def test_unweighted_plans_visit_every_row_exactly_once(strategy_name, num_rows):
@@ -246,7 +296,7 @@ def test_transforms_apply_per_fetch_and_per_batch():
         batch_transform=lambda b: {**b, "n": torch.tensor(len(b["index"]))},
     )
     batches = list(dataset)
-    assert seen == [12, 12, 4, 2]  # two whole fetches, then the tail batches
+    assert seen == [12, 12, 6]  # two whole fetches, then the tail batches of the last one, read together
     assert all(torch.equal(b["X2"], b["index"] * 20) for b in batches)
     assert [int(b["n"]) for b in batches] == [4] * 7 + [2]
 

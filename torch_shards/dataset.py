@@ -218,9 +218,10 @@ class ShardedDataset(IterableDataset, NativeBacked):
             and the current stream waits for the copy (no host sync).
             DataLoader workers' batches arrive on the host: wrap the loader in
             ts.DeviceLoader(loader, device).
-        fetch_transform: called on each unit read at once (a fetch, or a lone
-            batch at the epoch's tail) as a dict of tensors; must return a dict
-            of tensors with the same rows (their number and order).
+        fetch_transform: called on each unit read at once (a fetch, or the
+            batches of one fetch this worker delivers at the epoch's tail) as a
+            dict of tensors; must return a dict of tensors with the same rows
+            (their number and order).
         batch_transform: called on each batch before it is yielded.
         fetch_callback: ``fetch_callback(collection, sorted_rows)`` fetches a
             unit's rows (a sorted int64 numpy array, repeats allowed) from a

@@ -80,11 +80,17 @@ void UnitCursor::skip(int64_t units) {
   if (units > 0) first_offset_ = 0;
 }
 
-bool UnitCursor::next(WorkUnit& unit, std::vector<int64_t>& rows) {
+bool UnitCursor::peek(WorkUnit& unit) const {
   if (next_ >= num_units_) return false;
-  unit = dealing_->worker_unit(rank_, worker_, num_workers_, next_++);
+  unit = dealing_->worker_unit(rank_, worker_, num_workers_, next_);
   unit.first_batch += first_offset_;
   unit.num_batches -= first_offset_;
+  return true;
+}
+
+bool UnitCursor::next(WorkUnit& unit, std::vector<int64_t>& rows) {
+  if (!peek(unit)) return false;
+  ++next_;
   first_offset_ = 0;
   planner_->unit_rows(seed_, epoch_, unit, cache_, rows);
   return true;

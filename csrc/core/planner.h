@@ -57,6 +57,8 @@ class UnitCursor {
   void skip(int64_t units);
   // The next unit and its rows in delivery order; false once exhausted.
   bool next(WorkUnit& unit, std::vector<int64_t>& rows);
+  // The unit next() returns next, without its rows; false once exhausted.
+  bool peek(WorkUnit& unit) const;
 
  private:
   std::shared_ptr<const Planner> planner_;

@@ -108,19 +108,31 @@ EpochReader::Piece EpochReader::claim() {
   if (!unit_rows_ || unit_next_row_ >= static_cast<int64_t>(unit_rows_->size())) {
     core::WorkUnit work;
     auto rows = std::make_shared<std::vector<int64_t>>();
+    const int64_t batch = options_.batch_size;
+    int64_t dealt = 1;
     try {
       cursor_.next(work, *rows);  // planning is cheap next to reading: done in order, under the lock
+      // The units that follow from the same fetch (tail batches this worker
+      // takes in a row) are read with it; whole batches up to the last.
+      core::WorkUnit following;
+      std::vector<int64_t> more;
+      while (batch > 0 && !work.padding && static_cast<int64_t>(rows->size()) % batch == 0 && cursor_.peek(following) &&
+             following.fetch == work.fetch && !following.padding) {
+        cursor_.next(following, more);
+        rows->insert(rows->end(), more.begin(), more.end());
+        ++dealt;
+      }
     } catch (...) {
       piece.error = std::current_exception();
       unit_rows_.reset();
       return piece;
     }
+    unit_dealt_units_ = dealt;
     unit_rows_ = std::move(rows);
     unit_padding_ = work.padding;
     unit_next_row_ = 0;
     // A unit larger than the budget is read in pieces of whole batches.
     const int64_t count = static_cast<int64_t>(unit_rows_->size());
-    const int64_t batch = options_.batch_size;
     piece_rows_ = count;
     if (batch > 0 && count > batch && estimate_bytes(count) > options_.prefetch_bytes) {
       piece_rows_ = std::max<int64_t>(1, options_.prefetch_bytes / std::max<int64_t>(1, estimate_bytes(batch))) * batch;
@@ -132,6 +144,7 @@ EpochReader::Piece EpochReader::claim() {
   piece.end = std::min<int64_t>(static_cast<int64_t>(unit_rows_->size()), unit_next_row_ + piece_rows_);
   piece.first = piece.begin == 0;
   piece.last = piece.end == static_cast<int64_t>(unit_rows_->size());
+  piece.dealt_units = piece.last ? unit_dealt_units_ : 0;
   piece.estimate = estimate_bytes(piece.end - piece.begin);
   unit_next_row_ = piece.end;
   return piece;
@@ -174,6 +187,7 @@ EpochReader::Unit EpochReader::read_piece(const Piece& piece, core::ThreadPool& 
   unit.padding = piece.padding;
   unit.first = piece.first;
   unit.last = piece.last;
+  unit.dealt_units = piece.dealt_units;
   // What a row costs beyond the dense fields (sparse ones), for the next estimates.
   if (count > 0) {
     sparse_row_bytes_ = std::max<int64_t>(0, batch_bytes(unit.batch) / count - dense_row_bytes_);
@@ -263,7 +277,7 @@ std::optional<EpochReader::Unit> EpochReader::next() {
     Unit unit = read_piece(piece, *main_pool_);
     read_us_ += microseconds_since(start);
     ++delivered_;
-    if (unit.last) ++units_delivered_;
+    units_delivered_ += unit.dealt_units;
     rows_delivered_ += unit.batch.at("index").size(0);
     bytes_delivered_ += batch_bytes(unit.batch);
     return unit;
@@ -303,7 +317,7 @@ EpochReader::Unit EpochReader::take(Slot& slot) {
   ++delivered_;
   room_.notify_all();
   if (taken.error) std::rethrow_exception(taken.error);  // the reader thread's exception, unchanged
-  if (taken.unit->last) ++units_delivered_;
+  units_delivered_ += taken.unit->dealt_units;
   rows_delivered_ += taken.unit->batch.at("index").size(0);
   bytes_delivered_ += taken.bytes;
   return std::move(*taken.unit);

@@ -1,6 +1,11 @@
 // One worker's (or the main process's) pass over one epoch, unit by unit (a
-// whole fetch, or one batch at the epoch's tail), in the order the unit
-// cursor walks them.
+// whole fetch, or the batches of one fetch it delivers at the epoch's tail),
+// in the order the unit cursor walks them. The cursor deals tail batches one
+// at a time (to spread them over ranks and workers); the ones this worker
+// takes in a row from one fetch are read together, as one unit: read one by
+// one, each batch's rows are a few scattered rows from each of the fetch's
+// blocks (batch 4096 of 8 KB rows: the copy limit of the epoch's tail halves).
+// The batches, and their order, are the same.
 //
 // prefetch == 0: each unit is read when asked for, on the calling thread plus
 // num_threads - 1 pool threads.
@@ -60,6 +65,7 @@ class EpochReader {
     bool padding = false;                 // repeats rows another rank delivers (even_batches="pad")
     bool first = true;                    // the first piece of its unit
     bool last = true;                     // the last piece of its unit
+    int64_t dealt_units = 1;              // the cursor's units this one completes (0: not the last piece)
   };
 
   EpochReader(std::shared_ptr<const sources::Source> source, core::UnitCursor cursor, const ReaderOptions& options);
@@ -93,6 +99,7 @@ class EpochReader {
     std::shared_ptr<const std::vector<int64_t>> rows;  // the unit's rows
     int64_t begin = 0, end = 0;                        // this piece's
     bool padding = false, first = true, last = true;
+    int64_t dealt_units = 1;   // the cursor's units the unit holds
     int64_t estimate = 0;      // bytes
     std::exception_ptr error;  // planning failed
   };
@@ -123,11 +130,11 @@ class EpochReader {
   // The unit being cut into pieces (guarded by mutex_).
   std::shared_ptr<const std::vector<int64_t>> unit_rows_;
   bool unit_padding_ = false;
-  int64_t unit_next_row_ = 0, piece_rows_ = 0;
+  int64_t unit_next_row_ = 0, piece_rows_ = 0, unit_dealt_units_ = 1;
 
-  int64_t claimed_ = 0;    // pieces claimed
-  int64_t delivered_ = 0;  // pieces handed to the consumer
-  std::atomic<int64_t> units_delivered_{0};
+  int64_t claimed_ = 0;                          // pieces claimed
+  int64_t delivered_ = 0;                        // pieces handed to the consumer
+  std::atomic<int64_t> units_delivered_{0};      // the cursor's units, as num_units_
   std::unique_ptr<core::ThreadPool> main_pool_;  // prefetch == 0: the calling thread's helpers
   std::unique_ptr<core::ThreadPool> helpers_;    // prefetch > 0: shared by the reader threads for large pieces
 

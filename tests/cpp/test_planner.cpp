@@ -335,6 +335,30 @@ TEST(UnitCursor, SkipResumesExactlyWhereTheFullWalkWouldBe) {
   EXPECT_THROW(cursor.skip(-1), InvalidArgument);
 }
 
+TEST(UnitCursor, PeekShowsTheUnitNextReturnsWithoutMoving) {
+  const auto planner = make_planner(BlockShuffling(4).bind(300), 4, 3, 2, EvenBatches::kPad);
+  const std::shared_ptr<const Dealing> dealing(planner, &planner->layout());
+  for (const int64_t skip_batches : {0, 1, 5}) {  // 1 and 5: resumed inside a fetch of 3 batches
+    UnitCursor cursor(planner, dealing, 3, 1, 1, 0, 2, skip_batches);
+    Delivery delivery;
+    WorkUnit peeked;
+    int64_t units = 0;
+    while (cursor.peek(peeked)) {
+      const int64_t position = cursor.position();
+      EXPECT_TRUE(cursor.peek(peeked));  // peeking twice moves nothing
+      EXPECT_EQ(cursor.position(), position);
+      ASSERT_TRUE(cursor.next(delivery.unit, delivery.rows));
+      EXPECT_EQ(peeked.fetch, delivery.unit.fetch);
+      EXPECT_EQ(peeked.first_batch, delivery.unit.first_batch);
+      EXPECT_EQ(peeked.num_batches, delivery.unit.num_batches);
+      EXPECT_EQ(peeked.padding, delivery.unit.padding);
+      ++units;
+    }
+    EXPECT_FALSE(cursor.next(delivery.unit, delivery.rows));
+    EXPECT_GT(units, 3) << "skipped " << skip_batches;
+  }
+}
+
 TEST(UnitCursor, OutOfRangeRankWorkerOrWorkerCountIsRefused) {
   const auto planner = make_planner(Streaming().bind(10), 2, 2, 2);
   EXPECT_THROW(UnitCursor(planner, 0, 0, 2, 0, 1), InvalidArgument);
