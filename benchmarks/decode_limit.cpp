@@ -148,17 +148,16 @@ std::vector<Fetch> block_fetches(const std::vector<std::shared_ptr<const io::Csr
   return fetches;
 }
 
-// Memory for the gather mode, faulted in with `fill`; huge: asked to use huge
-// pages from 4 MB, as BufferPool's storages do (a tensor torch allocates is not).
+// Memory for the gather mode (uninitialised); huge: asked to use huge pages
+// from 4 MB, as BufferPool's storages do (a tensor torch allocates is not).
 struct Memory {
-  Memory(size_t bytes, uint8_t fill, bool huge) : bytes(bytes) {
+  Memory(size_t bytes, bool huge) : bytes(bytes) {
     constexpr size_t kHuge = size_t{2} << 20;
     data = static_cast<uint8_t*>(std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge));
     if (data == nullptr) throw std::bad_alloc();
 #ifdef MADV_HUGEPAGE
     if (huge && bytes >= 2 * kHuge) (void)madvise(data, bytes / kHuge * kHuge, MADV_HUGEPAGE);
 #endif
-    std::memset(data, fill, bytes);
   }
   ~Memory() { std::free(data); }
   Memory(const Memory&) = delete;
@@ -175,9 +174,15 @@ std::vector<GatherFetch> gather_fetches(int64_t rows, int64_t block, int64_t fet
   std::vector<int64_t> starts;
   for (int64_t row = 0; row < rows; row += block) starts.push_back(row);
   std::shuffle(starts.begin(), starts.end(), random);
+  std::vector<int64_t> plan;  // every row, block after block: cut into fetches of fetch_rows, as the planner does
+  for (const int64_t start : starts) {
+    for (int64_t row = start; row < std::min(rows, start + block); ++row) plan.push_back(row);
+  }
   std::vector<GatherFetch> fetches;
-  std::vector<int64_t> delivered;
-  const auto close = [&] {
+  for (size_t begin = 0; begin < plan.size(); begin += static_cast<size_t>(fetch_rows)) {
+    std::vector<int64_t> delivered(
+        plan.begin() + static_cast<std::ptrdiff_t>(begin),
+        plan.begin() + static_cast<std::ptrdiff_t>(std::min(plan.size(), begin + static_cast<size_t>(fetch_rows))));
     std::shuffle(delivered.begin(), delivered.end(), random);
     GatherFetch fetch;
     for (size_t place = 0; place < delivered.size(); ++place) {
@@ -185,13 +190,7 @@ std::vector<GatherFetch> gather_fetches(int64_t rows, int64_t block, int64_t fet
     }
     std::sort(fetch.begin(), fetch.end());
     fetches.push_back(std::move(fetch));
-    delivered.clear();
-  };
-  for (const int64_t start : starts) {
-    for (int64_t row = start; row < std::min(rows, start + block); ++row) delivered.push_back(row);
-    if (static_cast<int64_t>(delivered.size()) >= fetch_rows) close();
   }
-  if (!delivered.empty()) close();
   return fetches;
 }
 
@@ -199,17 +198,20 @@ std::vector<GatherFetch> gather_fetches(int64_t rows, int64_t block, int64_t fet
 std::vector<double> gather_epochs(int64_t rows, size_t row_bytes, int64_t block, int64_t fetch_rows, uint64_t seed,
                                   int threads, double seconds) {
   const std::vector<GatherFetch> fetches = gather_fetches(rows, block, fetch_rows, seed);
-  Memory source(static_cast<size_t>(rows) * row_bytes, 0, false);
+  // The source: 1 MB of random words (never an all-zero line), repeated.
+  Memory source(static_cast<size_t>(rows) * row_bytes, false);
+  std::vector<uint64_t> pattern(size_t{1} << 17);
   std::mt19937_64 random(seed);
-  for (size_t word = 0; word + 8 <= source.bytes; word += 8) {
-    const uint64_t value = random() | 1;  // never an all-zero line
-    std::memcpy(source.data + word, &value, 8);
+  for (uint64_t& word : pattern) word = random() | 1;
+  const size_t pattern_bytes = pattern.size() * sizeof(uint64_t);
+  for (size_t at = 0; at < source.bytes; at += pattern_bytes) {
+    std::memcpy(source.data + at, pattern.data(), std::min(pattern_bytes, source.bytes - at));
   }
   constexpr size_t kBuffers = 3;
   const size_t fetch_bytes = static_cast<size_t>(fetch_rows) * row_bytes;
   const bool streaming = torch_shards::core::streams(fetch_bytes);
   std::vector<std::unique_ptr<Memory>> outputs;
-  for (size_t b = 0; b < kBuffers; ++b) outputs.push_back(std::make_unique<Memory>(fetch_bytes, 1, true));
+  for (size_t b = 0; b < kBuffers; ++b) outputs.push_back(std::make_unique<Memory>(fetch_bytes, true));
   // Fetch after fetch, its copy spread over the threads (as a reader spreads
   // a large fetch's): they take 64 rows at a time and meet at its end,
   // spinning (one thread per core: a sleeping thread's wake-up would be
