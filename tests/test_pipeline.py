@@ -58,7 +58,7 @@ def dataset(source, strategy, **kwargs):
 def test_prefetched_batches_equal_on_demand_and_worker_batches(strategy_name):
     source = rows_source(200)
     reference = None
-    for threads, prefetch in [(1, 0), (3, 0), (1, 1), (2, 2), (3, 5), (4, None)]:  # None: one per thread
+    for threads, prefetch in [(1, 0), (3, 0), (1, 1), (2, 2), (3, 5), (4, None)]:  # None: two per thread
         ds = dataset(source, make_strategy(strategy_name, 200), num_threads=threads, prefetch=prefetch)
         ds.set_epoch(4)
         got = batches(ds)

@@ -203,9 +203,9 @@ class ShardedDataset(IterableDataset, NativeBacked):
         num_threads: native threads reading for one process (None: this
             process's CPUs shared among the DataLoader workers).
         prefetch: units (fetches) read ahead by the native threads while the
-            training loop runs (None: one per thread, at least 2, so that
-            every thread has a unit to read); 0 reads each one when it is
-            asked for.
+            training loop runs (None: two per thread, so that every thread
+            has a unit to read while finished ones wait their turn); 0 reads
+            each one when it is asked for.
         prefetch_bytes: queued bytes beyond which no new unit is started (one
             unit is always allowed): memory stays bounded by this budget plus
             one unit per thread, whatever the dataset's size.

@@ -116,7 +116,7 @@ TORCH_LIBRARY(torch_shards, m) {
            torch::arg("drop_last") = false, torch::arg("even_batches") = "pad", torch::arg("seed") = torch::arg::none(),
            torch::arg("rank") = torch::arg::none(), torch::arg("world_size") = torch::arg::none(),
            torch::arg("process_group") = torch::arg::none(), torch::arg("num_threads") = torch::arg::none(),
-           torch::arg("prefetch") = 2, torch::arg("prefetch_bytes") = int64_t{1} << 30,
+           torch::arg("prefetch") = torch::arg::none(), torch::arg("prefetch_bytes") = int64_t{1} << 30,
            torch::arg("pin_memory") = false, torch::arg("shared_state") = torch::arg::none(),
            torch::arg("device") = torch::arg::none()})  // names and defaults as in Python
       .def("iter", &ShardedDatasetImpl::iter)

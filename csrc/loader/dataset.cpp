@@ -219,9 +219,11 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
   ReaderOptions reader;
   reader.num_threads =
       options_.num_threads.value_or(std::clamp<int64_t>(available_cpus() / num_workers, 1, kMaxThreads));
-  // Every reader thread can hold a unit: small units are read one per thread, and the planning of
-  // large ones (whose copies all threads share) overlaps.
-  reader.prefetch = options_.prefetch.value_or(std::max<int64_t>(2, reader.num_threads));
+  // Two units per reader thread: small units are read one per thread and finish out of order, and
+  // with one each, a thread whose unit is done waits for the slowest one to be taken (CSR at block
+  // 64 on 2 threads: 10-16% more rows/s with two); the planning of large ones (whose copies all
+  // threads share) overlaps. prefetch_bytes bounds them.
+  reader.prefetch = options_.prefetch.value_or(2 * reader.num_threads);
   reader.prefetch_bytes = options_.prefetch_bytes;
   reader.memory = memory;
   reader.batch_size = options_.batch_size;

@@ -79,8 +79,8 @@ struct DatasetOptions {
   c10::intrusive_ptr<c10d::ProcessGroup> process_group{};
   // Native threads reading in this process (default: its CPUs shared among the DataLoader workers).
   std::optional<int64_t> num_threads{};
-  // Units read ahead (nullopt: one per reader thread, at least 2, so every thread has a unit to read;
-  // prefetch_bytes bounds them); 0 reads on demand.
+  // Units read ahead (nullopt: two per reader thread, so every thread has a unit to read while
+  // finished ones wait their turn; prefetch_bytes bounds them); 0 reads on demand.
   std::optional<int64_t> prefetch{};
   int64_t prefetch_bytes = int64_t{1} << 30;  // queued bytes beyond which no new unit starts
   bool pin_memory = false;                    // batches in recycled pinned host memory (needs CUDA)
