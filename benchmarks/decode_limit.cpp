@@ -85,6 +85,28 @@ double cpu_seconds() {  // of the whole process, every thread
   return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec + 1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
 }
 
+// Passes run after one untimed pass, until `seconds` have gone by (one at least).
+struct Timed {
+  int passes = 0;
+  double seconds = 0, cpu_seconds = 0;
+};
+
+template <typename Pass>
+Timed time_passes(const Pass& pass, double seconds) {
+  pass();  // untimed: first touches (memory faulted in, chunks checked whole)
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const double cpu_start = cpu_seconds();
+  Timed timed;
+  while (timed.passes == 0 || timed.seconds < seconds) {
+    pass();
+    ++timed.passes;
+    timed.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  timed.cpu_seconds = cpu_seconds() - cpu_start;
+  return timed;
+}
+
 struct Piece {
   const io::Array* array;
   int64_t begin, end;
@@ -194,9 +216,9 @@ std::vector<GatherFetch> gather_fetches(int64_t rows, int64_t block, int64_t fet
   return fetches;
 }
 
-// The gather mode's epochs (see the top of this file): {passes, seconds, cpu seconds}.
-std::vector<double> gather_epochs(int64_t rows, size_t row_bytes, int64_t block, int64_t fetch_rows, uint64_t seed,
-                                  int threads, double seconds) {
+// The gather mode's epochs (see the top of this file).
+Timed gather_epochs(int64_t rows, size_t row_bytes, int64_t block, int64_t fetch_rows, uint64_t seed, int threads,
+                    double seconds) {
   const std::vector<GatherFetch> fetches = gather_fetches(rows, block, fetch_rows, seed);
   // The source: 1 MB of random words (never an all-zero line), repeated.
   Memory source(static_cast<size_t>(rows) * row_bytes, false);
@@ -250,18 +272,7 @@ std::vector<double> gather_epochs(int64_t rows, size_t row_bytes, int64_t block,
     }
     for (auto& worker : workers) worker.join();
   };
-  pass();  // untimed: the first touches of the output
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  const double cpu_start = cpu_seconds();
-  int passes = 0;
-  double elapsed = 0;
-  while (passes == 0 || elapsed < seconds) {
-    pass();
-    ++passes;
-    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  }
-  return {static_cast<double>(passes), elapsed, cpu_seconds() - cpu_start};
+  return time_passes(pass, seconds);
 }
 
 }  // namespace
@@ -305,11 +316,11 @@ int main(int argc, char** argv) {
   }
   if (gather_rows > 0) {
     try {
-      const std::vector<double> run =
+      const Timed run =
           gather_epochs(gather_rows, gather_row_bytes, std::max<int64_t>(1, block), fetch_rows, seed, threads, seconds);
-      std::cout << "{\"passes\": " << run[0] << ", \"seconds\": " << run[1] << ", \"cpu_seconds\": " << run[2]
-                << ", \"gathered_rows\": " << gather_rows << ", \"row_bytes\": " << gather_row_bytes
-                << ", \"threads\": " << threads << "}" << std::endl;
+      std::cout << "{\"passes\": " << run.passes << ", \"seconds\": " << run.seconds
+                << ", \"cpu_seconds\": " << run.cpu_seconds << ", \"gathered_rows\": " << gather_rows
+                << ", \"row_bytes\": " << gather_row_bytes << ", \"threads\": " << threads << "}" << std::endl;
     } catch (const std::exception& error) {
       std::cerr << "decode_limit: " << error.what() << "\n";
       return 1;
@@ -402,20 +413,9 @@ int main(int argc, char** argv) {
         if (error) std::rethrow_exception(error);
       }
     };
-    pass();  // untimed: compressed chunks are checked whole the first time they are read
-    using Clock = std::chrono::steady_clock;
-    const auto start = Clock::now();
-    const double cpu_start = cpu_seconds();
-    int passes = 0;
-    double elapsed = 0;
-    while (passes == 0 || elapsed < seconds) {
-      pass();
-      ++passes;
-      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    }
-    const double cpu = cpu_seconds() - cpu_start;
-    std::cout << "{\"passes\": " << passes << ", \"seconds\": " << elapsed << ", \"cpu_seconds\": " << cpu
-              << ", \"decoded_bytes\": " << decoded_bytes
+    const Timed run = time_passes(pass, seconds);  // compressed chunks are checked whole in the untimed pass
+    std::cout << "{\"passes\": " << run.passes << ", \"seconds\": " << run.seconds
+              << ", \"cpu_seconds\": " << run.cpu_seconds << ", \"decoded_bytes\": " << decoded_bytes
               << ", \"written_rows\": " << (write_columns > 0 ? kWriteRows : 0) << ", \"threads\": " << threads
               << ", \"arrays\": [" << names << "]}" << std::endl;
   } catch (const std::exception& error) {
