@@ -29,6 +29,12 @@ def build(num_rows, strategy, rank, world_size, **kwargs):
     return ts.ShardedDataset(rows_source(num_rows), strategy, rank=rank, world_size=world_size, seed=1234, **kwargs)
 
 
+def build_ranks(num_rows, strategy_name, world_size, **kwargs):
+    """Every rank's dataset over the same rows and strategy."""
+    strategy = make_strategy(strategy_name, num_rows)
+    return [build(num_rows, strategy, rank, world_size, **kwargs) for rank in range(world_size)]
+
+
 def check_epoch(per_rank, dataset_ranks, epoch, even_batches, world_size):
     """per_rank[r]: batches rank r delivered. Checks the whole contract."""
     reference = dataset_ranks[0]
@@ -116,19 +122,15 @@ def test_each_worker_delivers_its_dealt_batches_in_dealing_order(strategy_name):
     (one unit): the batches, and their order, stay those of the dealing."""
     for num_rows, batch_size, fetch_factor in itertools.product([37, 101, 250], [1, 4, 7], [3, 8]):
         for world_size, num_workers in itertools.product([1, 2, 3], [1, 2, 3]):
-            ranks = [
-                build(
-                    num_rows,
-                    make_strategy(strategy_name, num_rows),
-                    rank,
-                    world_size,
-                    batch_size=batch_size,
-                    fetch_factor=fetch_factor,
-                    even_batches=None,
-                    num_threads=2,
-                )
-                for rank in range(world_size)
-            ]
+            ranks = build_ranks(
+                num_rows,
+                strategy_name,
+                world_size,
+                batch_size=batch_size,
+                fetch_factor=fetch_factor,
+                even_batches=None,
+                num_threads=2,
+            )
             want = dealt_batches(ranks[0], 1, world_size, num_workers)
             for rank, dataset in enumerate(ranks):
                 for worker in range(num_workers):
@@ -141,18 +143,9 @@ def test_each_worker_delivers_its_dealt_batches_in_dealing_order(strategy_name):
 @pytest.mark.parametrize("num_rows", [1, 9, 64, 250])
 def test_unweighted_plans_visit_every_row_exactly_once(strategy_name, num_rows):
     for batch_size, fetch_factor, world_size in itertools.product([1, 4, 16], [1, 3, 16], [1, 3, 4]):
-        ranks = [
-            build(
-                num_rows,
-                make_strategy(strategy_name, num_rows),
-                rank,
-                world_size,
-                batch_size=batch_size,
-                fetch_factor=fetch_factor,
-                even_batches=None,
-            )
-            for rank in range(world_size)
-        ]
+        ranks = build_ranks(
+            num_rows, strategy_name, world_size, batch_size=batch_size, fetch_factor=fetch_factor, even_batches=None
+        )
         rows = [row for dataset in ranks for batch in read_rank_by_workers(dataset, 2, 0) for row in batch]
         assert sorted(rows) == list(range(num_rows))
 
