@@ -208,6 +208,34 @@ def test_readers_destroyed_by_python_while_their_threads_finish_never_deadlock()
     run_script(READERS_DROPPED_UNCLOSED, timeout=60)
 
 
+ITERATORS_LEFT_AT_EXIT = """
+import torch, torch_shards as ts
+rows = torch.arange(20000).reshape(-1, 2)
+def dataset(source, **kwargs):
+    return ts.ShardedDataset(source, ts.BlockShuffling(8), batch_size=16, seed=0, num_threads=2, **kwargs)
+def first(iterator):
+    for batch in iterator:  # left unfinished: the generator lives on in a global below
+        return batch
+native = iter(dataset(ts.TensorSource(rows)))
+endless = iter(dataset(ts.TensorSource(rows), cycle=True))
+collection = iter(dataset(rows, fetch_callback=lambda source, positions: source[positions]))
+for iterator in (native, endless, collection):
+    first(iterator)
+print("done")
+"""
+
+
+def test_iterators_left_unfinished_at_interpreter_exit_end_quietly():
+    # Their generators end while Python finalizes: no "Exception ignored" traceback, no hang.
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    finished = subprocess.run(
+        [sys.executable, "-c", ITERATORS_LEFT_AT_EXIT], env=environment, capture_output=True, text=True, timeout=60
+    )
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.strip() == "done"
+    assert "Exception ignored" not in finished.stderr and "Error" not in finished.stderr, finished.stderr
+
+
 def test_two_iterators_over_one_dataset_both_work():
     ds = dataset(rows_source(90), ts.BlockShuffling(3), prefetch=2, num_threads=2)
     first, second = iter(ds), iter(ds)

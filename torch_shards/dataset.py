@@ -48,6 +48,20 @@ def _wait(iterator):
         pass
 
 
+def _closer(iterator):
+    """What stops the iterator's reader threads once its generator ends, however it ends. Bound when the
+    generator starts: an iterator left unfinished at interpreter exit (in a global) ends while Python
+    finalizes, when a call into the native object would import torch again and fail (sys.meta_path is
+    gone); then nothing is called, and the native iterator stops its threads as it is freed."""
+    finalizing = sys.is_finalizing
+
+    def close():
+        if not finalizing():
+            iterator.close()
+
+    return close
+
+
 def _fetcher_arguments():
     """The arguments of DataLoader's fetcher when it is the caller of
     __iter__ (it calls iter() on the dataset from its __init__), else None."""
@@ -434,6 +448,7 @@ class ShardedDataset(IterableDataset, NativeBacked):
         into batches (as positions into the unit's sorted rows); Python only fetches."""
         collection, fetch_callback, batch_callback = self.collection, self.fetch_callback, self.batch_callback
         fetch_transform, batch_transform = self.fetch_transform, self.batch_transform
+        close = _closer(iterator)
         fetched = None
         try:
             while True:
@@ -457,12 +472,13 @@ class ShardedDataset(IterableDataset, NativeBacked):
                 out = fetched[positions] if batch_callback is None else batch_callback(fetched, positions)
                 yield out if batch_transform is None else batch_transform(out)
         finally:
-            iterator.close()
+            close()
 
     def _batches(self, iterator, packed=None):
         fetch_transform, batch_transform = self.fetch_transform, self.batch_transform
         # Bound once: looking a method up on the native iterator costs ~1 us, once per batch.
         poll, poll_packed = iterator.poll, iterator.poll_packed
+        close = _closer(iterator)
         try:
             while True:
                 if fetch_transform is not None and iterator.pending() == 0:
@@ -486,7 +502,7 @@ class ShardedDataset(IterableDataset, NativeBacked):
                     yield batch if batch_transform is None else batch_transform(batch)
         finally:
             # Ended, broken out of, deleted or interrupted: stop the reader threads now.
-            iterator.close()
+            close()
 
     def state_dict(self, consumed_batches=None):
         """A checkpoint of this rank's position: a small dict of ints (epoch,
