@@ -401,7 +401,7 @@ int main(int argc, char** argv) {
               const auto nnz = static_cast<size_t>(plan.nnz());
               columns.resize(nnz);
               values.resize(nnz * io::dtype_size(fetch.matrix->value_dtype()));
-              fetch.matrix->read(plan, columns.data(), sizeof(int32_t), values.data(), inline_pool);
+              fetch.matrix->read(plan, columns.data(), io::DType::kInt32, values.data(), inline_pool);
             }
           } catch (...) {
             errors[static_cast<size_t>(t)] = std::current_exception();

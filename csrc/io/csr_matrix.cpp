@@ -246,22 +246,54 @@ void convert_columns(const uint8_t* stored, DType dtype, Out* out, int64_t count
   }
 }
 
+// Checks column indices kept as stored (a same-type conversion writes nothing).
+void check_columns(const uint8_t* stored, DType dtype, int64_t count, int64_t num_cols, const Array& indices) {
+  const auto check = [&](auto* typed) {
+    using Stored = std::remove_const_t<std::remove_pointer_t<decltype(typed)>>;
+    convert_columns<Stored, Stored>(typed, nullptr, count, num_cols, indices);
+  };
+  switch (dtype) {
+    case DType::kInt8:
+      return check(reinterpret_cast<const int8_t*>(stored));
+    case DType::kUInt8:
+      return check(stored);
+    case DType::kInt16:
+      return check(reinterpret_cast<const int16_t*>(stored));
+    case DType::kUInt16:
+      return check(reinterpret_cast<const uint16_t*>(stored));
+    case DType::kInt32:
+      return check(reinterpret_cast<const int32_t*>(stored));
+    case DType::kUInt32:
+      return check(reinterpret_cast<const uint32_t*>(stored));
+    case DType::kInt64:
+      return check(reinterpret_cast<const int64_t*>(stored));
+    default:
+      return check(reinterpret_cast<const uint64_t*>(stored));
+  }
+}
+
 }  // namespace
 
-void CsrMatrix::read(const CsrPlan& plan, void* indices_out, size_t index_size, void* values_out,
+void CsrMatrix::read(const CsrPlan& plan, void* indices_out, DType index_dtype, void* values_out,
                      core::ThreadPool& pool) const {
   const int64_t nnz = plan.nnz();
-  data_->read(plan.segments, values_out, pool);
   const DType stored = indices_->info().dtype;
-  const bool direct = (stored == DType::kInt32 && index_size == 4) || (stored == DType::kInt64 && index_size == 8);
+  if (index_dtype != DType::kInt32 && index_dtype != DType::kInt64 && index_dtype != stored) {
+    throw std::logic_error(
+        concat(where(), ": column indices stored as ", dtype_name(stored), " read as ", dtype_name(index_dtype)));
+  }
+  data_->read(plan.segments, values_out, pool);
+  const bool direct = stored == index_dtype;
   thread_local core::ScratchBuffer staging;  // stored indices of another width, converted below
   uint8_t* raw =
       direct ? static_cast<uint8_t*>(indices_out) : staging.get(static_cast<size_t>(nnz) * dtype_size(stored));
   indices_->read(plan.segments, raw, pool);
-  if (index_size == 4) {
+  if (index_dtype == DType::kInt32) {
     convert_columns(raw, stored, static_cast<int32_t*>(indices_out), nnz, num_cols_, *indices_);
-  } else {
+  } else if (index_dtype == DType::kInt64) {
     convert_columns(raw, stored, static_cast<int64_t*>(indices_out), nnz, num_cols_, *indices_);
+  } else {
+    check_columns(raw, stored, nnz, num_cols_, *indices_);
   }
 }
 

@@ -38,10 +38,10 @@ class CsrMatrix {
   // Reads indptr for `rows` (delivery order, duplicates allowed), checks it is
   // monotone and within the arrays, and plans the element reads.
   CsrPlan plan(const std::vector<int64_t>& rows, core::ThreadPool& pool) const;
-  // Reads column indices (as int32 or int64, `index_size` bytes each) and
-  // values (the data dtype) of the planned rows; checks every column index
-  // is in [0, num_cols).
-  void read(const CsrPlan& plan, void* indices_out, size_t index_size, void* values_out, core::ThreadPool& pool) const;
+  // Reads column indices (as `index_dtype`: kInt32, kInt64 or the stored
+  // index_dtype(), left as it is) and values (the data dtype) of the planned
+  // rows; checks every column index is in [0, num_cols).
+  void read(const CsrPlan& plan, void* indices_out, DType index_dtype, void* values_out, core::ThreadPool& pool) const;
 
  private:
   std::shared_ptr<const Array> indptr_, indices_, data_;

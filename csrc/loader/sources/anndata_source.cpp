@@ -55,7 +55,7 @@ class AnnDataRead : public PlannedRead {
  public:
   AnnDataRead(const io::MatrixData& matrix, const std::vector<io::ObsColumn>& obs, bool dense,
               const RowRequest& request, core::ThreadPool& pool)
-      : matrix_(matrix), obs_(obs), request_(request) {
+      : matrix_(matrix), obs_(obs) {
     // Segments (a sort of the rows) only for dense arrays: CSR plans its own reads.
     if (!matrix_.csr || !obs_.empty()) segments_ = request_segments(request);
     const int64_t rows = request.num_out_rows();
@@ -77,7 +77,7 @@ class AnnDataRead : public PlannedRead {
     Batch batch;
     size_t next = 0;
     if (matrix_.csr) {
-      batch.insert("X", csr_.fill(tensors, 0, request_, context));
+      batch.insert("X", csr_.fill(tensors, 0, context));
       next = csr_.num_outputs();
     } else {
       at::Tensor out = tensors[next++];
@@ -100,7 +100,6 @@ class AnnDataRead : public PlannedRead {
  private:
   const io::MatrixData& matrix_;
   const std::vector<io::ObsColumn>& obs_;
-  RowRequest request_;
   std::vector<io::Segment> segments_;
   CsrRead csr_;
 };

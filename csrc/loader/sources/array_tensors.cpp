@@ -10,6 +10,7 @@
 #include <memory>
 #include <numeric>
 
+#include "core/radix_sort.h"
 #include "core/streaming_copy.h"
 
 namespace torch_shards::sources {
@@ -80,11 +81,12 @@ at::ScalarType csr_index_type(const io::CsrMatrix& matrix, int64_t values) {
 // while it is in cache: one pass over the output instead of a memset of the
 // whole fetch and a second, scattered pass. A large output (past the caches)
 // has each row built in a small buffer and streamed out (core/streaming_copy.h):
-// the output's lines are then never read, only written. Column indices are
-// read as int32 when the columns allow (half the bytes of int64).
+// the output's lines are then never read, only written. Column indices come
+// as stored when uint16, else as int32 when the columns allow. Plan row k
+// lands in output row dests[k]: the plan reads the rows in source order.
 template <typename Index>
 void scatter_rows(const io::CsrPlan& plan, const Index* columns, const uint8_t* values, at::Tensor& out,
-                  const RowRequest& request, int64_t num_columns, core::ThreadPool& pool) {
+                  const std::vector<int64_t>& dests, int64_t num_columns, core::ThreadPool& pool) {
   constexpr int64_t kRowsPerTask = 256;
   constexpr size_t kMaxStagedRow = size_t{64} << 10;  // bytes: stays in the L2 cache
   const int64_t rows = static_cast<int64_t>(plan.row_offsets.size()) - 1;
@@ -97,7 +99,7 @@ void scatter_rows(const io::CsrPlan& plan, const Index* columns, const uint8_t* 
                      // Staged rows: the buffer starts zeroed and is zeroed again where values landed.
                      std::unique_ptr<scalar_t[]> buffer(staged ? new scalar_t[num_columns]() : nullptr);
                      for (int64_t row = task * kRowsPerTask; row < std::min(rows, (task + 1) * kRowsPerTask); ++row) {
-                       scalar_t* target = dest + request.dest(static_cast<size_t>(row)) * num_columns;
+                       scalar_t* target = dest + dests[static_cast<size_t>(row)] * num_columns;
                        scalar_t* line = staged ? buffer.get() : target;
                        if (!staged) std::memset(static_cast<void*>(line), 0, row_bytes);
                        const int64_t begin = plan.row_offsets[row], end = plan.row_offsets[row + 1];
@@ -122,13 +124,24 @@ CsrRead CsrRead::plan_rows(const io::CsrMatrix& matrix, const RowRequest& reques
   CsrRead read;
   read.matrix = &matrix;
   read.dense = dense;
-  read.plan = matrix.plan(request.rows, pool);
   const at::ScalarType values = to_scalar_type(matrix.value_dtype());
   if (dense) {
+    // Each dense row is written to its own place anyway: the CSR rows are read in source order (a range
+    // per block of consecutive rows instead of one per shuffled row), then scattered where they go.
+    std::vector<int64_t> order, scratch;
+    core::sort_positions_by_row(request.rows, order, scratch);
+    std::vector<int64_t> sorted(order.size());
+    read.dests.resize(order.size());
+    for (size_t k = 0; k < order.size(); ++k) {
+      sorted[k] = request.rows[static_cast<size_t>(order[k])];
+      read.dests[k] = request.dest(static_cast<size_t>(order[k]));
+    }
+    read.plan = matrix.plan(sorted, pool);
     outputs.push_back(
         OutputSpec{field, OutputSpec::Part::kDense, TensorSpec{{request.num_out_rows(), matrix.num_cols()}, values}});
     return read;
   }
+  read.plan = matrix.plan(request.rows, pool);
   read.index_type = csr_index_type(matrix, read.plan.nnz());
   const int64_t count = static_cast<int64_t>(request.rows.size());
   outputs.push_back(OutputSpec{field, OutputSpec::Part::kCsrOffsets, TensorSpec{{count + 1}, read.index_type}});
@@ -137,23 +150,29 @@ CsrRead CsrRead::plan_rows(const io::CsrMatrix& matrix, const RowRequest& reques
   return read;
 }
 
-at::Tensor CsrRead::fill(const std::vector<at::Tensor>& outputs, size_t first, const RowRequest& request,
-                         ReadContext& context) const {
+at::Tensor CsrRead::fill(const std::vector<at::Tensor>& outputs, size_t first, ReadContext& context) const {
   core::ThreadPool& pool = context.pool;
   if (dense) {
     at::Tensor out = outputs[first];
     const int64_t num_columns = matrix->num_cols();
     const at::ScalarType dtype = to_scalar_type(matrix->value_dtype());
-    const bool narrow = num_columns <= std::numeric_limits<int32_t>::max();
+    // Column indices as stored when uint16 (annbatch's, numcodecs'): no widening pass, half the bytes of
+    // int32; else as int32 when the columns allow.
+    const io::DType columns = matrix->index_dtype() == io::DType::kUInt16          ? io::DType::kUInt16
+                              : num_columns <= std::numeric_limits<int32_t>::max() ? io::DType::kInt32
+                                                                                   : io::DType::kInt64;
     // Staged in recycled memory: the scatter needs every value and column first.
-    std::vector<at::Tensor> staging = context.tensors.scratch(
-        {TensorSpec{{plan.nnz()}, dtype}, TensorSpec{{plan.nnz()}, narrow ? at::kInt : at::kLong}});
+    std::vector<at::Tensor> staging =
+        context.tensors.scratch({TensorSpec{{plan.nnz()}, dtype}, TensorSpec{{plan.nnz()}, to_scalar_type(columns)}});
     const auto* values = static_cast<const uint8_t*>(staging[0].data_ptr());
-    matrix->read(plan, staging[1].data_ptr(), staging[1].element_size(), staging[0].data_ptr(), pool);
-    if (narrow) {
-      scatter_rows(plan, staging[1].data_ptr<int32_t>(), values, out, request, num_columns, pool);
+    void* staged_columns = staging[1].data_ptr();
+    matrix->read(plan, staged_columns, columns, staging[0].data_ptr(), pool);
+    if (columns == io::DType::kUInt16) {
+      scatter_rows(plan, static_cast<const uint16_t*>(staged_columns), values, out, dests, num_columns, pool);
+    } else if (columns == io::DType::kInt32) {
+      scatter_rows(plan, static_cast<const int32_t*>(staged_columns), values, out, dests, num_columns, pool);
     } else {
-      scatter_rows(plan, staging[1].data_ptr<int64_t>(), values, out, request, num_columns, pool);
+      scatter_rows(plan, static_cast<const int64_t*>(staged_columns), values, out, dests, num_columns, pool);
     }
     return out;
   }
@@ -165,7 +184,8 @@ at::Tensor CsrRead::fill(const std::vector<at::Tensor>& outputs, size_t first, c
   } else {
     std::memcpy(row_offsets.data_ptr<int64_t>(), plan.row_offsets.data(), (count + 1) * sizeof(int64_t));
   }
-  matrix->read(plan, columns.data_ptr(), columns.element_size(), values.data_ptr(), pool);
+  matrix->read(plan, columns.data_ptr(), index_type == at::kInt ? io::DType::kInt32 : io::DType::kInt64,
+               values.data_ptr(), pool);
   return at::sparse_csr_tensor(row_offsets, columns, values, {count, matrix->num_cols()},
                                values.options().layout(at::kSparseCsr));
 }

@@ -30,6 +30,9 @@ struct CsrRead {
   io::CsrPlan plan;
   bool dense = false;                    // densified rows instead of a sparse tensor
   at::ScalarType index_type = at::kInt;  // of the sparse outputs (int32 when they fit)
+  // Dense: the plan's rows are the request's in source order, plan row k
+  // landing in output row dests[k] (sparse: the request's order, in place).
+  std::vector<int64_t> dests;
 
   // Plans reading `request`'s rows; declares the outputs of `field` in `outputs`.
   static CsrRead plan_rows(const io::CsrMatrix& matrix, const RowRequest& request, bool dense, const std::string& field,
@@ -37,8 +40,7 @@ struct CsrRead {
   // Number of outputs plan_rows declared (3 sparse, 1 dense).
   size_t num_outputs() const { return dense ? 1 : 3; }
   // Writes the rows into outputs[first .. first + num_outputs()) and returns the field's tensor.
-  at::Tensor fill(const std::vector<at::Tensor>& outputs, size_t first, const RowRequest& request,
-                  ReadContext& context) const;
+  at::Tensor fill(const std::vector<at::Tensor>& outputs, size_t first, ReadContext& context) const;
 };
 
 }  // namespace torch_shards::sources
