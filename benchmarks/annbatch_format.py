@@ -26,7 +26,8 @@ cache warm, batch 256, epoch after epoch for --seconds each, in alternated round
                         to its own place. The floor of what torch_shards does ('of floor')
   dense write limit     writing dense float32 rows of X's width and density into memory with the
                         stores the dense scatter uses (decode_limit --write-rows, --cores threads):
-                        with dense=True every row costs its CSR read plus this write
+                        with dense=True every row costs reading its CSR row (in source order: each
+                        dense row goes to its own place anyway) plus this write
   torch_shards          ShardedDataset(ts.open(collection), BlockShuffling(block)), sparse CSR
                         batches, native threads; fetch_factor = chunk x preload / batch (annbatch's
                         rows in memory at once)
@@ -336,7 +337,10 @@ def main():
                 "of_limit_cpu": cpu[name] / cpu["decode limit"],
             }
         )
-    print("\ndense=True against CSR (time per row; a dense row costs its CSR read plus writing it):")
+    print(
+        "\ndense=True against CSR (time per row; a dense row costs reading its CSR row, in source order since each "
+        "dense row is written to its own place, plus writing it):"
+    )
     for block in CONFIGS:
         sparse = f"torch_shards block {block} ff {block * PRELOAD_NCHUNKS // BATCH_SIZE}"
         dense = f"torch_shards dense block {block}"
