@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <numeric>
 #include <type_traits>
 
 #include "../core/errors.h"
@@ -90,29 +89,13 @@ std::vector<RowRun> runs_of(const std::vector<int64_t>& rows) {
   return runs;
 }
 
-// The runs' positions ordered by first row. A shuffled fetch has as many runs
-// as rows: (row, position) pairs packed into one key go through the radix sort
-// when they fit (rows below 2^43 for a million runs), else std::sort.
+// The runs' positions ordered by first row (a shuffled fetch has as many runs
+// as rows: core::sort_positions_by_row radix-sorts them).
 std::vector<size_t> runs_by_row(const std::vector<RowRun>& runs) {
-  std::vector<size_t> order(runs.size());
-  int position_bits = 1;
-  while (position_bits < 62 && (size_t{1} << position_bits) < runs.size()) ++position_bits;
-  int64_t low = 0, high = 0;
-  for (const RowRun& run : runs) {
-    low = std::min(low, run.row);
-    high = std::max(high, run.row);
-  }
-  if (low < 0 || high >= (int64_t{1} << (62 - position_bits))) {
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return runs[a].row < runs[b].row; });
-    return order;
-  }
-  std::vector<int64_t> keys(runs.size()), scratch;
-  for (size_t r = 0; r < runs.size(); ++r) keys[r] = runs[r].row << position_bits | static_cast<int64_t>(r);
-  core::radix_sort_rows(keys, scratch);
-  const int64_t mask = (int64_t{1} << position_bits) - 1;
-  for (size_t k = 0; k < keys.size(); ++k) order[k] = static_cast<size_t>(keys[k] & mask);
-  return order;
+  std::vector<int64_t> first_rows(runs.size()), order, scratch;
+  for (size_t r = 0; r < runs.size(); ++r) first_rows[r] = runs[r].row;
+  core::sort_positions_by_row(first_rows, order, scratch);
+  return std::vector<size_t>(order.begin(), order.end());
 }
 
 }  // namespace
