@@ -28,11 +28,12 @@ struct ByteRange {
 
 // Writes each range of what the blosc1 frame `in` decodes to (out_size bytes,
 // checked as decompress_blosc checks them). Ranges come in any order and may
-// overlap; each lies within [0, out_size). lz4 and stored frames with byte
-// shuffle or none are decoded in part, as above (a damaged stream a range
-// needs throws as c-blosc would); any other frame (blosclz,
-// zstd, zlib, bit shuffle) is decoded whole by c-blosc into a buffer kept per
-// thread, then copied. Throws std::runtime_error naming the frame for corrupt
+// overlap; each lies within [0, out_size). Stored frames, and lz4 frames
+// with byte shuffle or none wanted for less than 7/8 of their bytes, are
+// decoded in part, as above (a damaged stream a range needs throws as c-blosc
+// would; a block's many ranges are unshuffled as one span, then copied out);
+// any other frame (more wanted, blosclz, zstd, zlib, bit shuffle) is decoded
+// whole by c-blosc into a buffer kept per thread, then copied. Throws std::runtime_error naming the frame for corrupt
 // or truncated input; never reads outside [in, in + in_size).
 //
 // trusted: this frame's bytes returned true before (the caller remembers

@@ -434,6 +434,17 @@ void expect_ranges_match(const Bytes& packed, const Bytes& data, Rng& rng, size_
     if (trial >= 3) {  // a small part of the frame: decoded in part, not whole
       for (auto& [begin, end] : spans) end = std::min(end, begin + data.size() / 32);
     }
+    if (trial == 5 && !data.empty()) {  // a shuffled fetch's rows: a span cut into pieces, in any order
+      spans.clear();
+      size_t begin = rng.below(data.size());
+      const size_t end = begin + rng.below(data.size() - begin + 1);
+      while (begin < end) {
+        const size_t piece = std::min(end - begin, 1 + rng.below(400));
+        spans.emplace_back(begin, begin + piece);
+        begin += piece;
+      }
+      for (size_t i = spans.size(); i > 1; --i) std::swap(spans[i - 1], spans[rng.below(i)]);
+    }
     for (const bool trusted : {false, true}) {  // every lz4 stream decoded whole, or only the prefixes needed
       std::vector<Bytes> outs;
       for (const auto& [begin, end] : spans) outs.emplace_back(end - begin + 1, 0xcd);  // one guard byte
@@ -566,14 +577,17 @@ TEST(Codecs, DecompressBloscRangesSaysWhenItCheckedTheWholeFrame) {
   const auto call = [&](const Bytes& frame, size_t size, size_t begin, size_t end, bool trusted) {
     return decompress_blosc_ranges(frame.data(), frame.size(), size, {ByteRange{begin, end, out.data()}}, trusted);
   };
-  EXPECT_TRUE(call(one_block, data.size(), 0, 400, false));                // every plane of its block decoded whole
-  EXPECT_FALSE(call(one_block, data.size(), 0, 400, true));                // trusted: each plane's first 100 bytes
-  EXPECT_TRUE(call(one_block, data.size(), 24000, data.size(), true));     // a tail needs every plane whole
-  EXPECT_FALSE(call(one_block, data.size(), 10, 10, false));               // nothing wanted: the header checked
-  EXPECT_FALSE(call(blocks, large.size(), 0, 400, false));                 // two blocks left unchecked
-  EXPECT_TRUE(call(blocks, large.size(), 65000, 140000, false));           // a range in each block
-  EXPECT_TRUE(call(blocks, large.size(), 0, large.size() * 3 / 4, true));  // most of it: c-blosc's whole decode
-  EXPECT_TRUE(std::equal(out.begin(), out.begin() + 120000, large.begin()));
+  EXPECT_TRUE(call(one_block, data.size(), 0, 400, false));             // every plane of its block decoded whole
+  EXPECT_FALSE(call(one_block, data.size(), 0, 400, true));             // trusted: each plane's first 100 bytes
+  EXPECT_TRUE(call(one_block, data.size(), 24000, data.size(), true));  // a tail needs every plane whole
+  EXPECT_FALSE(call(one_block, data.size(), 10, 10, false));            // nothing wanted: the header checked
+  EXPECT_FALSE(call(blocks, large.size(), 0, 400, false));              // two blocks left unchecked
+  EXPECT_TRUE(call(blocks, large.size(), 65000, 140000, false));        // a range in each block
+  EXPECT_TRUE(call(blocks, large.size(), 0, 135000, false));            // untrusted: every plane of the 3 blocks
+  EXPECT_TRUE(std::equal(out.begin(), out.begin() + 135000, large.begin()));
+  EXPECT_FALSE(call(blocks, large.size(), 0, 135000, true));  // trusted: the last block's planes as far as needed
+  EXPECT_TRUE(call(blocks, large.size(), 0, 150000, true));   // 7/8 or more: c-blosc's whole decode
+  EXPECT_TRUE(std::equal(out.begin(), out.begin() + 150000, large.begin()));
   const Bytes stored = blosc_compress_bytes(data, 0, BLOSC_SHUFFLE, 4, "lz4");
   EXPECT_TRUE(call(stored, data.size(), 0, 400, false));  // no lz4 stream to check
   EXPECT_TRUE(std::equal(out.begin(), out.begin() + 400, data.begin()));
