@@ -28,16 +28,19 @@ std::vector<at::Tensor> split_csr(const at::Tensor& tensor, int64_t batch_size, 
                         rebased.is_contiguous());
   const Index* source = offsets.data_ptr<Index>();
   Index* dest = rebased.data_ptr<Index>();
+  // Each accessor of a sparse tensor's parts makes a new view (an allocation and a dispatch): once, not per batch.
+  const at::Tensor columns = tensor.col_indices(), values = tensor.values();
+  const at::TensorOptions options = values.options().layout(at::kSparseCsr);
   std::vector<at::Tensor> out;
+  out.reserve(static_cast<size_t>(batches));
   for (int64_t b = 0, first_row = 0; b < batches; ++b, first_row += batch_size) {
     const int64_t count = std::min(batch_size, rows - first_row);
     const Index first = source[first_row], last = source[first_row + count];
     Index* slot = dest + first_row + b;  // batch b's count + 1 offsets
     for (int64_t r = 0; r <= count; ++r) slot[r] = source[first_row + r] - first;
-    out.push_back(at::_sparse_csr_tensor_unsafe(rebased.narrow(0, first_row + b, count + 1),
-                                                tensor.col_indices().narrow(0, first, last - first),
-                                                tensor.values().narrow(0, first, last - first), {count, tensor.size(1)},
-                                                tensor.values().options().layout(at::kSparseCsr)));
+    out.push_back(at::_sparse_csr_tensor_unsafe(
+        rebased.narrow(0, first_row + b, count + 1), columns.narrow(0, first, last - first),
+        values.narrow(0, first, last - first), {count, tensor.size(1)}, options));
   }
   return out;
 }
@@ -66,8 +69,8 @@ std::vector<sources::Batch> split_into_batches(const sources::Batch& unit, int64
                                                const sources::Batch& offsets) {
   const int64_t rows = rows_of(unit, "split_into_batches");
   const int64_t batches = (rows + batch_size - 1) / batch_size;
-  std::vector<sources::Batch> out(static_cast<size_t>(batches));
   if (batches == 1) return {unit};
+  std::vector<sources::Batch> out(static_cast<size_t>(batches));
   for (const auto& item : unit) {
     const at::Tensor& tensor = item.value();
     if (tensor.layout() == at::kSparseCsr) {

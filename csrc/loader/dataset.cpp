@@ -706,7 +706,7 @@ bool BatchIteratorImpl::refill() {
 
 Batch BatchIteratorImpl::deliver() {
   Batch batch = pending_[next_pending_];
-  pending_[next_pending_++] = Batch();
+  pending_[next_pending_++] = delivered_slot_;  // lets go of its tensors (Dicts share what they hold when copied)
   ++delivered_;
   ++progress_->delivered;
   last_padding_ = unit_padding_;

@@ -283,6 +283,7 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   at::Tensor shared_state_;
   int64_t slot_;
   std::vector<Batch> pending_;  // batches of the current unit not yet delivered
+  Batch delivered_slot_;        // empty, put in a delivered batch's slot (a new Dict would allocate per batch)
   size_t next_pending_ = 0;
   int64_t unit_rows_ = -1;  // rows of the unit handed out by next_unit(), awaiting push_unit()
   bool unit_padding_ = false;
