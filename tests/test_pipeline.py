@@ -33,13 +33,15 @@ def wait_for_threads(count, timeout=5.0):
 
 def run_script(code, timeout):
     """Runs code in a fresh interpreter (where a hang in native code is a
-    TimeoutExpired, and process-wide settings stay there); it prints "done"."""
+    TimeoutExpired, and process-wide settings stay there); it prints "done".
+    Returns the finished process (its stderr, for instance)."""
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     finished = subprocess.run(
         [sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=timeout
     )
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.strip() == "done"
+    return finished
 
 
 def batches(dataset, **loader_kwargs):
@@ -227,12 +229,7 @@ print("done")
 
 def test_iterators_left_unfinished_at_interpreter_exit_end_quietly():
     # Their generators end while Python finalizes: no "Exception ignored" traceback, no hang.
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    finished = subprocess.run(
-        [sys.executable, "-c", ITERATORS_LEFT_AT_EXIT], env=environment, capture_output=True, text=True, timeout=60
-    )
-    assert finished.returncode == 0, finished.stderr
-    assert finished.stdout.strip() == "done"
+    finished = run_script(ITERATORS_LEFT_AT_EXIT, timeout=60)
     assert "Exception ignored" not in finished.stderr and "Error" not in finished.stderr, finished.stderr
 
 

@@ -206,52 +206,26 @@ void convert_columns(const Stored* __restrict stored, Out* __restrict out, int64
   }
 }
 
-template <typename Out>
-void convert_columns(const uint8_t* stored, DType dtype, Out* out, int64_t count, int64_t num_cols,
-                     const Array& indices) {
+// Calls use(stored as a pointer to its integer type).
+template <typename Use>
+void with_stored_type(const uint8_t* stored, DType dtype, Use&& use) {
   switch (dtype) {
     case DType::kInt8:
-      return convert_columns(reinterpret_cast<const int8_t*>(stored), out, count, num_cols, indices);
+      return use(reinterpret_cast<const int8_t*>(stored));
     case DType::kUInt8:
-      return convert_columns(stored, out, count, num_cols, indices);
+      return use(stored);
     case DType::kInt16:
-      return convert_columns(reinterpret_cast<const int16_t*>(stored), out, count, num_cols, indices);
+      return use(reinterpret_cast<const int16_t*>(stored));
     case DType::kUInt16:
-      return convert_columns(reinterpret_cast<const uint16_t*>(stored), out, count, num_cols, indices);
+      return use(reinterpret_cast<const uint16_t*>(stored));
     case DType::kInt32:
-      return convert_columns(reinterpret_cast<const int32_t*>(stored), out, count, num_cols, indices);
+      return use(reinterpret_cast<const int32_t*>(stored));
     case DType::kUInt32:
-      return convert_columns(reinterpret_cast<const uint32_t*>(stored), out, count, num_cols, indices);
+      return use(reinterpret_cast<const uint32_t*>(stored));
     case DType::kInt64:
-      return convert_columns(reinterpret_cast<const int64_t*>(stored), out, count, num_cols, indices);
+      return use(reinterpret_cast<const int64_t*>(stored));
     default:
-      return convert_columns(reinterpret_cast<const uint64_t*>(stored), out, count, num_cols, indices);
-  }
-}
-
-// Checks column indices kept as stored (a same-type conversion writes nothing).
-void check_columns(const uint8_t* stored, DType dtype, int64_t count, int64_t num_cols, const Array& indices) {
-  const auto check = [&](auto* typed) {
-    using Stored = std::remove_const_t<std::remove_pointer_t<decltype(typed)>>;
-    convert_columns<Stored, Stored>(typed, nullptr, count, num_cols, indices);
-  };
-  switch (dtype) {
-    case DType::kInt8:
-      return check(reinterpret_cast<const int8_t*>(stored));
-    case DType::kUInt8:
-      return check(stored);
-    case DType::kInt16:
-      return check(reinterpret_cast<const int16_t*>(stored));
-    case DType::kUInt16:
-      return check(reinterpret_cast<const uint16_t*>(stored));
-    case DType::kInt32:
-      return check(reinterpret_cast<const int32_t*>(stored));
-    case DType::kUInt32:
-      return check(reinterpret_cast<const uint32_t*>(stored));
-    case DType::kInt64:
-      return check(reinterpret_cast<const int64_t*>(stored));
-    default:
-      return check(reinterpret_cast<const uint64_t*>(stored));
+      return use(reinterpret_cast<const uint64_t*>(stored));
   }
 }
 
@@ -271,13 +245,16 @@ void CsrMatrix::read(const CsrPlan& plan, void* indices_out, DType index_dtype, 
   uint8_t* raw =
       direct ? static_cast<uint8_t*>(indices_out) : staging.get(static_cast<size_t>(nnz) * dtype_size(stored));
   indices_->read(plan.segments, raw, pool);
-  if (index_dtype == DType::kInt32) {
-    convert_columns(raw, stored, static_cast<int32_t*>(indices_out), nnz, num_cols_, *indices_);
-  } else if (index_dtype == DType::kInt64) {
-    convert_columns(raw, stored, static_cast<int64_t*>(indices_out), nnz, num_cols_, *indices_);
-  } else {
-    check_columns(raw, stored, nnz, num_cols_, *indices_);
-  }
+  with_stored_type(raw, stored, [&](const auto* typed) {
+    using Stored = std::remove_const_t<std::remove_pointer_t<decltype(typed)>>;
+    if (index_dtype == DType::kInt32) {
+      convert_columns(typed, static_cast<int32_t*>(indices_out), nnz, num_cols_, *indices_);
+    } else if (index_dtype == DType::kInt64) {
+      convert_columns(typed, static_cast<int64_t*>(indices_out), nnz, num_cols_, *indices_);
+    } else {  // kept as stored: checked only (a same-type conversion writes nothing)
+      convert_columns<Stored, Stored>(typed, nullptr, nnz, num_cols_, *indices_);
+    }
+  });
 }
 
 }  // namespace torch_shards::io
