@@ -231,6 +231,61 @@ void with_stored_type(const uint8_t* stored, DType dtype, Use&& use) {
 
 }  // namespace
 
+namespace {
+
+// The stretches of source elements a plan's segments cover, each segment's
+// elements placed after the previous one's: a read of these lays the planned
+// values out in source order, segment after segment.
+std::vector<Segment> source_stretches(const std::vector<Segment>& segments) {
+  std::vector<Segment> stretches;
+  int64_t staged = 0;
+  for (const Segment& segment : segments) {
+    if (!stretches.empty() && segment.source == stretches.back().source + stretches.back().length) {
+      stretches.back().length += segment.length;
+    } else {
+      stretches.push_back(Segment{segment.source, segment.length, staged});
+    }
+    staged += segment.length;
+  }
+  return stretches;
+}
+
+// Reads `segments` (sorted by source) of `array` into `out` through source
+// order: a shuffled fetch's rows are as many segments as rows, each a read
+// of its own; `stretches` (source_stretches of them) are one read per block
+// of rows. A few stretches at a time are read into memory that stays in
+// cache, then each segment copied to its place.
+constexpr size_t kGatherSegments = 2;               // segments per stretch from which they are read gathered
+constexpr size_t kGatherBytes = size_t{256} << 10;  // staged at a time: they stay in the L2 cache until copied out
+void read_gathered(const Array& array, const std::vector<Segment>& segments, const std::vector<Segment>& stretches,
+                   uint8_t* out, core::ThreadPool& pool) {
+  const size_t element_bytes = array.row_bytes();
+  const auto group_elements = static_cast<int64_t>(std::max<size_t>(1, kGatherBytes / element_bytes));
+  thread_local core::ScratchBuffer staging;
+  thread_local std::vector<Segment> group;
+  size_t next = 0;  // the first segment not yet copied out
+  for (size_t first = 0; first < stretches.size();) {
+    // Stretches [first, last): elements [begin, end) of the source-order layout, staged from 0.
+    const int64_t begin = stretches[first].dest;
+    group.clear();
+    size_t last = first;
+    for (; last < stretches.size() && (last == first || stretches[last].dest - begin < group_elements); ++last) {
+      group.push_back(Segment{stretches[last].source, stretches[last].length, stretches[last].dest - begin});
+    }
+    const int64_t staged_elements = group.back().dest + group.back().length;
+    uint8_t* staged = staging.get(static_cast<size_t>(staged_elements) * element_bytes);
+    array.read(group, staged, pool);
+    for (int64_t at = 0; at < staged_elements; ++next) {
+      const Segment& segment = segments[next];
+      std::memcpy(out + segment.dest * element_bytes, staged + at * element_bytes, segment.length * element_bytes);
+      at += segment.length;
+    }
+    first = last;
+  }
+}
+
+}  // namespace
+
 void CsrMatrix::read(const CsrPlan& plan, void* indices_out, DType index_dtype, void* values_out,
                      core::ThreadPool& pool) const {
   const int64_t nnz = plan.nnz();
@@ -239,12 +294,22 @@ void CsrMatrix::read(const CsrPlan& plan, void* indices_out, DType index_dtype, 
     throw std::logic_error(
         concat(where(), ": column indices stored as ", dtype_name(stored), " read as ", dtype_name(index_dtype)));
   }
-  data_->read(plan.segments, values_out, pool);
+  // (A shuffled fetch's segments are read gathered: see read_gathered.)
+  const std::vector<Segment> stretches = source_stretches(plan.segments);
+  const bool gathered = stretches.size() * kGatherSegments <= plan.segments.size();
+  const auto read_segments = [&](const Array& array, void* out) {
+    if (gathered) {
+      read_gathered(array, plan.segments, stretches, static_cast<uint8_t*>(out), pool);
+    } else {
+      array.read(plan.segments, out, pool);
+    }
+  };
+  read_segments(*data_, values_out);
   const bool direct = stored == index_dtype;
   thread_local core::ScratchBuffer staging;  // stored indices of another width, converted below
   uint8_t* raw =
       direct ? static_cast<uint8_t*>(indices_out) : staging.get(static_cast<size_t>(nnz) * dtype_size(stored));
-  indices_->read(plan.segments, raw, pool);
+  read_segments(*indices_, raw);
   with_stored_type(raw, stored, [&](const auto* typed) {
     using Stored = std::remove_const_t<std::remove_pointer_t<decltype(typed)>>;
     if (index_dtype == DType::kInt32) {
