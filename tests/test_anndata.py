@@ -174,24 +174,26 @@ def test_csr_rows_in_any_order_read_as_scipy_indexes_them(tmp_path, kind):
 
 
 @pytest.mark.parametrize("kind", ["h5ad", "zarr3"])
-@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
-def test_shuffled_rows_of_a_large_csr_read_as_scipy_indexes_them(tmp_path, kind, index_dtype):
-    """A shuffled fetch (a segment per row) is read through source order, a few hundred KB at a time:
-    many such pieces here, rows repeated, every row's place checked."""
+@pytest.mark.parametrize("index_dtype", [np.uint16, np.int32, np.int64])
+def test_large_csr_read_in_pieces_as_scipy_indexes_it(tmp_path, kind, index_dtype):
+    """Reads of many pieces: a shuffled fetch (a segment per row) is read through source order a few
+    hundred KB at a time, and dense=True reads its rows in groups of about 128 KB (cut between blocks of
+    rows, or inside a long one) scattered as they come: rows shuffled, repeated, and all in order."""
     rng = np.random.default_rng(5)
     x = sp.random(4000, 300, density=0.25, format="csr", dtype=np.float32, random_state=rng)
     x.indices = x.indices.astype(index_dtype)
     x.indptr = x.indptr.astype(np.int64)
-    adata = ad.AnnData(X=x)
-    source = ts.AnnDataSource(write(adata, tmp_path, kind))
+    path = write(ad.AnnData(X=x), tmp_path, kind)
+    sparse, dense = ts.AnnDataSource(path), ts.AnnDataSource(path, dense=True)
     blocks = rng.permutation(4000 // 50)
     rows = [r for b in blocks for r in range(b * 50, b * 50 + 50)]
-    for request in (rng.permutation(rows).tolist(), rng.permutation(rows + rows[:700]).tolist()):
-        got = source.read(request, num_threads=2)["X"]
+    for request in (rng.permutation(rows).tolist(), rng.permutation(rows + rows[:700]).tolist(), list(range(4000))):
+        got = sparse.read(request, num_threads=2)["X"]
         want = x[request]
         assert torch.equal(got.crow_indices().long(), torch.from_numpy(want.indptr).long())
         assert torch.equal(got.col_indices().long(), torch.from_numpy(want.indices).long())
         assert torch.equal(got.values(), torch.from_numpy(want.data))
+        assert torch.equal(dense.read(request, num_threads=2)["X"], torch.from_numpy(want.toarray()))
 
 
 # ---- bad input ------------------------------------------------------------------------------------------

@@ -257,6 +257,7 @@ std::vector<Segment> source_stretches(const std::vector<Segment>& segments) {
 // cache, then each segment copied to its place.
 constexpr size_t kGatherSegments = 2;               // segments per stretch from which they are read gathered
 constexpr size_t kGatherBytes = size_t{256} << 10;  // staged at a time: they stay in the L2 cache until copied out
+constexpr size_t kGroupBytes = size_t{128} << 10;   // read_groups' groups: in cache, and several per fetch to spread
 void read_gathered(const Array& array, const std::vector<Segment>& segments, const std::vector<Segment>& stretches,
                    uint8_t* out, core::ThreadPool& pool) {
   const size_t element_bytes = array.row_bytes();
@@ -286,14 +287,28 @@ void read_gathered(const Array& array, const std::vector<Segment>& segments, con
 
 }  // namespace
 
-void CsrMatrix::read(const CsrPlan& plan, void* indices_out, DType index_dtype, void* values_out,
-                     core::ThreadPool& pool) const {
-  const int64_t nnz = plan.nnz();
+void CsrMatrix::convert_indices(const uint8_t* raw, int64_t count, DType index_dtype, void* out) const {
   const DType stored = indices_->info().dtype;
   if (index_dtype != DType::kInt32 && index_dtype != DType::kInt64 && index_dtype != stored) {
     throw std::logic_error(
         concat(where(), ": column indices stored as ", dtype_name(stored), " read as ", dtype_name(index_dtype)));
   }
+  with_stored_type(raw, stored, [&](const auto* typed) {
+    using Stored = std::remove_const_t<std::remove_pointer_t<decltype(typed)>>;
+    if (index_dtype == DType::kInt32) {
+      convert_columns(typed, static_cast<int32_t*>(out), count, num_cols_, *indices_);
+    } else if (index_dtype == DType::kInt64) {
+      convert_columns(typed, static_cast<int64_t*>(out), count, num_cols_, *indices_);
+    } else {  // kept as stored: checked only (a same-type conversion writes nothing)
+      convert_columns<Stored, Stored>(typed, nullptr, count, num_cols_, *indices_);
+    }
+  });
+}
+
+void CsrMatrix::read(const CsrPlan& plan, void* indices_out, DType index_dtype, void* values_out,
+                     core::ThreadPool& pool) const {
+  const int64_t nnz = plan.nnz();
+  const DType stored = indices_->info().dtype;
   // (A shuffled fetch's segments are read gathered: see read_gathered.)
   const std::vector<Segment> stretches = source_stretches(plan.segments);
   const bool gathered = stretches.size() * kGatherSegments <= plan.segments.size();
@@ -310,15 +325,51 @@ void CsrMatrix::read(const CsrPlan& plan, void* indices_out, DType index_dtype, 
   uint8_t* raw =
       direct ? static_cast<uint8_t*>(indices_out) : staging.get(static_cast<size_t>(nnz) * dtype_size(stored));
   read_segments(*indices_, raw);
-  with_stored_type(raw, stored, [&](const auto* typed) {
-    using Stored = std::remove_const_t<std::remove_pointer_t<decltype(typed)>>;
-    if (index_dtype == DType::kInt32) {
-      convert_columns(typed, static_cast<int32_t*>(indices_out), nnz, num_cols_, *indices_);
-    } else if (index_dtype == DType::kInt64) {
-      convert_columns(typed, static_cast<int64_t*>(indices_out), nnz, num_cols_, *indices_);
-    } else {  // kept as stored: checked only (a same-type conversion writes nothing)
-      convert_columns<Stored, Stored>(typed, nullptr, nnz, num_cols_, *indices_);
+  convert_indices(raw, nnz, index_dtype, indices_out);
+}
+
+void CsrMatrix::read_groups(const CsrPlan& plan, DType index_dtype, core::ThreadPool& pool, GroupVisitor visit) const {
+  const std::vector<Segment>& segments = plan.segments;
+  for (size_t s = 1; s < segments.size(); ++s) {
+    if (segments[s].dest < segments[s - 1].dest + segments[s - 1].length) {
+      throw std::logic_error(concat(where(), ": read_groups needs a plan of rows in ascending order"));
     }
+  }
+  // Groups of about kGroupBytes of stored values and indices, cut between
+  // segments (a cut inside one decodes the chunk it falls in twice) unless
+  // a segment is much longer.
+  const size_t value_bytes = dtype_size(data_->info().dtype), stored_bytes = dtype_size(indices_->info().dtype);
+  const auto target = static_cast<int64_t>(std::max<size_t>(1, kGroupBytes / (value_bytes + stored_bytes)));
+  const auto rows = static_cast<int64_t>(plan.row_offsets.size()) - 1;
+  std::vector<int64_t> cuts{0};
+  size_t s = 0;  // the first segment ending after the current row's end
+  for (int64_t row = 1; row <= rows; ++row) {
+    const int64_t at = plan.row_offsets[row], size = at - plan.row_offsets[cuts.back()];
+    while (s < segments.size() && segments[s].dest + segments[s].length <= at) ++s;
+    const bool between = s == segments.size() || segments[s].dest >= at;
+    if (row == rows || (size >= target && between) || size >= 4 * target) cuts.push_back(row);
+  }
+  pool.parallel_for(static_cast<int64_t>(cuts.size()) - 1, [&](int64_t group) {
+    const int64_t begin = plan.row_offsets[cuts[group]], end = plan.row_offsets[cuts[group + 1]];
+    thread_local std::vector<Segment> parts;  // the segments' parts within [begin, end), placed from 0
+    parts.clear();
+    auto segment = std::partition_point(segments.begin(), segments.end(),
+                                        [&](const Segment& x) { return x.dest + x.length <= begin; });
+    for (; segment != segments.end() && segment->dest < end; ++segment) {
+      const int64_t low = std::max(segment->dest, begin), high = std::min(segment->dest + segment->length, end);
+      parts.push_back(Segment{segment->source + (low - segment->dest), high - low, low - begin});
+    }
+    thread_local core::ScratchBuffer values, raw, converted;
+    const auto count = static_cast<size_t>(end - begin);
+    core::ThreadPool inline_pool(0);  // a group is read on one thread
+    uint8_t* staged_values = values.get(count * value_bytes);
+    uint8_t* staged_raw = raw.get(count * stored_bytes);
+    data_->read(parts, staged_values, inline_pool);
+    indices_->read(parts, staged_raw, inline_pool);
+    const bool as_stored = index_dtype == indices_->info().dtype;
+    uint8_t* indices = as_stored ? staged_raw : converted.get(count * dtype_size(index_dtype));
+    convert_indices(staged_raw, end - begin, index_dtype, indices);
+    visit(cuts[group], cuts[group + 1], indices, staged_values);
   });
 }
 

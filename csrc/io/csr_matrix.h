@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../core/function_ref.h"
 #include "array.h"
 
 namespace torch_shards::io {
@@ -42,8 +43,21 @@ class CsrMatrix {
   // index_dtype(), left as it is) and values (the data dtype) of the planned
   // rows; checks every column index is in [0, num_cols).
   void read(const CsrPlan& plan, void* indices_out, DType index_dtype, void* values_out, core::ThreadPool& pool) const;
+  // The planned rows of a plan of rows in ascending order (each segment's
+  // place after the previous one's), read in groups of consecutive plan rows
+  // into per-thread memory that stays in cache, the groups spread over the
+  // pool: visit(first_row, end_row, indices, values) gets plan rows
+  // [first_row, end_row), element k of its arrays being element
+  // row_offsets[first_row] + k of the plan, column indices as index_dtype
+  // (as read() takes it), checked. No output the size of the whole read.
+  using GroupVisitor = core::FunctionRef<void(int64_t, int64_t, const void*, const void*)>;
+  void read_groups(const CsrPlan& plan, DType index_dtype, core::ThreadPool& pool, GroupVisitor visit) const;
 
  private:
+  // Converts `count` column indices as stored at `raw` to index_dtype into
+  // `out` (kept as stored: only checks them, `out` unused).
+  void convert_indices(const uint8_t* raw, int64_t count, DType index_dtype, void* out) const;
+
   std::shared_ptr<const Array> indptr_, indices_, data_;
   int64_t num_rows_, num_cols_;
 };

@@ -77,41 +77,39 @@ at::ScalarType csr_index_type(const io::CsrMatrix& matrix, int64_t values) {
 }
 
 // CSR rows scattered into dense output rows (duplicate column entries sum, as
-// scipy's toarray() does). Each row is zeroed just before its values land,
-// while it is in cache: one pass over the output instead of a memset of the
-// whole fetch and a second, scattered pass. A large output (past the caches)
-// has each row built in a small buffer and streamed out (core/streaming_copy.h):
-// the output's lines are then never read, only written. Column indices come
-// as stored when uint16, else as int32 when the columns allow. Plan row k
-// lands in output row dests[k]: the plan reads the rows in source order.
+// scipy's toarray() does): plan rows [first, end), whose column indices and
+// values start at `columns` and `values`, plan row k landing in output row
+// dests[k] (the plan reads the rows in source order). Each row is zeroed just
+// before its values land, while it is in cache: one pass over the output
+// instead of a memset of the whole fetch and a second, scattered pass. A large
+// output (past the caches) has each row built in a small buffer and streamed
+// out (core/streaming_copy.h): the output's lines are then never read, only
+// written.
 template <typename Index>
-void scatter_rows(const io::CsrPlan& plan, const Index* columns, const uint8_t* values, at::Tensor& out,
-                  const std::vector<int64_t>& dests, int64_t num_columns, core::ThreadPool& pool) {
-  constexpr int64_t kRowsPerTask = 256;
+void scatter_rows(const io::CsrPlan& plan, int64_t first, int64_t end, const Index* columns, const void* values,
+                  at::Tensor& out, const std::vector<int64_t>& dests, int64_t num_columns) {
   constexpr size_t kMaxStagedRow = size_t{64} << 10;  // bytes: stays in the L2 cache
-  const int64_t rows = static_cast<int64_t>(plan.row_offsets.size()) - 1;
+  const int64_t base = plan.row_offsets[first];
   AT_DISPATCH_V2(out.scalar_type(), "read_csr_dense", AT_WRAP([&] {
-                   const auto* source = reinterpret_cast<const scalar_t*>(values);
+                   const auto* source = static_cast<const scalar_t*>(values);
                    scalar_t* dest = out.data_ptr<scalar_t>();
                    const size_t row_bytes = sizeof(scalar_t) * num_columns;
                    const bool staged = core::streams(out.nbytes()) && row_bytes <= kMaxStagedRow;
-                   pool.parallel_for((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task) {
-                     // Staged rows: the buffer starts zeroed and is zeroed again where values landed.
-                     std::unique_ptr<scalar_t[]> buffer(staged ? new scalar_t[num_columns]() : nullptr);
-                     for (int64_t row = task * kRowsPerTask; row < std::min(rows, (task + 1) * kRowsPerTask); ++row) {
-                       scalar_t* target = dest + dests[static_cast<size_t>(row)] * num_columns;
-                       scalar_t* line = staged ? buffer.get() : target;
-                       if (!staged) std::memset(static_cast<void*>(line), 0, row_bytes);
-                       const int64_t begin = plan.row_offsets[row], end = plan.row_offsets[row + 1];
-                       for (int64_t k = begin; k < end; ++k) {
-                         line[columns[k]] = static_cast<scalar_t>(line[columns[k]] + source[k]);
-                       }
-                       if (!staged) continue;
-                       core::streaming_copy(target, line, row_bytes);
-                       for (int64_t k = begin; k < end; ++k) line[columns[k]] = scalar_t{};
+                   // Staged rows: the buffer starts zeroed and is zeroed again where values landed.
+                   std::unique_ptr<scalar_t[]> buffer(staged ? new scalar_t[num_columns]() : nullptr);
+                   for (int64_t row = first; row < end; ++row) {
+                     scalar_t* target = dest + dests[static_cast<size_t>(row)] * num_columns;
+                     scalar_t* line = staged ? buffer.get() : target;
+                     if (!staged) std::memset(static_cast<void*>(line), 0, row_bytes);
+                     const int64_t begin = plan.row_offsets[row] - base, stop = plan.row_offsets[row + 1] - base;
+                     for (int64_t k = begin; k < stop; ++k) {
+                       line[columns[k]] = static_cast<scalar_t>(line[columns[k]] + source[k]);
                      }
-                     if (staged) core::streaming_fence();
-                   });
+                     if (!staged) continue;
+                     core::streaming_copy(target, line, row_bytes);
+                     for (int64_t k = begin; k < stop; ++k) line[columns[k]] = scalar_t{};
+                   }
+                   if (staged) core::streaming_fence();
                  }),
                  AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, at::kBool,
                  AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
@@ -155,25 +153,21 @@ at::Tensor CsrRead::fill(const std::vector<at::Tensor>& outputs, size_t first, R
   if (dense) {
     at::Tensor out = outputs[first];
     const int64_t num_columns = matrix->num_cols();
-    const at::ScalarType dtype = to_scalar_type(matrix->value_dtype());
     // Column indices as stored when uint16 (annbatch's, numcodecs'): no widening pass, half the bytes of
-    // int32; else as int32 when the columns allow.
+    // int32; else as int32 when the columns allow. Read a group of rows at a time, each scattered while
+    // its CSR values are in cache.
     const io::DType columns = matrix->index_dtype() == io::DType::kUInt16          ? io::DType::kUInt16
                               : num_columns <= std::numeric_limits<int32_t>::max() ? io::DType::kInt32
                                                                                    : io::DType::kInt64;
-    // Staged in recycled memory: the scatter needs every value and column first.
-    std::vector<at::Tensor> staging =
-        context.tensors.scratch({TensorSpec{{plan.nnz()}, dtype}, TensorSpec{{plan.nnz()}, to_scalar_type(columns)}});
-    const auto* values = static_cast<const uint8_t*>(staging[0].data_ptr());
-    void* staged_columns = staging[1].data_ptr();
-    matrix->read(plan, staged_columns, columns, staging[0].data_ptr(), pool);
-    if (columns == io::DType::kUInt16) {
-      scatter_rows(plan, static_cast<const uint16_t*>(staged_columns), values, out, dests, num_columns, pool);
-    } else if (columns == io::DType::kInt32) {
-      scatter_rows(plan, static_cast<const int32_t*>(staged_columns), values, out, dests, num_columns, pool);
-    } else {
-      scatter_rows(plan, static_cast<const int64_t*>(staged_columns), values, out, dests, num_columns, pool);
-    }
+    matrix->read_groups(plan, columns, pool, [&](int64_t begin, int64_t end, const void* indices, const void* values) {
+      if (columns == io::DType::kUInt16) {
+        scatter_rows(plan, begin, end, static_cast<const uint16_t*>(indices), values, out, dests, num_columns);
+      } else if (columns == io::DType::kInt32) {
+        scatter_rows(plan, begin, end, static_cast<const int32_t*>(indices), values, out, dests, num_columns);
+      } else {
+        scatter_rows(plan, begin, end, static_cast<const int64_t*>(indices), values, out, dests, num_columns);
+      }
+    });
     return out;
   }
   at::Tensor row_offsets = outputs[first], columns = outputs[first + 1], values = outputs[first + 2];
