@@ -229,9 +229,9 @@ void with_stored_type(const uint8_t* stored, DType dtype, Use&& use) {
   }
 }
 
-}  // namespace
-
-namespace {
+constexpr size_t kGatherSegments = 2;               // segments per stretch from which they are read gathered
+constexpr size_t kGatherBytes = size_t{256} << 10;  // staged at a time: they stay in the L2 cache until copied out
+constexpr size_t kGroupBytes = size_t{128} << 10;   // read_groups' groups: in cache, and several per fetch to spread
 
 // The stretches of source elements a plan's segments cover, each segment's
 // elements placed after the previous one's: a read of these lays the planned
@@ -255,9 +255,6 @@ std::vector<Segment> source_stretches(const std::vector<Segment>& segments) {
 // of its own; `stretches` (source_stretches of them) are one read per block
 // of rows. A few stretches at a time are read into memory that stays in
 // cache, then each segment copied to its place.
-constexpr size_t kGatherSegments = 2;               // segments per stretch from which they are read gathered
-constexpr size_t kGatherBytes = size_t{256} << 10;  // staged at a time: they stay in the L2 cache until copied out
-constexpr size_t kGroupBytes = size_t{128} << 10;   // read_groups' groups: in cache, and several per fetch to spread
 void read_gathered(const Array& array, const std::vector<Segment>& segments, const std::vector<Segment>& stretches,
                    uint8_t* out, core::ThreadPool& pool) {
   const size_t element_bytes = array.row_bytes();
