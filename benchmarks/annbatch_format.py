@@ -22,8 +22,9 @@ cache warm, batch 256, epoch after epoch for --seconds each, in alternated round
                         the chunks the rows need) into reused buffers: no loader, no tensors, no
                         Python. What any reader of these random blocks pays at least
   io floor shuffled     the same with each fetch's rows shuffled (decode_limit --shuffle-rows), as
-                        BlockShuffling delivers them: a range per row, not per block, each written
-                        to its own place. The floor of what torch_shards does ('of floor')
+                        BlockShuffling delivers them: each row copied to its own place (the io
+                        code reads them in source order first). The floor of what torch_shards
+                        does ('of floor')
   dense write limit     writing dense float32 rows of X's width and density into memory with the
                         stores the dense scatter uses (decode_limit --write-rows, --cores threads):
                         with dense=True every row costs reading its CSR row (in source order: each

@@ -34,8 +34,8 @@
 // reuses. No batches, no tensors, no Python: what any reader of the same
 // random blocks pays at least. "passes" are then epochs over every row.
 // --shuffle-rows: each fetch's rows are shuffled too, as a loader delivers
-// them (BlockShuffling permutes every fetch): the CSR plan then has a range
-// per row, not per block, each written to its own place.
+// them (BlockShuffling permutes every fetch): the CSR plan then has a segment
+// per row, read in source order and each row copied to its own place.
 //
 // The copy limit of the host path (benchmarks/host_path.py): rows of memory
 // gathered as BlockShuffling delivers them, with nothing but the copy.
