@@ -54,6 +54,26 @@ def test_global_rows_span_the_files(plates):
     assert torch.equal(dense_batch["X"], torch.from_numpy(dense[rows]))
 
 
+def test_a_collection_of_one_source_reads_as_that_source(plates):
+    paths, dense, codes = plates
+    path, rows_of_it = paths[1], 40  # plate 1: rows 13..52 of the plates
+    for as_dense in (False, True):
+        single = ts.Collection([ts.AnnDataSource(path, obs=["label"], dense=as_dense)])
+        assert len(single) == rows_of_it and single.offsets == [0]
+        rows = [39, 0, 7, 7, 38, 39, 1]
+        batch = single.read(rows)
+        x = batch["X"] if as_dense else batch["X"].to_dense()
+        assert torch.equal(x, torch.from_numpy(dense[13:53][rows]))
+        assert batch["label"].tolist() == codes[13:53][rows].tolist()
+    dataset = ts.ShardedDataset(ts.open([path]), ts.BlockShuffling(4), batch_size=6, fetch_factor=2, seed=1)
+    seen = []
+    for batch in dataset:
+        index = batch["index"].numpy()
+        assert torch.equal(batch["X"].to_dense(), torch.from_numpy(dense[13:53][index]))
+        seen.extend(index.tolist())
+    assert sorted(seen) == list(range(rows_of_it))
+
+
 def test_every_row_once_across_files_ranks_and_workers(plates):
     paths, dense, _ = plates
     seen = []

@@ -211,6 +211,7 @@ CollectionSource::CollectionSource(std::vector<std::shared_ptr<const Source>> pa
 }
 
 std::unique_ptr<PlannedRead> CollectionSource::plan(const RowRequest& request, ReadContext& context) const {
+  if (parts_.size() == 1) return parts_.front()->plan(request, context);  // its rows are the collection's
   const std::vector<int64_t>& rows = request.rows;
   std::vector<PartRows> split(parts_.size());
   for (size_t i = 0; i < rows.size(); ++i) {
