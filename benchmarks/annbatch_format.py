@@ -2,6 +2,9 @@
 
     python benchmarks/annbatch_format.py                          # 1e6 x 2000 CSR, ~5% non-zeros
     python benchmarks/annbatch_format.py --rows 200000 --rounds 2 # quicker
+    python benchmarks/annbatch_format.py --datasets 4              # the rows in 4 datasets, as in a
+                                                                   # large collection (annbatch's
+                                                                   # dataset_size)
 
 The file: a CSR .h5ad (benchmarks/storage_throughput.py writes it) turned into an annbatch
 DatasetCollection by annbatch's own add_adatas with its defaults (zarr v3, sharded, blosc lz4
@@ -63,11 +66,16 @@ def default_annbatch_python():
     return candidate if os.path.exists(candidate) else None
 
 
+def datasets_suffix(args):
+    """Of the collection's and the results' names: "" for annbatch's default, one dataset here."""
+    return "" if args.datasets == 1 else f"_{args.datasets}_datasets"
+
+
 def ensure_collection(args):
     import storage_throughput
 
     h5ad = os.path.join(args.data_dir, f"csr_{args.rows}.h5ad")
-    collection = os.path.join(args.data_dir, f"annbatch_{args.rows}.zarr")
+    collection = os.path.join(args.data_dir, f"annbatch_{args.rows}{datasets_suffix(args)}.zarr")
     if os.path.exists(os.path.join(collection, "zarr.json")):
         return collection
     if not args.annbatch_python:
@@ -77,8 +85,9 @@ def ensure_collection(args):
         storage_throughput.write_csr_h5ad(h5ad, args.rows)
     print(f"writing {collection} with annbatch's add_adatas ...", flush=True)
     shutil.rmtree(collection, ignore_errors=True)
+    sizes = [] if args.datasets == 1 else ["--dataset-size", str(-(-args.rows // args.datasets))]
     subprocess.run(
-        [args.annbatch_python, os.path.join(HERE, "annbatch_side.py"), "write", h5ad, collection], check=True
+        [args.annbatch_python, os.path.join(HERE, "annbatch_side.py"), "write", h5ad, collection] + sizes, check=True
     )
     return collection
 
@@ -230,14 +239,19 @@ def main():
     warnings.filterwarnings("ignore", message=".*[Ss]parse")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument(
+        "--datasets", type=int, default=1, help="datasets annbatch cuts the rows into (1: its default, here)"
+    )
     parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=3, help="alternated rounds; medians are reported")
     parser.add_argument("--data-dir", default=os.path.join(HERE, "data"))
     parser.add_argument("--annbatch-python", default=default_annbatch_python())
     parser.add_argument("--skip", default="", help="comma-separated methods to leave out")
-    parser.add_argument("--json", default=os.path.join(HERE, "results", "annbatch_format.json"))
+    parser.add_argument("--json", default=None, help="default: results/annbatch_format[_<n>_datasets].json")
     args = parser.parse_args()
+    if args.json is None:
+        args.json = os.path.join(HERE, "results", f"annbatch_format{datasets_suffix(args)}.json")
     sys.path.insert(0, HERE)
     os.makedirs(args.data_dir, exist_ok=True)
     cpus = sorted(os.sched_getaffinity(0))[: args.cores]

@@ -2,6 +2,7 @@
 (annbatch needs Python >= 3.12 and no torch; the project's environment may be older):
 
     python annbatch_side.py write INPUT.h5ad COLLECTION.zarr      # annbatch's add_adatas, its defaults
+    python annbatch_side.py write INPUT.h5ad COLLECTION.zarr --dataset-size 250000   # datasets of that many rows
     python annbatch_side.py read COLLECTION.zarr --chunk-size 64 --preload-nchunks 32 --seconds 8
 
 `read` prints one JSON line: rows, seconds, cpu_seconds (the process's, every thread), batches.
@@ -26,8 +27,9 @@ def write(args):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        sizes = {} if args.dataset_size is None else {"dataset_size": args.dataset_size}
         DatasetCollection(zarr.open_group(args.collection, mode="w")).add_adatas(
-            [args.input], rng=np.random.default_rng(0)
+            [args.input], rng=np.random.default_rng(0), **sizes
         )
 
 
@@ -89,6 +91,7 @@ def main():
     writing = commands.add_parser("write")
     writing.add_argument("input")
     writing.add_argument("collection")
+    writing.add_argument("--dataset-size", type=int, default=None, help="rows per dataset (annbatch's default: 20GB)")
     reading = commands.add_parser("read")
     reading.add_argument("collection")
     reading.add_argument("--chunk-size", type=int, default=64)

@@ -74,6 +74,71 @@ def test_a_collection_of_one_source_reads_as_that_source(plates):
     assert sorted(seen) == list(range(rows_of_it))
 
 
+def write_csr_part(path, rows, seed, index_dtype, columns=6):
+    """A CSR AnnData of `rows` rows (many of them empty) with column indices stored as index_dtype."""
+    rng = np.random.default_rng(seed)
+    x = sp.random(rows, columns, density=0.2, format="csr", dtype=np.float32, random_state=rng)
+    x.indices = x.indices.astype(index_dtype)
+    adata = ad.AnnData(x)
+    if str(path).endswith(".h5ad"):
+        adata.write_h5ad(path)
+    else:
+        adata.write_zarr(path)
+    return x.toarray()
+
+
+@pytest.fixture
+def csr_parts(tmp_path):
+    """Parts whose indices are stored uint16, int32 and int64 (read as int32 columns), h5ad and zarr."""
+    layout = [(37, np.int32, "h5ad"), (50, np.int64, "zarr"), (3, np.uint16, "h5ad"), (64, np.int64, "h5ad")]
+    paths, dense = [], []
+    for i, (rows, index_dtype, fmt) in enumerate(layout):
+        paths.append(tmp_path / f"part{i}.{fmt}")
+        dense.append(write_csr_part(paths[-1], rows, i, index_dtype))
+    return paths, np.concatenate(dense)
+
+
+def test_shuffled_rows_of_csr_parts_land_in_their_places(csr_parts):
+    """The parts write their rows straight into the collection's CSR arrays (an inner collection whose
+    rows come from one source too); one nested in another with rows from several of its sources has
+    them staged and merged. Rows shuffled, repeated, empty, all in order."""
+    paths, dense = csr_parts
+    rng = np.random.default_rng(2)
+    flat = ts.Collection([ts.AnnDataSource(p) for p in paths])
+    nested = ts.Collection(
+        [
+            ts.Collection([ts.AnnDataSource(paths[0]), ts.AnnDataSource(paths[1])]),
+            ts.Collection([ts.AnnDataSource(paths[2])]),
+            ts.AnnDataSource(paths[3]),
+        ]
+    )
+    everything = list(range(len(dense)))
+    for rows in (
+        rng.permutation(everything).tolist(),
+        rng.permutation(everything + everything[30:90]).tolist(),
+        everything,
+        [150, 3, 36, 90, 0, 120],  # of the nested collection's first part, only its first source
+    ):
+        for collection in (flat, nested):
+            x = collection.read(rows, num_threads=2)["X"]
+            assert x.col_indices().dtype == torch.int32
+            lengths = (dense[rows] != 0).sum(axis=1)
+            assert torch.equal(x.crow_indices().diff().long(), torch.from_numpy(lengths).long())
+            assert torch.equal(x.to_dense(), torch.from_numpy(dense[rows]))
+
+
+def test_a_bad_column_index_in_a_part_names_its_file(csr_parts):
+    paths, _ = csr_parts
+    with h5py.File(paths[3], "r+") as f:
+        indices = f["X/indices"][...]
+        indices[indices.size // 2] = 99
+        f["X/indices"][...] = indices
+    collection = ts.Collection([ts.AnnDataSource(p) for p in paths])
+    rows = np.random.default_rng(0).permutation(len(collection)).tolist()
+    with pytest.raises(RuntimeError, match=r"part3\.h5ad.*X/indices: column index 99 out of range \[0, 6\)"):
+        collection.read(rows)
+
+
 def test_every_row_once_across_files_ranks_and_workers(plates):
     paths, dense, _ = plates
     seen = []

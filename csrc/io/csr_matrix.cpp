@@ -159,6 +159,7 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
       }
     }
     plan.segments.push_back(Segment{source, length, dest});
+    plan.segment_rows.push_back(run.dest);
   }
   return plan;
 }
@@ -250,18 +251,21 @@ std::vector<Segment> source_stretches(const std::vector<Segment>& segments) {
   return stretches;
 }
 
-// Reads `segments` (sorted by source) of `array` into `out` through source
-// order: a shuffled fetch's rows are as many segments as rows, each a read
-// of its own; `stretches` (source_stretches of them) are one read per block
-// of rows. A few stretches at a time are read into memory that stays in
-// cache, then each segment copied to its place.
+// Where read_gathered puts a segment: `staged` holds its elements.
+using PlaceSegment = core::FunctionRef<void(const uint8_t* staged, const Segment& segment)>;
+
+// Reads `segments` (sorted by source) of `array` through source order: a
+// shuffled fetch's rows are as many segments as rows, each a read of its own;
+// `stretches` (source_stretches of them) are one read per block of rows. A
+// few stretches at a time are read into memory that stays in cache, then each
+// segment handed to `place`.
 void read_gathered(const Array& array, const std::vector<Segment>& segments, const std::vector<Segment>& stretches,
-                   uint8_t* out, core::ThreadPool& pool) {
+                   core::ThreadPool& pool, PlaceSegment place) {
   const size_t element_bytes = array.row_bytes();
   const auto group_elements = static_cast<int64_t>(std::max<size_t>(1, kGatherBytes / element_bytes));
   thread_local core::ScratchBuffer staging;
   thread_local std::vector<Segment> group;
-  size_t next = 0;  // the first segment not yet copied out
+  size_t next = 0;  // the first segment not yet placed
   for (size_t first = 0; first < stretches.size();) {
     // Stretches [first, last): elements [begin, end) of the source-order layout, staged from 0.
     const int64_t begin = stretches[first].dest;
@@ -274,12 +278,39 @@ void read_gathered(const Array& array, const std::vector<Segment>& segments, con
     uint8_t* staged = staging.get(static_cast<size_t>(staged_elements) * element_bytes);
     array.read(group, staged, pool);
     for (int64_t at = 0; at < staged_elements; ++next) {
-      const Segment& segment = segments[next];
-      std::memcpy(out + segment.dest * element_bytes, staged + at * element_bytes, segment.length * element_bytes);
-      at += segment.length;
+      place(staged + at * element_bytes, segments[next]);
+      at += segments[next].length;
     }
     first = last;
   }
+}
+
+// The plan's segments with plan row k's values moved to start at element
+// starts[k] (split where rows end, still sorted by source; merged again where
+// consecutive rows stay together).
+std::vector<Segment> placed_segments(const CsrPlan& plan, const std::vector<int64_t>& starts) {
+  const std::vector<int64_t>& offsets = plan.row_offsets;
+  std::vector<Segment> placed;
+  placed.reserve(plan.segments.size());
+  for (size_t s = 0; s < plan.segments.size(); ++s) {
+    const Segment& segment = plan.segments[s];
+    int64_t source = segment.source, dest = segment.dest, left = segment.length;
+    for (auto row = static_cast<size_t>(plan.segment_rows[s]); left > 0; ++row) {
+      const int64_t take = std::min(left, offsets[row + 1] - dest);
+      if (take == 0) continue;  // an empty row
+      const int64_t to = starts[row] + (dest - offsets[row]);
+      if (!placed.empty() && placed.back().source + placed.back().length == source &&
+          placed.back().dest + placed.back().length == to) {
+        placed.back().length += take;
+      } else {
+        placed.push_back(Segment{source, take, to});
+      }
+      source += take;
+      dest += take;
+      left -= take;
+    }
+  }
+  return placed;
 }
 
 }  // namespace
@@ -304,20 +335,47 @@ void CsrMatrix::convert_indices(const uint8_t* raw, int64_t count, DType index_d
 
 void CsrMatrix::read(const CsrPlan& plan, void* indices_out, DType index_dtype, void* values_out,
                      core::ThreadPool& pool) const {
+  read_rows(plan, nullptr, indices_out, index_dtype, values_out, pool);
+}
+
+void CsrMatrix::read_placed(const CsrPlan& plan, const std::vector<int64_t>& starts, void* indices_out,
+                            DType index_dtype, void* values_out, core::ThreadPool& pool) const {
+  if (starts.size() + 1 != plan.row_offsets.size() || plan.segment_rows.size() != plan.segments.size()) {
+    throw std::logic_error(concat(where(), ": read_placed got ", starts.size(), " row starts for ",
+                                  plan.row_offsets.size() - 1, " planned rows (or a plan not made by plan())"));
+  }
+  read_rows(plan, &starts, indices_out, index_dtype, values_out, pool);
+}
+
+void CsrMatrix::read_rows(const CsrPlan& plan, const std::vector<int64_t>* starts, void* indices_out, DType index_dtype,
+                          void* values_out, core::ThreadPool& pool) const {
   const int64_t nnz = plan.nnz();
   const DType stored = indices_->info().dtype;
+  const std::vector<Segment> placed = starts ? placed_segments(plan, *starts) : std::vector<Segment>{};
+  const std::vector<Segment>& segments = starts ? placed : plan.segments;
   // (A shuffled fetch's segments are read gathered: see read_gathered.)
-  const std::vector<Segment> stretches = source_stretches(plan.segments);
-  const bool gathered = stretches.size() * kGatherSegments <= plan.segments.size();
+  const std::vector<Segment> stretches = source_stretches(segments);
+  const bool gathered = stretches.size() * kGatherSegments <= segments.size();
   const auto read_segments = [&](const Array& array, void* out) {
-    if (gathered) {
-      read_gathered(array, plan.segments, stretches, static_cast<uint8_t*>(out), pool);
-    } else {
-      array.read(plan.segments, out, pool);
-    }
+    if (!gathered) return array.read(segments, out, pool);
+    const size_t element_bytes = array.row_bytes();
+    read_gathered(array, segments, stretches, pool, [&](const uint8_t* staged, const Segment& segment) {
+      std::memcpy(static_cast<uint8_t*>(out) + segment.dest * element_bytes, staged, segment.length * element_bytes);
+    });
   };
   read_segments(*data_, values_out);
   const bool direct = stored == index_dtype;
+  if (starts != nullptr) {
+    // Placed rows are not one stretch of the output: each segment's indices
+    // are converted (or copied) and checked from the staging, into place.
+    const size_t stored_bytes = dtype_size(stored), out_bytes = dtype_size(index_dtype);
+    read_gathered(*indices_, segments, stretches, pool, [&](const uint8_t* staged, const Segment& segment) {
+      uint8_t* out = static_cast<uint8_t*>(indices_out) + segment.dest * out_bytes;
+      convert_indices(staged, segment.length, index_dtype, out);
+      if (direct) std::memcpy(out, staged, segment.length * stored_bytes);
+    });
+    return;
+  }
   thread_local core::ScratchBuffer staging;  // stored indices of another width, converted below
   uint8_t* raw =
       direct ? static_cast<uint8_t*>(indices_out) : staging.get(static_cast<size_t>(nnz) * dtype_size(stored));

@@ -18,8 +18,9 @@
 namespace torch_shards::io {
 
 struct CsrPlan {
-  std::vector<int64_t> row_offsets;  // delivery-order CSR row pointer, size rows + 1
-  std::vector<Segment> segments;     // element ranges of indices/data, sorted by source
+  std::vector<int64_t> row_offsets;   // delivery-order CSR row pointer, size rows + 1
+  std::vector<Segment> segments;      // element ranges of indices/data, sorted by source
+  std::vector<int64_t> segment_rows;  // the delivery-order row each segment starts with
   int64_t nnz() const { return row_offsets.empty() ? 0 : row_offsets.back(); }
 };
 
@@ -43,6 +44,12 @@ class CsrMatrix {
   // index_dtype(), left as it is) and values (the data dtype) of the planned
   // rows; checks every column index is in [0, num_cols).
   void read(const CsrPlan& plan, void* indices_out, DType index_dtype, void* values_out, core::ThreadPool& pool) const;
+  // read(), each planned row placed in arrays that other reads share (the
+  // parts of a collection write into the collection's): plan row k's column
+  // indices and values start at element starts[k] of indices_out and
+  // values_out.
+  void read_placed(const CsrPlan& plan, const std::vector<int64_t>& starts, void* indices_out, DType index_dtype,
+                   void* values_out, core::ThreadPool& pool) const;
   // The planned rows of a plan of rows in ascending order (each segment's
   // place after the previous one's), read in groups of consecutive plan rows
   // into per-thread memory that stays in cache, the groups spread over the
@@ -57,6 +64,9 @@ class CsrMatrix {
   // Converts `count` column indices as stored at `raw` to index_dtype into
   // `out` (kept as stored: only checks them, `out` unused).
   void convert_indices(const uint8_t* raw, int64_t count, DType index_dtype, void* out) const;
+  // read() (starts == nullptr) and read_placed().
+  void read_rows(const CsrPlan& plan, const std::vector<int64_t>* starts, void* indices_out, DType index_dtype,
+                 void* values_out, core::ThreadPool& pool) const;
 
   std::shared_ptr<const Array> indptr_, indices_, data_;
   int64_t num_rows_, num_cols_;

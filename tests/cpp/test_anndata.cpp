@@ -1,7 +1,8 @@
 // The AnnData layout over files written by anndata itself (tests/data/anndata,
 // see tests/data/make_anndata_fixtures.py): every obs encoding read by the io
 // layer compared with what anndata read back (<file>.json), and the decoded
-// indptr cache of CSR matrices against the stored indptr, from several threads.
+// indptr cache of CSR matrices against the stored indptr, from several threads,
+// and rows placed where a collection puts them (read_placed).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -174,6 +175,54 @@ TEST(AnnData, CachedIndptrAgreesWithTheStoredOne) {
     check(11 + pass);
     other.join();
   }
+}
+
+// read_placed (a collection's part writing into the collection's arrays)
+// puts each row where its start says, column indices converted and checked as
+// read() does, and touches nothing between the rows.
+TEST(AnnData, PlacedRowsLandWhereTheirStartsSay) {
+  const std::string store_path = kData + "/annbatch-0.3.1/collection.zarr";
+  const AnnDataStore store(open_zarr_group(store_path, "/dataset_0"));
+  const MatrixData matrix = store.matrix(std::nullopt);
+  ASSERT_TRUE(matrix.csr);
+  ASSERT_EQ(matrix.csr->index_dtype(), DType::kUInt8);  // annbatch: the smallest type (12 columns), widened below
+  core::ThreadPool pool(2);
+  std::mt19937 random(3);
+  for (const bool shuffled : {true, false}) {
+    std::vector<int64_t> rows;
+    for (int64_t row = 0; row < matrix.rows; ++row) rows.push_back(row);
+    for (int64_t row = 10; row < 30; ++row) rows.push_back(row);  // some twice
+    if (shuffled) std::shuffle(rows.begin(), rows.end(), random);
+    const CsrPlan plan = matrix.csr->plan(rows, pool);
+    std::vector<int32_t> columns(static_cast<size_t>(plan.nnz()));
+    std::vector<float> values(static_cast<size_t>(plan.nnz()));
+    matrix.csr->read(plan, columns.data(), DType::kInt32, values.data(), pool);
+    // Rows placed last to first, a gap of 3 elements before each.
+    std::vector<int64_t> starts(rows.size());
+    int64_t end = 0;
+    for (size_t k = rows.size(); k-- > 0;) {
+      starts[k] = end + 3;
+      end = starts[k] + plan.row_offsets[k + 1] - plan.row_offsets[k];
+    }
+    std::vector<int32_t> placed_columns(static_cast<size_t>(end), -7);
+    std::vector<float> placed_values(static_cast<size_t>(end), -7.0F);
+    matrix.csr->read_placed(plan, starts, placed_columns.data(), DType::kInt32, placed_values.data(), pool);
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const int64_t length = plan.row_offsets[k + 1] - plan.row_offsets[k];
+      for (int64_t j = 0; j < length; ++j) {
+        ASSERT_EQ(placed_columns[starts[k] + j], columns[plan.row_offsets[k] + j]) << "row " << rows[k];
+        ASSERT_EQ(placed_values[starts[k] + j], values[plan.row_offsets[k] + j]) << "row " << rows[k];
+      }
+      for (int64_t gap = starts[k] - 3; gap < starts[k]; ++gap) {
+        ASSERT_EQ(placed_columns[gap], -7);
+        ASSERT_EQ(placed_values[gap], -7.0F);
+      }
+    }
+  }
+  const CsrPlan plan = matrix.csr->plan({0, 1}, pool);
+  int32_t column = 0;
+  float value = 0;
+  EXPECT_THROW(matrix.csr->read_placed(plan, {0}, &column, DType::kInt32, &value, pool), std::logic_error);
 }
 
 }  // namespace

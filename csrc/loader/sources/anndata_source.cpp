@@ -77,7 +77,8 @@ class AnnDataRead : public PlannedRead {
     Batch batch;
     size_t next = 0;
     if (matrix_.csr) {
-      batch.insert("X", csr_.fill(tensors, 0, context));
+      at::Tensor x = csr_.fill(tensors, 0, context);
+      if (x.defined()) batch.insert("X", x);  // else claimed: written by a collection
       next = csr_.num_outputs();
     } else {
       at::Tensor out = tensors[next++];
@@ -95,6 +96,10 @@ class AnnDataRead : public PlannedRead {
       }
     }
     return batch;
+  }
+
+  CsrRead* shared_csr(const std::string& field) override {
+    return matrix_.csr && !csr_.dense && field == "X" ? &csr_ : nullptr;
   }
 
  private:

@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <stdexcept>
 
 #include "core/radix_sort.h"
 #include "core/streaming_copy.h"
@@ -149,6 +150,7 @@ CsrRead CsrRead::plan_rows(const io::CsrMatrix& matrix, const RowRequest& reques
 }
 
 at::Tensor CsrRead::fill(const std::vector<at::Tensor>& outputs, size_t first, ReadContext& context) const {
+  if (claimed) return at::Tensor();
   core::ThreadPool& pool = context.pool;
   if (dense) {
     at::Tensor out = outputs[first];
@@ -182,6 +184,14 @@ at::Tensor CsrRead::fill(const std::vector<at::Tensor>& outputs, size_t first, R
                values.data_ptr(), pool);
   return at::sparse_csr_tensor(row_offsets, columns, values, {count, matrix->num_cols()},
                                values.options().layout(at::kSparseCsr));
+}
+
+void CsrRead::fill_placed(const std::vector<int64_t>& starts, at::Tensor& columns, at::Tensor& values,
+                          ReadContext& context) const {
+  if (dense) throw std::logic_error("CsrRead::fill_placed: the rows are read densely");
+  matrix->read_placed(plan, starts, columns.data_ptr(),
+                      columns.scalar_type() == at::kInt ? io::DType::kInt32 : io::DType::kInt64, values.data_ptr(),
+                      context.pool);
 }
 
 }  // namespace torch_shards::sources

@@ -33,6 +33,9 @@ struct CsrRead {
   // Dense: the plan's rows are the request's in source order, plan row k
   // landing in output row dests[k] (sparse: the request's order, in place).
   std::vector<int64_t> dests;
+  // Written by a collection into its own arrays (fill_placed): fill() then
+  // reads nothing and returns an undefined tensor.
+  bool claimed = false;
 
   // Plans reading `request`'s rows; declares the outputs of `field` in `outputs`.
   static CsrRead plan_rows(const io::CsrMatrix& matrix, const RowRequest& request, bool dense, const std::string& field,
@@ -41,6 +44,10 @@ struct CsrRead {
   size_t num_outputs() const { return dense ? 1 : 3; }
   // Writes the rows into outputs[first .. first + num_outputs()) and returns the field's tensor.
   at::Tensor fill(const std::vector<at::Tensor>& outputs, size_t first, ReadContext& context) const;
+  // Sparse: writes the rows into a collection's CSR arrays, plan row k's
+  // column indices and values from element starts[k] of `columns` and `values`.
+  void fill_placed(const std::vector<int64_t>& starts, at::Tensor& columns, at::Tensor& values,
+                   ReadContext& context) const;
 };
 
 }  // namespace torch_shards::sources

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "core/errors.h"
+#include "loader/sources/array_tensors.h"
 
 namespace torch_shards::sources {
 
@@ -31,16 +32,15 @@ int64_t offset_at(const at::Tensor& offsets, int64_t i) {
                                            : offsets.const_data_ptr<int64_t>()[i];
 }
 
-// A CSR field merged from the parts' staged CSR tensors into the final arrays.
-at::Tensor merge_csr(const std::vector<PartRows>& parts, const std::vector<at::Tensor>& staged, int64_t rows,
-                     int64_t columns, at::Tensor offsets, at::Tensor out_columns, at::Tensor out_values,
-                     core::ThreadPool& pool) {
+// The CSR row pointer of the collection's rows (request order) from the
+// number of values of each part's rows (length(p, i): part p's row i),
+// written into `offsets` (int32 or int64) and returned.
+template <typename Length>
+std::vector<int64_t> merged_row_offsets(const std::vector<PartRows>& parts, int64_t rows, at::Tensor& offsets,
+                                        Length&& length) {
   std::vector<int64_t> row_offsets(static_cast<size_t>(rows) + 1, 0);
   for (size_t p = 0; p < parts.size(); ++p) {
-    const at::Tensor crow = staged[p].crow_indices();
-    for (size_t i = 0; i < parts[p].order.size(); ++i) {
-      row_offsets[parts[p].order[i] + 1] = offset_at(crow, static_cast<int64_t>(i) + 1) - offset_at(crow, i);
-    }
+    for (size_t i = 0; i < parts[p].order.size(); ++i) row_offsets[parts[p].order[i] + 1] = length(p, i);
   }
   for (int64_t i = 0; i < rows; ++i) row_offsets[i + 1] += row_offsets[i];
   if (offsets.scalar_type() == at::kInt) {
@@ -49,6 +49,37 @@ at::Tensor merge_csr(const std::vector<PartRows>& parts, const std::vector<at::T
   } else {
     std::memcpy(offsets.data_ptr<int64_t>(), row_offsets.data(), row_offsets.size() * sizeof(int64_t));
   }
+  return row_offsets;
+}
+
+// A CSR field whose parts write their rows straight into the final arrays
+// (each part's CsrRead, claimed).
+at::Tensor place_csr(const std::vector<PartRows>& parts, const std::vector<CsrRead*>& reads, int64_t rows,
+                     int64_t columns, at::Tensor offsets, at::Tensor out_columns, at::Tensor out_values,
+                     ReadContext& context) {
+  const std::vector<int64_t> row_offsets = merged_row_offsets(parts, rows, offsets, [&](size_t p, size_t i) {
+    const std::vector<int64_t>& part = reads[p]->plan.row_offsets;
+    return part[i + 1] - part[i];
+  });
+  std::vector<int64_t> starts;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    starts.resize(parts[p].order.size());
+    for (size_t i = 0; i < starts.size(); ++i) starts[i] = row_offsets[parts[p].order[i]];
+    reads[p]->fill_placed(starts, out_columns, out_values, context);
+  }
+  return at::sparse_csr_tensor(offsets, out_columns, out_values, {rows, columns},
+                               out_values.options().layout(at::kSparseCsr));
+}
+
+// A CSR field merged from the parts' staged CSR tensors into the final arrays.
+at::Tensor merge_csr(const std::vector<PartRows>& parts, const std::vector<at::Tensor>& staged, int64_t rows,
+                     int64_t columns, at::Tensor offsets, at::Tensor out_columns, at::Tensor out_values,
+                     core::ThreadPool& pool) {
+  std::vector<at::Tensor> crows;
+  for (const at::Tensor& part : staged) crows.push_back(part.crow_indices());
+  const std::vector<int64_t> row_offsets = merged_row_offsets(parts, rows, offsets, [&](size_t p, size_t i) {
+    return offset_at(crows[p], static_cast<int64_t>(i) + 1) - offset_at(crows[p], static_cast<int64_t>(i));
+  });
   constexpr int64_t kRowsPerTask = 1024;
   std::vector<std::pair<size_t, int64_t>> tasks;  // (part, first row of the task)
   for (size_t p = 0; p < parts.size(); ++p) {
@@ -91,6 +122,7 @@ class SinglePartRead : public PlannedRead {
   Batch fill(const std::vector<at::Tensor>& tensors, ReadContext& context) override {
     return parts_.front().read->fill(tensors, context);
   }
+  CsrRead* shared_csr(const std::string& field) override { return parts_.front().read->shared_csr(field); }
 
  private:
   std::vector<PartRows> parts_;  // one; its rows are referred to by its read
@@ -137,23 +169,43 @@ class CollectionRead : public PlannedRead {
         csr[outputs_[i].field].push_back(tensors[i]);
       }
     }
-    // The parts' CSR arrays are staged, together, in recycled memory.
+    // CSR fields every part writes straight into the final arrays; the
+    // others' parts are staged, together, in recycled memory, then merged.
+    std::map<std::string, std::vector<CsrRead*>> placed;
+    for (const auto& [name, arrays] : csr) {
+      std::vector<CsrRead*> reads;
+      for (PartRows& part : parts_) {
+        CsrRead* read = part.read->shared_csr(name);
+        if (read == nullptr) break;
+        reads.push_back(read);
+      }
+      if (reads.size() != parts_.size()) continue;
+      for (CsrRead* read : reads) read->claimed = true;
+      placed[name] = std::move(reads);
+    }
+    const auto staged_output = [&](const OutputSpec& output) {
+      return output.part != OutputSpec::Part::kDense && placed.count(output.field) == 0;
+    };
     std::vector<TensorSpec> staging_specs;
     for (const PartRows& part : parts_) {
       for (const OutputSpec& output : part.read->outputs()) {
-        if (output.part != OutputSpec::Part::kDense) staging_specs.push_back(output.tensor);
+        if (staged_output(output)) staging_specs.push_back(output.tensor);
       }
     }
     std::vector<at::Tensor> staging = context.tensors.scratch(staging_specs);
-    std::map<std::string, std::vector<at::Tensor>> staged;  // per CSR field, one sparse tensor per part
+    std::map<std::string, std::vector<at::Tensor>> staged;  // per merged CSR field, one sparse tensor per part
     size_t next = 0;
     for (PartRows& part : parts_) {
       std::vector<at::Tensor> inputs;
       for (const OutputSpec& output : part.read->outputs()) {
-        inputs.push_back(output.part == OutputSpec::Part::kDense ? dense.at(output.field) : staging[next++]);
+        inputs.push_back(output.part == OutputSpec::Part::kDense ? dense.at(output.field)
+                         : staged_output(output)                 ? staging[next++]
+                                                                 : at::Tensor());
       }
       Batch batch = part.read->fill(inputs, context);
-      for (const auto& [name, arrays] : csr) staged[name].push_back(batch.at(name));
+      for (const auto& [name, arrays] : csr) {
+        if (placed.count(name) == 0) staged[name].push_back(batch.at(name));
+      }
     }
     Batch out;
     for (const FieldSpec& field : fields_) {
@@ -162,8 +214,11 @@ class CollectionRead : public PlannedRead {
         continue;
       }
       const std::vector<at::Tensor>& arrays = csr.at(field.name);
-      out.insert(field.name, merge_csr(parts_, staged.at(field.name), rows_, field.row_shape.at(0), arrays[0],
-                                       arrays[1], arrays[2], context.pool));
+      const int64_t columns = field.row_shape.at(0);
+      out.insert(field.name, placed.count(field.name) ? place_csr(parts_, placed.at(field.name), rows_, columns,
+                                                                  arrays[0], arrays[1], arrays[2], context)
+                                                      : merge_csr(parts_, staged.at(field.name), rows_, columns,
+                                                                  arrays[0], arrays[1], arrays[2], context.pool));
     }
     return out;
   }

@@ -26,6 +26,8 @@ namespace torch_shards::sources {
 
 using Batch = c10::Dict<std::string, at::Tensor>;
 
+struct CsrRead;  // loader/sources/array_tensors.h
+
 // What a read runs on: the threads, and where output tensors come from.
 struct ReadContext {
   core::ThreadPool& pool;
@@ -74,6 +76,13 @@ class PlannedRead {
   // they may be views of one storage) and returns the batch: one tensor per
   // field, CSR fields assembled from their three outputs.
   virtual Batch fill(const std::vector<at::Tensor>& tensors, ReadContext& context) = 0;
+  // The read of sparse CSR field `field` where this read can write its rows
+  // into arrays it shares with other reads (a collection's parts into the
+  // collection's arrays, with no staging and merging), else nullptr. Once
+  // that read is claimed (CsrRead::claimed), fill() leaves the field out of
+  // its batch and does not touch the tensors of its outputs (they may be
+  // undefined): CsrRead::fill_placed() writes it.
+  virtual CsrRead* shared_csr(const std::string& /*field*/) { return nullptr; }
 
  protected:
   std::vector<OutputSpec> outputs_;
