@@ -105,13 +105,16 @@ def test_shuffled_rows_of_csr_parts_land_in_their_places(csr_parts):
     paths, dense = csr_parts
     rng = np.random.default_rng(2)
     flat = ts.Collection([ts.AnnDataSource(p) for p in paths])
-    nested = ts.Collection(
-        [
-            ts.Collection([ts.AnnDataSource(paths[0]), ts.AnnDataSource(paths[1])]),
-            ts.Collection([ts.AnnDataSource(paths[2])]),
-            ts.AnnDataSource(paths[3]),
-        ]
-    )
+
+    def nested(dense=False):
+        return ts.Collection(
+            [
+                ts.Collection([ts.AnnDataSource(paths[0], dense=dense), ts.AnnDataSource(paths[1], dense=dense)]),
+                ts.Collection([ts.AnnDataSource(paths[2], dense=dense)]),
+                ts.AnnDataSource(paths[3], dense=dense),
+            ]
+        )
+
     everything = list(range(len(dense)))
     for rows in (
         rng.permutation(everything).tolist(),
@@ -119,12 +122,14 @@ def test_shuffled_rows_of_csr_parts_land_in_their_places(csr_parts):
         everything,
         [150, 3, 36, 90, 0, 120],  # of the nested collection's first part, only its first source
     ):
-        for collection in (flat, nested):
+        for collection in (flat, nested()):
             x = collection.read(rows, num_threads=2)["X"]
             assert x.col_indices().dtype == torch.int32
             lengths = (dense[rows] != 0).sum(axis=1)
             assert torch.equal(x.crow_indices().diff().long(), torch.from_numpy(lengths).long())
             assert torch.equal(x.to_dense(), torch.from_numpy(dense[rows]))
+        # Dense rows land in their rows of the outputs, through each level's destinations.
+        assert torch.equal(nested(dense=True).read(rows, num_threads=2)["X"], torch.from_numpy(dense[rows]))
 
 
 def test_a_bad_column_index_in_a_part_names_its_file(csr_parts):

@@ -18,7 +18,8 @@ using core::check_argument;
 namespace {
 
 // The rows one part delivers: its local rows, their rows in the collection's
-// request (CSR order) and their destinations in the dense outputs.
+// request (CSR order) and their destinations in the dense outputs (when the
+// request has its own; else their rows in the request are).
 struct PartRows {
   size_t part = 0;
   std::vector<int64_t> local;
@@ -268,23 +269,44 @@ CollectionSource::CollectionSource(std::vector<std::shared_ptr<const Source>> pa
 std::unique_ptr<PlannedRead> CollectionSource::plan(const RowRequest& request, ReadContext& context) const {
   if (parts_.size() == 1) return parts_.front()->plan(request, context);  // its rows are the collection's
   const std::vector<int64_t>& rows = request.rows;
-  std::vector<PartRows> split(parts_.size());
+  // Each row's part, then each part's rows (in request order) in vectors of their final size.
+  thread_local std::vector<uint32_t> part_of;
+  part_of.resize(rows.size());
+  std::vector<int64_t> counts(parts_.size(), 0);
   for (size_t i = 0; i < rows.size(); ++i) {
-    const size_t part =
-        static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), rows[i]) - offsets_.begin()) - 1;
-    split[part].local.push_back(rows[i] - offsets_[part]);
-    split[part].order.push_back(static_cast<int64_t>(i));
-    split[part].dests.push_back(request.dest(i));
+    // The last part starting at or before the row: a binary search without branches (a row's part is
+    // as good as random in a shuffled fetch).
+    size_t part = 0;
+    for (size_t left = parts_.size(); left > 1;) {
+      const size_t half = left / 2;
+      part = offsets_[part + half] <= rows[i] ? part + half : part;
+      left -= half;
+    }
+    part_of[i] = static_cast<uint32_t>(part);
+    ++counts[part];
   }
   std::vector<PartRows> parts;
+  std::vector<size_t> slot(parts_.size());
   for (size_t p = 0; p < parts_.size(); ++p) {
-    if (split[p].local.empty()) continue;
-    split[p].part = p;
-    parts.push_back(std::move(split[p]));
+    if (counts[p] == 0) continue;
+    slot[p] = parts.size();
+    PartRows& part = parts.emplace_back();
+    part.part = p;
+    part.local.reserve(static_cast<size_t>(counts[p]));
+    part.order.reserve(static_cast<size_t>(counts[p]));
+    if (request.dests) part.dests.reserve(static_cast<size_t>(counts[p]));
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    PartRows& part = parts[slot[part_of[i]]];
+    part.local.push_back(rows[i] - offsets_[part.part]);
+    part.order.push_back(static_cast<int64_t>(i));
+    if (request.dests) part.dests.push_back((*request.dests)[i]);
   }
   // The rows of each part are read by the part straight into their places (its CSR arrays, in request order).
   for (PartRows& part : parts) {
-    part.read = parts_[part.part]->plan(RowRequest{part.local, &part.dests, request.num_out_rows()}, context);
+    // Without destinations, request row i lands in row i: a part's are its rows' order.
+    const std::vector<int64_t>* dests = request.dests ? &part.dests : &part.order;
+    part.read = parts_[part.part]->plan(RowRequest{part.local, dests, request.num_out_rows()}, context);
   }
   if (parts.size() == 1) return std::make_unique<SinglePartRead>(std::move(parts));
   return std::make_unique<CollectionRead>(fields_, std::move(parts), request);
