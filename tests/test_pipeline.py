@@ -174,8 +174,17 @@ def test_keyboard_interrupt_while_waiting_stops_promptly(tmp_path):
             compression_opts=9,
         )
     baseline = native_threads()
+    # Endless (cycle=True): the loop cannot end before the interrupt arrives, however late the timer
+    # thread runs on a loaded machine.
     ds = ts.ShardedDataset(
-        ts.HDF5Source(path, "x"), ts.Streaming(), batch_size=4096, fetch_factor=1, seed=0, num_threads=1, prefetch=2
+        ts.HDF5Source(path, "x"),
+        ts.Streaming(),
+        batch_size=4096,
+        fetch_factor=1,
+        seed=0,
+        num_threads=1,
+        prefetch=2,
+        cycle=True,
     )
     iterator = iter(ds)
     next(iterator)
