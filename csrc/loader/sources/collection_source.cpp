@@ -270,8 +270,7 @@ std::unique_ptr<PlannedRead> CollectionSource::plan(const RowRequest& request, R
   if (parts_.size() == 1) return parts_.front()->plan(request, context);  // its rows are the collection's
   const std::vector<int64_t>& rows = request.rows;
   // Each row's part, then each part's rows (in request order) in vectors of their final size.
-  thread_local std::vector<uint32_t> part_of;
-  part_of.resize(rows.size());
+  std::vector<uint32_t> part_of(rows.size());
   std::vector<int64_t> counts(parts_.size(), 0);
   for (size_t i = 0; i < rows.size(); ++i) {
     // The last part starting at or before the row: a binary search without branches (a row's part is
