@@ -68,6 +68,15 @@ std::vector<io::Segment> request_segments(const RowRequest& request) {
   return io::segments_for_rows(request.rows, *request.dests);
 }
 
+void write_row_offsets(const std::vector<int64_t>& offsets, at::Tensor& out) {
+  if (out.scalar_type() == at::kInt) {
+    auto* narrow = out.data_ptr<int32_t>();
+    for (size_t i = 0; i < offsets.size(); ++i) narrow[i] = static_cast<int32_t>(offsets[i]);
+  } else {
+    std::memcpy(out.data_ptr<int64_t>(), offsets.data(), offsets.size() * sizeof(int64_t));
+  }
+}
+
 namespace {
 
 // int32 indices halve their memory; they fit when the read's values and the
@@ -75,6 +84,11 @@ namespace {
 at::ScalarType csr_index_type(const io::CsrMatrix& matrix, int64_t values) {
   constexpr int64_t kLimit = std::numeric_limits<int32_t>::max();
   return matrix.num_cols() <= kLimit && values <= kLimit ? at::kInt : at::kLong;
+}
+
+// The io dtype column indices are read as into `columns` (int32 or int64).
+io::DType column_dtype(const at::Tensor& columns) {
+  return columns.scalar_type() == at::kInt ? io::DType::kInt32 : io::DType::kInt64;
 }
 
 // CSR rows scattered into dense output rows (duplicate column entries sum, as
@@ -174,14 +188,8 @@ at::Tensor CsrRead::fill(const std::vector<at::Tensor>& outputs, size_t first, R
   }
   at::Tensor row_offsets = outputs[first], columns = outputs[first + 1], values = outputs[first + 2];
   const int64_t count = static_cast<int64_t>(plan.row_offsets.size()) - 1;
-  if (index_type == at::kInt) {
-    auto* out = row_offsets.data_ptr<int32_t>();
-    for (int64_t i = 0; i <= count; ++i) out[i] = static_cast<int32_t>(plan.row_offsets[i]);
-  } else {
-    std::memcpy(row_offsets.data_ptr<int64_t>(), plan.row_offsets.data(), (count + 1) * sizeof(int64_t));
-  }
-  matrix->read(plan, columns.data_ptr(), index_type == at::kInt ? io::DType::kInt32 : io::DType::kInt64,
-               values.data_ptr(), pool);
+  write_row_offsets(plan.row_offsets, row_offsets);
+  matrix->read(plan, columns.data_ptr(), column_dtype(columns), values.data_ptr(), pool);
   return at::sparse_csr_tensor(row_offsets, columns, values, {count, matrix->num_cols()},
                                values.options().layout(at::kSparseCsr));
 }
@@ -189,9 +197,7 @@ at::Tensor CsrRead::fill(const std::vector<at::Tensor>& outputs, size_t first, R
 void CsrRead::fill_placed(const std::vector<int64_t>& starts, at::Tensor& columns, at::Tensor& values,
                           ReadContext& context) const {
   if (dense) throw std::logic_error("CsrRead::fill_placed: the rows are read densely");
-  matrix->read_placed(plan, starts, columns.data_ptr(),
-                      columns.scalar_type() == at::kInt ? io::DType::kInt32 : io::DType::kInt64, values.data_ptr(),
-                      context.pool);
+  matrix->read_placed(plan, starts, columns.data_ptr(), column_dtype(columns), values.data_ptr(), context.pool);
 }
 
 }  // namespace torch_shards::sources

@@ -16,6 +16,9 @@ namespace torch_shards::sources {
 
 at::ScalarType to_scalar_type(io::DType dtype);
 
+// A CSR row pointer written into `out`, an int32 or int64 tensor of its size.
+void write_row_offsets(const std::vector<int64_t>& offsets, at::Tensor& out);
+
 // The output of `rows` rows of a dense array: [rows, *array.shape[1:]].
 TensorSpec dense_spec(const io::Array& array, int64_t rows);
 // Reads the segments of `array` into `out` (a contiguous tensor of dense_spec's shape).

@@ -44,12 +44,7 @@ std::vector<int64_t> merged_row_offsets(const std::vector<PartRows>& parts, int6
     for (size_t i = 0; i < parts[p].order.size(); ++i) row_offsets[parts[p].order[i] + 1] = length(p, i);
   }
   for (int64_t i = 0; i < rows; ++i) row_offsets[i + 1] += row_offsets[i];
-  if (offsets.scalar_type() == at::kInt) {
-    auto* out = offsets.data_ptr<int32_t>();
-    for (int64_t i = 0; i <= rows; ++i) out[i] = static_cast<int32_t>(row_offsets[i]);
-  } else {
-    std::memcpy(offsets.data_ptr<int64_t>(), row_offsets.data(), row_offsets.size() * sizeof(int64_t));
-  }
+  write_row_offsets(row_offsets, offsets);
   return row_offsets;
 }
 
