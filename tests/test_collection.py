@@ -106,14 +106,11 @@ def test_shuffled_rows_of_csr_parts_land_in_their_places(csr_parts):
     rng = np.random.default_rng(2)
     flat = ts.Collection([ts.AnnDataSource(p) for p in paths])
 
-    def nested(dense=False):
-        return ts.Collection(
-            [
-                ts.Collection([ts.AnnDataSource(paths[0], dense=dense), ts.AnnDataSource(paths[1], dense=dense)]),
-                ts.Collection([ts.AnnDataSource(paths[2], dense=dense)]),
-                ts.AnnDataSource(paths[3], dense=dense),
-            ]
-        )
+    def nested(densify=False):
+        def source(i):
+            return ts.AnnDataSource(paths[i], dense=densify)
+
+        return ts.Collection([ts.Collection([source(0), source(1)]), ts.Collection([source(2)]), source(3)])
 
     everything = list(range(len(dense)))
     for rows in (
@@ -129,7 +126,7 @@ def test_shuffled_rows_of_csr_parts_land_in_their_places(csr_parts):
             assert torch.equal(x.crow_indices().diff().long(), torch.from_numpy(lengths).long())
             assert torch.equal(x.to_dense(), torch.from_numpy(dense[rows]))
         # Dense rows land in their rows of the outputs, through each level's destinations.
-        assert torch.equal(nested(dense=True).read(rows, num_threads=2)["X"], torch.from_numpy(dense[rows]))
+        assert torch.equal(nested(densify=True).read(rows, num_threads=2)["X"], torch.from_numpy(dense[rows]))
 
 
 def test_a_bad_column_index_in_a_part_names_its_file(csr_parts):
