@@ -16,6 +16,19 @@
 namespace torch_shards {
 namespace {
 
+// Rows [first, first + count) of `base`, sharing its storage, made directly:
+// a narrow goes through the dispatcher and autograd and records view
+// metadata for every batch, which a batch of a unit nobody else sees needs
+// none of (the unit's tensors never require grad).
+at::Tensor rows_view(const at::Tensor& base, int64_t first, int64_t count) {
+  const c10::TensorImpl* source = base.unsafeGetTensorImpl();
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(source->storage()), source->key_set(), source->dtype());
+  c10::SmallVector<int64_t, 4> sizes(source->sizes().begin(), source->sizes().end());
+  sizes[0] = count;
+  impl->set_sizes_and_strides(sizes, source->strides(), source->storage_offset() + first * source->stride(0));
+  return at::Tensor(std::move(impl));
+}
+
 // The batches of a unit's sparse CSR tensor: views of its columns and values,
 // with row offsets rebased for every batch in `rebased` (or a new tensor).
 template <typename Index>
@@ -39,8 +52,8 @@ std::vector<at::Tensor> split_csr(const at::Tensor& tensor, int64_t batch_size, 
     Index* slot = dest + first_row + b;  // batch b's count + 1 offsets
     for (int64_t r = 0; r <= count; ++r) slot[r] = source[first_row + r] - first;
     out.push_back(at::_sparse_csr_tensor_unsafe(
-        rebased.narrow(0, first_row + b, count + 1), columns.narrow(0, first, last - first),
-        values.narrow(0, first, last - first), {count, tensor.size(1)}, options));
+        rows_view(rebased, first_row + b, count + 1), rows_view(columns, first, last - first),
+        rows_view(values, first, last - first), {count, tensor.size(1)}, options));
   }
   return out;
 }
@@ -82,7 +95,7 @@ std::vector<sources::Batch> split_into_batches(const sources::Batch& unit, int64
       continue;
     }
     for (int64_t b = 0; b < batches; ++b) {
-      out[b].insert(item.key(), tensor.narrow(0, b * batch_size, std::min(batch_size, rows - b * batch_size)));
+      out[b].insert(item.key(), rows_view(tensor, b * batch_size, std::min(batch_size, rows - b * batch_size)));
     }
   }
   return out;
