@@ -179,11 +179,7 @@ EpochReader::Unit EpochReader::read_piece(const Piece& piece, core::ThreadPool& 
   at::Tensor indexes = tensors[num_outputs];
   if (count > 0) std::memcpy(indexes.data_ptr<int64_t>(), rows.data(), rows.size() * sizeof(int64_t));
   unit.batch.insert("index", indexes);
-  if (batch > 0) {
-    sources::Batch offsets;
-    for (size_t i = 0; i < csr_fields.size(); ++i) offsets.insert(csr_fields[i], tensors[num_outputs + 1 + i]);
-    unit.batches = split_into_batches(unit.batch, batch, offsets);
-  }
+  for (size_t i = 0; i < csr_fields.size(); ++i) unit.batch_offsets.insert(csr_fields[i], tensors[num_outputs + 1 + i]);
   unit.padding = piece.padding;
   unit.first = piece.first;
   unit.last = piece.last;

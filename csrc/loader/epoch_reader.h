@@ -24,7 +24,8 @@
 //
 // Every tensor of a unit (or piece) is one allocation from the TensorPool in
 // options.memory, recycled by options.buffers once no batch holds it; with
-// options.batch_size the reader threads also cut it into batches (views).
+// options.batch_size it also holds room for the row offsets of its batches
+// (split_into_batches).
 #pragma once
 
 #include <ATen/core/Dict.h>
@@ -60,12 +61,14 @@ struct ReaderOptions {
 class EpochReader {
  public:
   struct Unit {
-    sources::Batch batch;                 // the rows of every field, plus "index"
-    std::vector<sources::Batch> batches;  // `batch` cut into batches (views of it), when batch_size > 0
-    bool padding = false;                 // repeats rows another rank delivers (even_batches="pad")
-    bool first = true;                    // the first piece of its unit
-    bool last = true;                     // the last piece of its unit
-    int64_t dealt_units = 1;              // the cursor's units this one completes (0: not the last piece)
+    sources::Batch batch;  // the rows of every field, plus "index"
+    // When batch_size > 0, for each CSR field of `batch`: memory for its batches' row offsets (cut by
+    // the consumer: its tensor objects are then made and freed on one thread).
+    sources::Batch batch_offsets;
+    bool padding = false;     // repeats rows another rank delivers (even_batches="pad")
+    bool first = true;        // the first piece of its unit
+    bool last = true;         // the last piece of its unit
+    int64_t dealt_units = 1;  // the cursor's units this one completes (0: not the last piece)
   };
 
   EpochReader(std::shared_ptr<const sources::Source> source, core::UnitCursor cursor, const ReaderOptions& options);
