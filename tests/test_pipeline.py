@@ -254,6 +254,32 @@ def test_two_iterators_over_one_dataset_both_work():
     assert a != b  # two iterations, two epochs
 
 
+def test_batches_cut_from_a_fetch_transforms_tensors_keep_their_history_and_layout():
+    # Batches of the readers' own tensors are views made directly; a fetch_transform's tensors may require
+    # grad, carry a conjugate bit or be strided otherwise: their batches are narrowed and stay exact.
+    rows = 40
+    weight = torch.ones((), requires_grad=True)
+    grid = torch.arange(rows * 3, dtype=torch.float32).reshape(rows, 3)
+    source = ts.TensorSource({"X": grid, "Z": torch.complex(grid[:, 0], grid[:, 1])})
+
+    def transform(unit):
+        columns_first = unit["X"].t().contiguous().t()  # strides (1, rows): not row-major
+        return {"index": unit["index"], "X": columns_first * weight, "Z": unit["Z"].conj(), "Y": columns_first}
+
+    total, seen = torch.zeros(()), []
+    for batch in dataset(source, ts.BlockShuffling(4), fetch_transform=transform):
+        index = batch["index"]
+        seen += index.tolist()
+        assert batch["X"].requires_grad and batch["X"].grad_fn is not None
+        assert torch.equal(batch["X"].detach(), grid[index])
+        assert torch.equal(batch["Y"], grid[index]) and batch["Y"].stride(0) == 1  # a view of the unit's tensor
+        assert torch.equal(batch["Z"].resolve_conj(), torch.complex(grid[index, 0], -grid[index, 1]))
+        total = total + batch["X"].sum()
+    assert sorted(seen) == list(range(rows))
+    total.backward()
+    assert weight.grad.item() == grid.sum().item()
+
+
 @pytest.mark.timeout(120)
 def test_forked_workers_start_while_reader_threads_run():
     source = rows_source(300)
