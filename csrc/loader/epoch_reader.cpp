@@ -8,7 +8,6 @@
 
 #include "core/errors.h"
 #include "io/file.h"
-#include "loader/batches.h"
 #include "loader/python_gil.h"
 
 namespace torch_shards {

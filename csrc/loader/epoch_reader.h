@@ -54,7 +54,9 @@ struct ReaderOptions {
   int64_t prefetch = 0;                                 // units read ahead; 0: read on demand
   int64_t prefetch_bytes = int64_t{1} << 30;            // bytes out beyond which no new unit starts
   sources::Memory memory = sources::Memory::kPageable;  // of the output tensors
-  int64_t batch_size = 0;               // > 0: units are cut into batches of this many rows (and split by them)
+  // > 0: large units are read in pieces of whole batches of this many rows, and each unit carries room
+  // for its batches' CSR row offsets (the consumer cuts it: split_into_batches).
+  int64_t batch_size = 0;
   std::shared_ptr<BufferPool> buffers;  // recycled output memory; null: plain allocations
 };
 
