@@ -4,11 +4,9 @@ A source pickles by its parameters and builds its native object lazily in
 each process, so no handle ever crosses a fork.
 """
 
-import builtins
 import errno
 import json
 import os
-import re
 import warnings
 
 import numpy as np
@@ -260,8 +258,7 @@ class Collection(Source):
             if not isinstance(source, Source):
                 raise TypeError(f"Collection: sources[{i}] must be a torch_shards source, got {type(source).__name__}")
         self.sources = sources
-        _check_codes_agree(sources)
-        self._build_now()
+        self._build_now()  # checks the sources agree (fields, the categories behind obs codes)
 
     def _build(self):
         return ops.collection([source.native for source in self.sources])
@@ -274,79 +271,6 @@ class Collection(Source):
             offsets.append(total)
             total += len(source)
         return offsets
-
-
-def _check_codes_agree(sources):
-    """The int64 codes of a categorical or string obs column index each file's own categories:
-    files of one Collection must agree on them, or a code would mean different things."""
-    first = {}
-    for i, source in enumerate(sources):
-        if not isinstance(source, AnnDataSource):
-            continue
-        for column in source.obs:
-            try:
-                categories = source.categories(column)
-            except ValueError:  # not categorical: its values mean the same everywhere
-                continue
-            if column not in first:
-                first[column] = (i, categories)
-                continue
-            j, reference = first[column]
-            if categories != reference:
-                k = next((k for k, (a, b) in enumerate(zip(reference, categories)) if a != b), None)
-                detail = (
-                    f"{len(reference)} against {len(categories)} categories"
-                    if k is None
-                    else f"category {k} is {reference[k]!r} against {categories[k]!r}"
-                )
-                raise ValueError(
-                    f"Collection: obs column {column!r} has different categories in sources[{j}] "
-                    f"({sources[j].path}) and sources[{i}] ({source.path}): {detail}; its codes would mean "
-                    "different values in different files. Store it as a categorical with the same categories "
-                    "in every file (pd.Categorical(values, categories=all_values))"
-                )
-
-
-_ANNBATCH_DATASET = re.compile(r"dataset_([0-9]+)")
-_ANNBATCH_H5AD = re.compile(r"dataset_([0-9]+)\.h5ad")
-
-
-def _zarr_attributes(path):
-    """The attributes of the zarr group in directory `path` (v3 zarr.json or v2 .zattrs), or {}."""
-    for name, key in (("zarr.json", "attributes"), (".zattrs", None)):
-        try:
-            with builtins.open(os.path.join(path, name)) as f:
-                document = json.load(f)
-        except (OSError, ValueError):
-            continue
-        attributes = document.get(key) if key else document
-        return attributes if isinstance(attributes, dict) else {}
-    return {}
-
-
-def _annbatch_datasets(path):
-    """The datasets of an annbatch ``DatasetCollection`` at ``path`` (a zarr group marked
-    ``encoding-type: annbatch-preshuffled``, or a directory of ``dataset_<i>.h5ad`` files), in
-    annbatch's order (by number); None if ``path`` is no such collection."""
-    path = _path("annbatch_datasets", path)
-    if not os.path.isdir(path):
-        return None
-    if _zarr_attributes(path).get("encoding-type") == "annbatch-preshuffled":
-        pattern, want_dir = _ANNBATCH_DATASET, True
-    elif os.path.exists(os.path.join(path, "zarr.json")) or os.path.exists(os.path.join(path, ".zgroup")):
-        return None
-    else:
-        pattern, want_dir = _ANNBATCH_H5AD, False
-    found = []
-    for name in os.listdir(path):
-        match = pattern.fullmatch(name)
-        if match and os.path.isdir(os.path.join(path, name)) == want_dir:
-            found.append((int(match.group(1)), name))
-    if not found and not want_dir:
-        return None
-    if not found:
-        raise ValueError(f"torch_shards.open: {path} is an annbatch DatasetCollection without datasets (dataset_<i>)")
-    return [os.path.join(path, name) for _, name in sorted(found)]
 
 
 def open(path, **kwargs):  # noqa: A001 - mirrors the builtin for paths
@@ -368,7 +292,7 @@ def open(path, **kwargs):  # noqa: A001 - mirrors the builtin for paths
         return HDF5Source(path, **kwargs)
     if kind == "zarr-array":
         return ZarrSource(path, **kwargs)
-    datasets = _annbatch_datasets(path) if kind in ("zarr-group", "unknown") else None
+    datasets = ops.annbatch_datasets(path) if kind in ("zarr-group", "unknown") else None
     if datasets is not None:
         return Collection([AnnDataSource(dataset, **kwargs) for dataset in datasets])
     if kind == "zarr-group":

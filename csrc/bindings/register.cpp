@@ -235,6 +235,7 @@ TORCH_LIBRARY(torch_shards, m) {
       "collection(__torch__.torch.classes.torch_shards.Source[] parts) -> __torch__.torch.classes.torch_shards.Source",
       &SourceImpl::collection);
   m.def("probe(str path) -> str", &probe);
+  m.def("annbatch_datasets(str path) -> str[]?", &annbatch_datasets);
   m.def("unpack_batches(Tensor(a)[] storages, Tensor description, str[] names) -> (Dict(str, Tensor(a))[], int, int[])",
         &unpack);
   m.def("merge_state_dicts(Dict(str, int)[] states) -> Dict(str, int)", &ShardedDatasetImpl::merge_state_dicts);

@@ -4,6 +4,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
+#include <optional>
+#include <system_error>
+#include <tuple>
 #include <vector>
 
 #include "core/errors.h"
@@ -239,6 +243,60 @@ std::string probe(const std::string& path) {
 
 namespace {
 
+// The number of an annbatch dataset's name: "dataset_<digits>" (a zarr
+// group) or "dataset_<digits>.h5ad" (a file), with leading zeros stripped;
+// nullopt for any other name.
+std::optional<std::string> annbatch_number(const std::string& name, bool h5ad) {
+  const std::string prefix = "dataset_", suffix = h5ad ? ".h5ad" : "";
+  if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return std::nullopt;
+  }
+  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return std::nullopt;
+  const size_t first = std::min(digits.find_first_not_of('0'), digits.size() - 1);
+  return digits.substr(first);
+}
+
+}  // namespace
+
+std::optional<std::vector<std::string>> annbatch_datasets(const std::string& path) {
+  return translate_errors([&]() -> std::optional<std::vector<std::string>> {
+    if (!io::file_exists(path)) throw core::FileNotFound(path);
+    if (!io::is_directory(path)) return std::nullopt;
+    bool zarr = false;
+    if (io::is_zarr_group(path)) {
+      const json attributes = io::open_zarr_group(path, "/")->attributes();
+      const auto encoding = attributes.find("encoding-type");
+      if (encoding == attributes.end() || *encoding != "annbatch-preshuffled") return std::nullopt;
+      zarr = true;
+    } else if (io::is_zarr_array(path)) {
+      return std::nullopt;
+    }
+    // (number without leading zeros, name): sorted by number, as annbatch numbers them.
+    std::vector<std::pair<std::string, std::string>> found;
+    std::error_code error;
+    for (std::filesystem::directory_iterator entry(path, error), end; !error && entry != end; entry.increment(error)) {
+      const std::string name = entry->path().filename().string();
+      const std::optional<std::string> number = annbatch_number(name, !zarr);
+      std::error_code kind_error;
+      if (number && entry->is_directory(kind_error) == zarr) found.emplace_back(*number, name);
+    }
+    if (error) throw core::ReadError(path + ": cannot list the directory: " + error.message());
+    if (found.empty() && !zarr) return std::nullopt;
+    core::check_argument(!found.empty(), "annbatch_datasets: ", path,
+                         " is an annbatch DatasetCollection without datasets (dataset_<i>)");
+    std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+      return std::make_tuple(a.first.size(), a.first, a.second) < std::make_tuple(b.first.size(), b.first, b.second);
+    });
+    std::vector<std::string> datasets;
+    for (const auto& [number, name] : found) datasets.push_back((std::filesystem::path(path) / name).string());
+    return datasets;
+  });
+}
+
+namespace {
+
 c10::Dict<std::string, std::string> to_dict(const std::map<std::string, std::string>& map) {
   c10::Dict<std::string, std::string> out;
   for (const auto& [key, value] : map) out.insert(key, value);
@@ -280,6 +338,17 @@ AnnDataSource::AnnDataSource(const std::string& path, const AnnDataSourceOptions
 
 AnnDataSource::AnnDataSource(c10::intrusive_ptr<AnnDataImpl> anndata, const AnnDataSourceOptions& options)
     : Source(anndata->source(options.obs, options.layer, options.dense)), anndata_(std::move(anndata)) {}
+
+AnnbatchCollection::AnnbatchCollection(const std::string& path, const AnnDataSourceOptions& options)
+    : Collection([&] {
+        const std::optional<std::vector<std::string>> datasets = annbatch_datasets(path);
+        TORCH_CHECK_VALUE(datasets, "AnnbatchCollection: ", path,
+                          " is not an annbatch DatasetCollection (a zarr group whose encoding-type is "
+                          "annbatch-preshuffled, or a directory of dataset_<i>.h5ad files)");
+        std::vector<Source> parts;
+        for (const std::string& dataset : *datasets) parts.push_back(AnnDataSource(dataset, options));
+        return parts;
+      }()) {}
 
 Collection::Collection(const std::vector<Source>& parts)
     : Source(SourceImpl::collection([&] {

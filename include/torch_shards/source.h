@@ -7,6 +7,7 @@
 //   torch_shards::ZarrSource("data.zarr")
 //   torch_shards::AnnDataSource("cells.h5ad", {.obs = {"cell_type"}, .dense = true})
 //   torch_shards::Collection({plate1, plate2})
+//   torch_shards::AnnbatchCollection("collection.zarr", {.obs = {"cell_type"}})
 #pragma once
 
 #include <ATen/core/Dict.h>
@@ -113,6 +114,14 @@ class TORCH_SHARDS_API AnnDataImpl : public torch::CustomClassHolder {
 // "zarr-group", "zarr-anndata" or "unknown".
 TORCH_SHARDS_API std::string probe(const std::string& path);
 
+// The datasets of an annbatch DatasetCollection at `path`, in annbatch's
+// order (by number): the dataset_<i> groups of a zarr group whose
+// encoding-type is "annbatch-preshuffled", or the dataset_<i>.h5ad files of
+// a directory (annbatch's is_collection_h5ad). nullopt if `path` is no such
+// collection; ValueError for a marked group without datasets, the missing
+// file error for a path that does not exist.
+TORCH_SHARDS_API std::optional<std::vector<std::string>> annbatch_datasets(const std::string& path);
+
 class TORCH_SHARDS_API Source : public Handle<SourceImpl> {
  public:
   using Handle::Handle;
@@ -168,6 +177,15 @@ class TORCH_SHARDS_API AnnDataSource : public Source {
 class TORCH_SHARDS_API Collection : public Source {
  public:
   explicit Collection(const std::vector<Source>& parts);
+};
+
+// An annbatch DatasetCollection (annbatch_datasets) as one Collection of its
+// datasets in annbatch's order, each an AnnDataSource with `options`: what
+// torch_shards.open(path, ...) gives in Python. ValueError if `path` is no
+// such collection.
+class TORCH_SHARDS_API AnnbatchCollection : public Collection {
+ public:
+  explicit AnnbatchCollection(const std::string& path, const AnnDataSourceOptions& options = {});
 };
 
 }  // namespace torch_shards

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -247,6 +248,63 @@ TEST(Dataset, MissingFilesNameThePath) {
   EXPECT_NE(message.find("No such file or directory"), std::string::npos) << message;
   const std::string zarr = error_of<c10::Error>([] { ts::ZarrSource("/no/such/store.zarr"); });
   EXPECT_NE(zarr.find("No such file or directory: '/no/such/store.zarr'"), std::string::npos) << zarr;
+}
+
+// annbatch's DatasetCollection (the committed fixtures annbatch 0.3.1 wrote):
+// its datasets in annbatch's order, read as one collection whose rows are
+// the datasets' rows one after the other.
+TEST(Dataset, OpensAnnbatchCollections) {
+  const std::string data = TORCH_SHARDS_TEST_DATA "/anndata/annbatch-0.3.1";
+  for (const std::string name : {"collection.zarr", "collection-h5ad"}) {
+    const std::string path = data + "/" + name, suffix = name == "collection.zarr" ? "" : ".h5ad";
+    const auto datasets = ts::annbatch_datasets(path);
+    ASSERT_TRUE(datasets) << path;
+    ASSERT_EQ(datasets->size(), 3u);
+    std::vector<ts::Source> parts;
+    for (size_t i = 0; i < datasets->size(); ++i) {
+      EXPECT_EQ((*datasets)[i], path + "/dataset_" + std::to_string(i) + suffix);
+      parts.push_back(ts::AnnDataSource((*datasets)[i], {.dense = true}));
+    }
+    const ts::AnnbatchCollection collection(path, {.dense = true});
+    int64_t offset = 0;
+    for (const ts::Source& part : parts) {
+      const at::Tensor local = torch::arange(part.size(), torch::kLong);
+      const at::Tensor expected = part.read(local).at("X");
+      EXPECT_TRUE(torch::equal(collection.read(local + offset).at("X"), expected)) << name;
+      offset += part.size();
+    }
+    EXPECT_EQ(collection.size(), offset);
+  }
+  // A single AnnData, a directory of anything else: not collections.
+  EXPECT_FALSE(ts::annbatch_datasets(data + "/collection.zarr/dataset_0"));
+  EXPECT_FALSE(ts::annbatch_datasets(data));
+  EXPECT_FALSE(ts::annbatch_datasets(data + "/manifest.json"));
+  const std::string missing = error_of<c10::Error>([] { ts::AnnbatchCollection("/no/such/collection.zarr"); });
+  EXPECT_NE(missing.find("No such file or directory: '/no/such/collection.zarr'"), std::string::npos) << missing;
+  const std::string plain =
+      error_of<c10::ValueError>([&] { ts::AnnbatchCollection(data + "/collection.zarr/dataset_0"); });
+  EXPECT_NE(plain.find("dataset_0 is not an annbatch DatasetCollection"), std::string::npos) << plain;
+  // By number, not by name; other files left out.
+  TempDir dir;
+  std::filesystem::create_directory(dir / "h5ad");
+  for (const char* file : {"dataset_10.h5ad", "dataset_2.h5ad", "dataset_1.h5ad", "notes.txt", "dataset_x.h5ad"}) {
+    std::ofstream(dir / ("h5ad/" + std::string(file)));
+  }
+  const auto numbered = ts::annbatch_datasets(dir / "h5ad");
+  ASSERT_TRUE(numbered);
+  EXPECT_EQ(*numbered, (std::vector<std::string>{dir / "h5ad/dataset_1.h5ad", dir / "h5ad/dataset_2.h5ad",
+                                                 dir / "h5ad/dataset_10.h5ad"}));
+  // The marker without datasets is named.
+  std::filesystem::create_directory(dir / "empty.zarr");
+  std::filesystem::copy_file(data + "/collection.zarr/zarr.json", dir / "empty.zarr/zarr.json");
+  const std::string empty = error_of<c10::ValueError>([&] { ts::annbatch_datasets(dir / "empty.zarr"); });
+  EXPECT_NE(empty.find("empty.zarr is an annbatch DatasetCollection without datasets"), std::string::npos) << empty;
+  // Its datasets store their barcodes as categoricals of their own: one code would mean different
+  // barcodes in different datasets.
+  const std::string codes =
+      error_of<c10::ValueError>([&] { ts::AnnbatchCollection(data + "/collection.zarr", {.obs = {"barcode"}}); });
+  EXPECT_NE(codes.find("Collection: obs column 'barcode' has different categories in sources[0]"), std::string::npos)
+      << codes;
 }
 
 TEST(Dataset, ReadsAnHdf5File) {

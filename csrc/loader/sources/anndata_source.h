@@ -25,6 +25,7 @@ class AnnDataSource : public Source {
   std::string describe() const override;
 
   const io::AnnDataStore& store() const { return *store_; }
+  const std::vector<io::ObsColumn>& obs() const { return obs_; }
 
  private:
   std::shared_ptr<const io::AnnDataStore> store_;

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "core/errors.h"
+#include "loader/sources/anndata_source.h"
 #include "loader/sources/array_tensors.h"
 
 namespace torch_shards::sources {
@@ -243,6 +244,48 @@ std::string layout_hint(const std::vector<FieldSpec>& first, const std::vector<F
 
 }  // namespace
 
+namespace {
+
+// A category as Python shows it: strings quoted, anything else as JSON.
+std::string shown_category(const nlohmann::json& value) {
+  return value.is_string() ? "'" + value.get<std::string>() + "'" : value.dump();
+}
+
+// The int64 codes of a categorical (or string) obs column index each file's
+// own categories: the parts of a collection must agree on them, or one code
+// would mean different values in different rows.
+void check_codes_agree(const std::vector<std::shared_ptr<const Source>>& parts) {
+  std::map<std::string, std::pair<size_t, const io::ObsColumn*>> first;  // column -> (part, column there)
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const auto* anndata = dynamic_cast<const AnnDataSource*>(parts[p].get());
+    if (anndata == nullptr) continue;
+    for (const io::ObsColumn& column : anndata->obs()) {
+      if (!column.categorical) continue;  // its values mean the same everywhere
+      const auto [seen, inserted] = first.try_emplace(column.name, p, &column);
+      if (inserted) continue;
+      const auto& [q, reference] = seen->second;
+      const nlohmann::json &expected = reference->categories, &got = column.categories;
+      if (expected == got) continue;
+      std::string detail = core::concat(expected.size(), " against ", got.size(), " categories");
+      for (size_t k = 0; k < std::min(expected.size(), got.size()); ++k) {
+        if (expected[k] != got[k]) {
+          detail =
+              core::concat("category ", k, " is ", shown_category(expected[k]), " against ", shown_category(got[k]));
+          break;
+        }
+      }
+      const auto& other = dynamic_cast<const AnnDataSource&>(*parts[q]);
+      throw core::InvalidArgument(core::concat(
+          "Collection: obs column '", column.name, "' has different categories in sources[", q, "] (",
+          other.store().root().file(), ") and sources[", p, "] (", anndata->store().root().file(), "): ", detail,
+          "; its codes would mean different values in different files. Store it as a categorical with the same "
+          "categories in every file (pd.Categorical(values, categories=all_values))"));
+    }
+  }
+}
+
+}  // namespace
+
 CollectionSource::CollectionSource(std::vector<std::shared_ptr<const Source>> parts) : parts_(std::move(parts)) {
   check_argument(!parts_.empty(), "Collection: needs at least one source");
   fields_ = parts_.front()->fields();
@@ -259,6 +302,7 @@ CollectionSource::CollectionSource(std::vector<std::shared_ptr<const Source>> pa
     }
     offsets_.push_back(offsets_.back() + parts_[p]->num_rows());
   }
+  check_codes_agree(parts_);
 }
 
 std::unique_ptr<PlannedRead> CollectionSource::plan(const RowRequest& request, ReadContext& context) const {
