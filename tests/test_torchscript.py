@@ -3,6 +3,7 @@ advance by themselves), modules holding torch_shards objects saved and
 loaded, every class pickled, the registered ops checked by opcheck."""
 
 import io
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -230,6 +231,9 @@ def test_iterator_protocol_errors_are_clear():
         iterator.push_unit({"X": unit["X"][:2]})
 
 
+ANNBATCH_COLLECTION = Path(__file__).parent / "data" / "anndata" / "annbatch-0.3.1" / "collection.zarr"
+
+
 def op_arguments(files):
     source = ts.TensorSource(torch.zeros(3, 1)).native
     return {
@@ -246,6 +250,7 @@ def op_arguments(files):
         "anndata_source": (str(files / "cells.h5ad"), ["n"], None, True),
         "collection": ([source, ts.TensorSource(torch.ones(2, 1)).native],),
         "probe": (str(files / "x.h5"),),
+        "annbatch_datasets": (str(ANNBATCH_COLLECTION),),
         "sharded_dataset": (source, ts.Streaming().native, 2),
         "distributed_sampler": (10, 2, 1),
         "merge_state_dicts": ([dict(make_dataset().native.state_dict(None))],),
