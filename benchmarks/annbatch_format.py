@@ -36,6 +36,9 @@ cache warm, batch 256, epoch after epoch for --seconds each, in alternated round
                         batches, native threads; fetch_factor = chunk x preload / batch (annbatch's
                         rows in memory at once)
   torch_shards dense    the same with dense=True
+  torch_shards C++      the same dataset read by a C++ program through the CMake package
+                        (torch_shards::AnnbatchCollection, benchmarks/cpp/iterate.cpp), in its own
+                        process: the native reader without the Python door's per-batch cost
   annbatch              annbatch's Loader(chunk_size, preload_nchunks, batch_size=256, shuffle=True)
                         over the collection (scipy CSR batches), in its own process
 
@@ -211,6 +214,14 @@ def torch_shards_rate(collection, block, dense, args):
                 return rows / (time.perf_counter() - start), rows / (cpu_seconds() - cpu_start)
 
 
+def cpp_rate(program, collection, block, args):
+    ff = block * PRELOAD_NCHUNKS // BATCH_SIZE
+    command = [program, "annbatch", collection, str(block), str(args.cores), str(args.seconds), str(ff)]
+    done = subprocess.run(["taskset", "-c", args.cpu_list] + command, check=True, capture_output=True, text=True)
+    wall, cpu = map(float, done.stdout.split())
+    return wall, cpu
+
+
 def annbatch_rate(collection, block, args):
     done = subprocess.run(
         ["taskset", "-c", args.cpu_list, args.annbatch_python, os.path.join(HERE, "annbatch_side.py"), "read"]
@@ -264,6 +275,9 @@ def main():
         print(f"annbatch: {status}; no collection in {args.data_dir} to read, nothing measured")
         return
     binary = build_decode_limit(args)
+    from cpp_iteration import build_cpp
+
+    program = build_cpp()
     specs = x_arrays(collection)
     warm(collection)
     import torch_shards as ts
@@ -289,6 +303,9 @@ def main():
                 block,
                 lambda b=block: torch_shards_rate(collection, b, False, args),
             )
+        )
+        methods.append(
+            (f"torch_shards C++ block {block} ff {ff}", block, lambda b=block: cpp_rate(program, collection, b, args))
         )
         methods.append(
             (f"torch_shards dense block {block}", block, lambda b=block: torch_shards_rate(collection, b, True, args))
