@@ -242,10 +242,6 @@ std::string layout_hint(const std::vector<FieldSpec>& first, const std::vector<F
                       "densely");
 }
 
-}  // namespace
-
-namespace {
-
 // A category as Python shows it: strings quoted, anything else as JSON.
 std::string shown_category(const nlohmann::json& value) {
   return value.is_string() ? "'" + value.get<std::string>() + "'" : value.dump();
