@@ -6,7 +6,7 @@ PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
-SYSTEM_PACKAGES := build-essential pkg-config cmake ninja-build ccache clang-format libgtest-dev \
+SYSTEM_PACKAGES := build-essential python3-dev pkg-config cmake ninja-build ccache clang-format libgtest-dev \
 	libhdf5-dev libblosc-dev liblz4-dev libzstd-dev zlib1g-dev nlohmann-json3-dev libgloo-dev
 PYTHON_PACKAGES := numpy pytest pytest-timeout scipy pandas h5py hdf5plugin anndata zarr ruff
 

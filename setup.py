@@ -7,6 +7,7 @@ only drives it: configure (once) in build/native, build the library, and
 install it into the package, which then holds
 
     torch_shards/lib/libtorch_shards.so          loaded by Python (torch.ops.load_library)
+    torch_shards/_C.<abi>.so                     the Python door's per-batch calls (csrc/python)
     torch_shards/include/torch_shards/*.h        the C++ API
     torch_shards/share/cmake/TorchShards/        find_package(TorchShards) for C++ programs
 
@@ -18,6 +19,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -53,6 +55,11 @@ def check_prerequisites():
         for name, (header, package) in SYSTEM_LIBRARIES.items():
             if subprocess.run(["pkg-config", "--exists", name]).returncode != 0:
                 missing.append(f"{name} ({header}): apt-get install {package}")
+    # torch_shards._C (csrc/python) builds against this Python's headers.
+    python_header = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+    if not os.path.exists(python_header):
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        missing.append(f"{python_header} (this Python's headers): apt-get install python{version}-dev")
     if missing:
         sys.exit("torch_shards needs these to build:\n  " + "\n  ".join(missing))
 
@@ -77,6 +84,8 @@ class CMakeBuild(build_ext):
             "-G",
             "Ninja",
             f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+            "-DTORCH_SHARDS_PYTHON=ON",
+            f"-DPython3_EXECUTABLE={sys.executable}",
         ]
         if "CMAKE_BUILD_TYPE" not in os.environ.get("TORCH_SHARDS_CMAKE_ARGS", ""):
             configure.append("-DCMAKE_BUILD_TYPE=Release")
@@ -85,7 +94,7 @@ class CMakeBuild(build_ext):
         configure += shlex.split(os.environ.get("TORCH_SHARDS_CMAKE_ARGS", ""))
         run(configure)
         jobs = os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)
-        run(["cmake", "--build", BUILD_DIR, "--target", "torch_shards", "--parallel", jobs])
+        run(["cmake", "--build", BUILD_DIR, "--target", "torch_shards", "torch_shards_python", "--parallel", jobs])
         if not self.editable_mode and not self.inplace:
             self.install_into(os.path.join(self.build_lib, "torch_shards"))
 

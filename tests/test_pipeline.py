@@ -454,3 +454,60 @@ def test_an_iterator_never_advanced_holds_no_reader():
     for _ in range(3):
         iter(ds)
     assert ds.reader_stats() == []
+
+
+def test_the_python_doors_direct_poll_delivers_what_torch_classes_poll_does(tmp_path):
+    """torch_shards._C.poll (what ShardedDataset's loop calls) and BatchIterator.poll through
+    torch.classes: the same epoch, batch for batch, sparse and dense fields alike."""
+    import anndata
+    import pandas as pd
+    import scipy.sparse as sp
+
+    from torch_shards._library import direct
+
+    x = sp.random(100, 7, density=0.3, format="csr", dtype=np.float32, random_state=0)
+    obs = pd.DataFrame({"y": np.arange(100.0)}, index=[f"c{i}" for i in range(100)])
+    anndata.AnnData(X=x, obs=obs).write_h5ad(tmp_path / "a.h5ad")
+    ds = dataset(ts.AnnDataSource(str(tmp_path / "a.h5ad"), obs=["y"]), ts.BlockShuffling(4), num_threads=2)
+
+    def epoch(poll):
+        out = []
+        while True:
+            batch = poll()
+            if batch is None:
+                if iterator.finished():
+                    return out
+                continue
+            out.append(batch)
+
+    iterator = ds.native.iter_epoch(3, 0, 1)
+    through_classes = epoch(lambda: iterator.poll(100))
+    iterator = ds.native.iter_epoch(3, 0, 1)
+    handle = direct.iterator_handle(iterator)
+    through_direct = epoch(lambda: direct.poll(handle, 100))
+    assert len(through_direct) == len(through_classes) == 15
+    for a, b in zip(through_classes, through_direct):
+        assert sorted(a) == sorted(b) == ["X", "index", "y"]
+        assert b["X"].layout == torch.sparse_csr
+        assert torch.equal(a["X"].to_dense(), b["X"].to_dense())
+        assert torch.equal(a["index"], b["index"]) and torch.equal(a["y"], b["y"])
+
+
+def test_the_direct_poll_names_what_it_was_given_instead():
+    from torch_shards._library import direct
+
+    ds = dataset(rows_source(50), ts.Streaming())
+    with pytest.raises(
+        TypeError, match=r"expected a torch.classes.torch_shards.BatchIterator, got torch._C.ScriptObject"
+    ):
+        direct.iterator_handle(ds.native)
+    with pytest.raises(TypeError, match=r"expected a torch.classes.torch_shards.BatchIterator, got int"):
+        direct.iterator_handle(3)
+    handle = direct.iterator_handle(ds.native.iter_epoch(0, 0, 1))
+    with pytest.raises(TypeError, match=r"expected a handle from iterator_handle\(\), got str"):
+        direct.poll("handle", 100)
+    with pytest.raises(TypeError, match=r"takes 2 arguments, got 1"):
+        direct.poll(handle)
+    with pytest.raises(TypeError, match=r"integer"):
+        direct.poll(handle, "100")
+    assert direct.poll(handle, 1000)["index"].tolist() == list(range(7))

@@ -27,6 +27,19 @@ def _load():
     torch.ops.load_library(LIBRARY_PATH)
 
 
+def _load_module():
+    """torch_shards._C: the Python door's per-batch calls (csrc/python/module.cpp), past torch.classes."""
+    try:
+        from . import _C
+    except ImportError as error:
+        raise ImportError(
+            f"torch_shards: its extension module torch_shards._C does not load ({error}); rebuild the package "
+            "with `pip install --no-build-isolation .`"
+        ) from error
+    return _C
+
+
 _load()
 ops = torch.ops.torch_shards
 classes = torch.classes.torch_shards
+direct = _load_module()

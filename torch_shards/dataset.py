@@ -17,7 +17,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_convert
 
 from . import _convert
-from ._library import ops
+from ._library import direct, ops
 from ._native import NativeBacked
 from .device import device_name
 from .distributed import boxed, rank_from_dist_info, resolve_group
@@ -449,6 +449,7 @@ class ShardedDataset(IterableDataset, NativeBacked):
         collection, fetch_callback, batch_callback = self.collection, self.fetch_callback, self.batch_callback
         fetch_transform, batch_transform = self.fetch_transform, self.batch_transform
         close = _closer(iterator)
+        handle, poll = direct.iterator_handle(iterator), direct.poll
         fetched = None
         try:
             while True:
@@ -463,7 +464,7 @@ class ShardedDataset(IterableDataset, NativeBacked):
                     if fetch_transform is not None:
                         fetched = fetch_transform(fetched)
                     iterator.push_unit({"index": unit["index"], "position": positions})
-                batch = iterator.poll(_POLL_MS)
+                batch = poll(handle, _POLL_MS)
                 if batch is None:
                     if iterator.finished():
                         return
@@ -476,8 +477,9 @@ class ShardedDataset(IterableDataset, NativeBacked):
 
     def _batches(self, iterator, packed=None):
         fetch_transform, batch_transform = self.fetch_transform, self.batch_transform
-        # Bound once: looking a method up on the native iterator costs ~1 us, once per batch.
-        poll, poll_packed = iterator.poll, iterator.poll_packed
+        # poll: torch_shards._C's, a third of torch.classes' cost a batch. poll_packed: bound once
+        # (looking a method up on the native iterator costs ~1 us).
+        handle, poll, poll_packed = direct.iterator_handle(iterator), direct.poll, iterator.poll_packed
         close = _closer(iterator)
         try:
             while True:
@@ -491,7 +493,7 @@ class ShardedDataset(IterableDataset, NativeBacked):
                 if packed is not None:
                     batch = poll_packed(_POLL_MS, packed[0])
                 else:
-                    batch = poll(_POLL_MS)
+                    batch = poll(handle, _POLL_MS)
                 if batch is None:
                     if iterator.finished():
                         return
