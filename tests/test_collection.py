@@ -87,10 +87,13 @@ def write_csr_part(path, rows, seed, index_dtype, columns=6):
     return x.toarray()
 
 
-@pytest.fixture
-def csr_parts(tmp_path):
-    """Parts whose indices are stored uint16, int32 and int64 (read as int32 columns), h5ad and zarr."""
+@pytest.fixture(params=["mixed", "uint16"])
+def csr_parts(tmp_path, request):
+    """Parts whose indices are stored uint16, int32 and int64 (read as int32 columns), h5ad and zarr; or
+    all uint16, as annbatch stores them: placed as stored, then widened in one pass."""
     layout = [(37, np.int32, "h5ad"), (50, np.int64, "zarr"), (3, np.uint16, "h5ad"), (64, np.int64, "h5ad")]
+    if request.param == "uint16":
+        layout = [(rows, np.uint16, fmt) for rows, _, fmt in layout]
     paths, dense = [], []
     for i, (rows, index_dtype, fmt) in enumerate(layout):
         paths.append(tmp_path / f"part{i}.{fmt}")

@@ -59,11 +59,11 @@ class CsrMatrix {
   // (as read() takes it), checked. No output the size of the whole read.
   using GroupVisitor = core::FunctionRef<void(int64_t, int64_t, const void*, const void*)>;
   void read_groups(const CsrPlan& plan, DType index_dtype, core::ThreadPool& pool, GroupVisitor visit) const;
+  // Converts `count` column indices as stored at `raw` to index_dtype into
+  // `out` (kept as stored: only checks them, `out` unused), checking each.
+  void convert_indices(const uint8_t* raw, int64_t count, DType index_dtype, void* out) const;
 
  private:
-  // Converts `count` column indices as stored at `raw` to index_dtype into
-  // `out` (kept as stored: only checks them, `out` unused).
-  void convert_indices(const uint8_t* raw, int64_t count, DType index_dtype, void* out) const;
   // read() (starts == nullptr) and read_placed().
   void read_rows(const CsrPlan& plan, const std::vector<int64_t>* starts, void* indices_out, DType index_dtype,
                  void* values_out, core::ThreadPool& pool) const;

@@ -195,9 +195,18 @@ at::Tensor CsrRead::fill(const std::vector<at::Tensor>& outputs, size_t first, R
 }
 
 void CsrRead::fill_placed(const std::vector<int64_t>& starts, at::Tensor& columns, at::Tensor& values,
-                          ReadContext& context) const {
+                          ReadContext& context, void* raw_columns) const {
   if (dense) throw std::logic_error("CsrRead::fill_placed: the rows are read densely");
+  if (raw_columns != nullptr) {
+    matrix->read_placed(plan, starts, raw_columns, matrix->index_dtype(), values.data_ptr(), context.pool);
+    return;
+  }
   matrix->read_placed(plan, starts, columns.data_ptr(), column_dtype(columns), values.data_ptr(), context.pool);
+}
+
+void CsrRead::widen_columns(const void* raw_columns, at::Tensor& columns) const {
+  matrix->convert_indices(static_cast<const uint8_t*>(raw_columns), columns.numel(), column_dtype(columns),
+                          columns.data_ptr());
 }
 
 }  // namespace torch_shards::sources

@@ -49,8 +49,14 @@ struct CsrRead {
   at::Tensor fill(const std::vector<at::Tensor>& outputs, size_t first, ReadContext& context) const;
   // Sparse: writes the rows into a collection's CSR arrays, plan row k's
   // column indices and values from element starts[k] of `columns` and `values`.
-  void fill_placed(const std::vector<int64_t>& starts, at::Tensor& columns, at::Tensor& values,
-                   ReadContext& context) const;
+  // With `raw_columns`, the column indices go there instead, as stored
+  // (matrix->index_dtype()) and checked, at the same element positions, for
+  // widen_columns() to convert every part's at once.
+  void fill_placed(const std::vector<int64_t>& starts, at::Tensor& columns, at::Tensor& values, ReadContext& context,
+                   void* raw_columns = nullptr) const;
+  // Converts all of `columns` from the column indices fill_placed() put in
+  // `raw_columns` (as this matrix stores them).
+  void widen_columns(const void* raw_columns, at::Tensor& columns) const;
 };
 
 }  // namespace torch_shards::sources

@@ -9,6 +9,8 @@
 #include <map>
 
 #include "core/errors.h"
+#include "core/scratch_buffer.h"
+#include "io/dtype.h"
 #include "loader/sources/anndata_source.h"
 #include "loader/sources/array_tensors.h"
 
@@ -58,12 +60,22 @@ at::Tensor place_csr(const std::vector<PartRows>& parts, const std::vector<CsrRe
     const std::vector<int64_t>& part = reads[p]->plan.row_offsets;
     return part[i + 1] - part[i];
   });
+  // Column indices stored narrower than the output's (annbatch's uint16): each part places them as
+  // stored, checked, in per-thread memory that stays in cache, and one sequential pass widens them all
+  // into the output. Converted straight into their scattered places in the output instead, they cost
+  // up to three times as much a row in the VM's slow memory phases.
+  const io::DType stored = reads.front()->matrix->index_dtype();
+  bool staged = io::dtype_size(stored) < static_cast<size_t>(out_columns.element_size());
+  for (const CsrRead* read : reads) staged = staged && read->matrix->index_dtype() == stored;
+  thread_local core::ScratchBuffer staging;
+  void* raw_columns = staged ? staging.get(static_cast<size_t>(row_offsets.back()) * io::dtype_size(stored)) : nullptr;
   std::vector<int64_t> starts;
   for (size_t p = 0; p < parts.size(); ++p) {
     starts.resize(parts[p].order.size());
     for (size_t i = 0; i < starts.size(); ++i) starts[i] = row_offsets[parts[p].order[i]];
-    reads[p]->fill_placed(starts, out_columns, out_values, context);
+    reads[p]->fill_placed(starts, out_columns, out_values, context, raw_columns);
   }
+  if (staged) reads.front()->widen_columns(raw_columns, out_columns);
   return at::sparse_csr_tensor(offsets, out_columns, out_values, {rows, columns},
                                out_values.options().layout(at::kSparseCsr));
 }
