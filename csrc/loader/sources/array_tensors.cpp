@@ -105,29 +105,42 @@ void scatter_rows(const io::CsrPlan& plan, int64_t first, int64_t end, const Ind
                   at::Tensor& out, const std::vector<int64_t>& dests, int64_t num_columns) {
   constexpr size_t kMaxStagedRow = size_t{64} << 10;  // bytes: stays in the L2 cache
   const int64_t base = plan.row_offsets[first];
-  AT_DISPATCH_V2(out.scalar_type(), "read_csr_dense", AT_WRAP([&] {
-                   const auto* source = static_cast<const scalar_t*>(values);
-                   scalar_t* dest = out.data_ptr<scalar_t>();
-                   const size_t row_bytes = sizeof(scalar_t) * num_columns;
-                   const bool staged = core::streams(out.nbytes()) && row_bytes <= kMaxStagedRow;
-                   // Staged rows: the buffer starts zeroed and is zeroed again where values landed.
-                   std::unique_ptr<scalar_t[]> buffer(staged ? new scalar_t[num_columns]() : nullptr);
-                   for (int64_t row = first; row < end; ++row) {
-                     scalar_t* target = dest + dests[static_cast<size_t>(row)] * num_columns;
-                     scalar_t* line = staged ? buffer.get() : target;
-                     if (!staged) std::memset(static_cast<void*>(line), 0, row_bytes);
-                     const int64_t begin = plan.row_offsets[row] - base, stop = plan.row_offsets[row + 1] - base;
-                     for (int64_t k = begin; k < stop; ++k) {
-                       line[columns[k]] = static_cast<scalar_t>(line[columns[k]] + source[k]);
-                     }
-                     if (!staged) continue;
-                     core::streaming_copy(target, line, row_bytes);
-                     for (int64_t k = begin; k < stop; ++k) line[columns[k]] = scalar_t{};
-                   }
-                   if (staged) core::streaming_fence();
-                 }),
-                 AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, at::kBool,
-                 AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
+  AT_DISPATCH_V2(
+      out.scalar_type(), "read_csr_dense", AT_WRAP([&] {
+        const auto* source = static_cast<const scalar_t*>(values);
+        scalar_t* dest = out.data_ptr<scalar_t>();
+        const size_t row_bytes = sizeof(scalar_t) * num_columns;
+        const bool staged = core::streams(out.nbytes()) && row_bytes <= kMaxStagedRow;
+        // Staged rows: the buffer starts zeroed and is zeroed again where values landed.
+        std::unique_ptr<scalar_t[]> buffer(staged ? new scalar_t[num_columns]() : nullptr);
+        for (int64_t row = first; row < end; ++row) {
+          scalar_t* target = dest + dests[static_cast<size_t>(row)] * num_columns;
+          scalar_t* line = staged ? buffer.get() : target;
+          if (!staged) std::memset(static_cast<void*>(line), 0, row_bytes);
+          const int64_t begin = plan.row_offsets[row] - base, stop = plan.row_offsets[row + 1] - base;
+          // Four values a turn: the loop's own instructions were a third of its time.
+          const auto add = [&](int64_t k) { line[columns[k]] = static_cast<scalar_t>(line[columns[k]] + source[k]); };
+          int64_t k = begin;
+          for (; k + 4 <= stop; k += 4) {
+            add(k);
+            add(k + 1);
+            add(k + 2);
+            add(k + 3);
+          }
+          for (; k < stop; ++k) add(k);
+          if (!staged) continue;
+          core::streaming_copy(target, line, row_bytes);
+          for (k = begin; k + 4 <= stop; k += 4) {
+            line[columns[k]] = scalar_t{};
+            line[columns[k + 1]] = scalar_t{};
+            line[columns[k + 2]] = scalar_t{};
+            line[columns[k + 3]] = scalar_t{};
+          }
+          for (; k < stop; ++k) line[columns[k]] = scalar_t{};
+        }
+        if (staged) core::streaming_fence();
+      }),
+      AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, at::kBool, AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
 }
 
 }  // namespace
