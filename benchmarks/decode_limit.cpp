@@ -365,11 +365,15 @@ int main(int argc, char** argv) {
     std::vector<uint8_t> written(write_columns > 0 ? kWriteRows * row_bytes : 0, 1);  // faulted in once
     if (write_columns > 0) names = "\"write rows\"";
     constexpr int64_t kRowPatterns = 64;
-    std::vector<float> patterns(static_cast<size_t>(kRowPatterns * write_columns), 0.0F);
+    // The patterns lie as far from a 64-byte line's start as the output rows they are copied to
+    // (kWriteTask is a multiple of kRowPatterns), as the dense scatter stages its rows.
+    std::vector<uint8_t> pattern_bytes(kRowPatterns * row_bytes + 64);
+    auto* patterns =
+        reinterpret_cast<float*>(torch_shards::core::line_aligned_like(pattern_bytes.data(), written.data()));
     std::mt19937_64 random(seed);
     std::uniform_real_distribution<double> uniform(0.0, 1.0);
-    for (float& value : patterns)
-      value = uniform(random) < write_density ? 1.0F + static_cast<float>(uniform(random)) : 0.0F;
+    for (int64_t i = 0; i < kRowPatterns * write_columns; ++i)
+      patterns[i] = uniform(random) < write_density ? 1.0F + static_cast<float>(uniform(random)) : 0.0F;
     const size_t tasks = write_columns > 0 ? kWriteRows / kWriteTask : (block > 0 ? fetches.size() : pieces.size());
     // One pass over every task, by `threads` threads taking tasks in turn.
     const auto pass = [&] {
@@ -385,7 +389,7 @@ int main(int argc, char** argv) {
             for (size_t p = next++; p < tasks; p = next++) {
               if (write_columns > 0) {
                 for (int64_t r = 0; r < kWriteTask; ++r) {
-                  const float* row = patterns.data() + (r % kRowPatterns) * write_columns;
+                  const float* row = patterns + (r % kRowPatterns) * write_columns;
                   torch_shards::core::streaming_copy(written.data() + (p * kWriteTask + r) * row_bytes, row, row_bytes);
                 }
                 torch_shards::core::streaming_fence();

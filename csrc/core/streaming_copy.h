@@ -22,8 +22,19 @@ namespace torch_shards::core {
 inline bool streams(size_t output_bytes) { return output_bytes >= (size_t{8} << 20); }
 
 // Copies `bytes` from src to dst, non-temporally where the architecture
-// allows (any alignment; the unaligned edges are copied normally).
+// allows (any alignment; the unaligned edges are copied normally). Fastest
+// when src lies as far from a 64-byte line's start as dst does: a source
+// staged for the copy is placed so (line_aligned_like).
 void streaming_copy(void* dst, const void* src, size_t bytes);
+
+// Where in `buffer` (at least 64 bytes longer than what it stages) to stage
+// what will be copied to `dst`: the first address from `buffer` as far from a
+// 64-byte line's start as dst.
+inline uint8_t* line_aligned_like(uint8_t* buffer, const void* dst) {
+  constexpr uintptr_t kLine = 64;
+  const uintptr_t want = reinterpret_cast<uintptr_t>(dst) % kLine, have = reinterpret_cast<uintptr_t>(buffer) % kLine;
+  return buffer + (want + kLine - have) % kLine;
+}
 
 // Makes this thread's non-temporal stores visible to other threads.
 void streaming_fence();

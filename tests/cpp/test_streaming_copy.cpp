@@ -1,8 +1,9 @@
 // streaming_copy: byte-exact for every size and every alignment of source and
 // destination (the non-temporal body, the unaligned edges, short copies; 64
 // to 255 bytes take the 16-byte stores, from 256 the 64-byte ones where the
-// CPU has AVX-512), and the copy is visible to another thread after
-// streaming_fence().
+// CPU has AVX-512 and source and destination are as far from a line's start),
+// line_aligned_like places a staging so, and the copy is visible to another
+// thread after streaming_fence().
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -29,6 +30,19 @@ TEST(StreamingCopy, CopiesEveryByteForEverySizeAndAlignment) {
         for (size_t i = 0; i < to; ++i) ASSERT_EQ(dest[i], 0xAB) << "wrote before the destination";
         for (size_t i = to + size; i < dest.size(); ++i) ASSERT_EQ(dest[i], 0xAB) << "wrote past the destination";
       }
+    }
+  }
+}
+
+TEST(StreamingCopy, LineAlignedLikeStagesAsFarFromALineStartAsTheDestination) {
+  std::vector<uint8_t> buffer(64 + 64), dest(64 + 64);
+  for (size_t from = 0; from < 64; ++from) {
+    for (size_t to = 0; to < 64; to += 4) {
+      uint8_t* staged = line_aligned_like(buffer.data() + from, dest.data() + to);
+      const auto distance = reinterpret_cast<uintptr_t>(staged) - reinterpret_cast<uintptr_t>(buffer.data() + from);
+      ASSERT_LT(distance, 64U) << "from +" << from << " to +" << to;
+      ASSERT_EQ((reinterpret_cast<uintptr_t>(staged) - reinterpret_cast<uintptr_t>(dest.data() + to)) % 64, 0U)
+          << "from +" << from << " to +" << to;
     }
   }
 }
