@@ -6,13 +6,11 @@
 #include <immintrin.h>
 #define TORCH_SHARDS_STREAMING_STORES 1
 #endif
-#if defined(__x86_64__) && defined(__GNUC__)
-#define TORCH_SHARDS_AVX512_STREAMING 1
-#endif
+#include "core/cpu_features.h"
 
 namespace torch_shards::core {
 
-#ifdef TORCH_SHARDS_AVX512_STREAMING
+#ifdef TORCH_SHARDS_CPU_DISPATCH
 namespace {
 
 // Whole 64-byte lines, one load and one store each (built for baseline
@@ -26,11 +24,6 @@ __attribute__((target("avx512f"))) void stream_lines_avx512(uint8_t* out, const 
   }
 }
 
-bool cpu_has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
-}
-
 }  // namespace
 #endif
 
@@ -38,7 +31,7 @@ void streaming_copy(void* dst, const void* src, size_t bytes) {
 #ifdef TORCH_SHARDS_STREAMING_STORES
   auto* out = static_cast<uint8_t*>(dst);
   const auto* in = static_cast<const uint8_t*>(src);
-#ifdef TORCH_SHARDS_AVX512_STREAMING
+#ifdef TORCH_SHARDS_CPU_DISPATCH
   constexpr size_t kWholeLine = 64;
   const bool line_aligned = (reinterpret_cast<uintptr_t>(out) - reinterpret_cast<uintptr_t>(in)) % kWholeLine == 0;
   if (bytes >= 4 * kWholeLine && line_aligned && cpu_has_avx512()) {

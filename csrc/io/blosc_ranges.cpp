@@ -8,10 +8,11 @@
 #include <string>
 #include <utility>
 
+#include "../core/cpu_features.h"
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
-#if defined(__x86_64__) && defined(__GNUC__)
+#ifdef TORCH_SHARDS_CPU_DISPATCH
 #include <immintrin.h>
 #endif
 
@@ -81,8 +82,7 @@ void interleave_fixed(const uint8_t* const* planes, size_t first, size_t count, 
   }
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define TORCH_SHARDS_AVX2_INTERLEAVE 1
+#ifdef TORCH_SHARDS_CPU_DISPATCH
 // Elements of 2 or 4 bytes, 32 a round with AVX2 (built for baseline x86-64,
 // used where the CPU has it): the unpacks work within 128-bit lanes, the
 // permutes put the lanes' elements in order. Returns the elements written
@@ -120,16 +120,11 @@ __attribute__((target("avx2"))) size_t interleave_avx2(const uint8_t* const* pla
   }
   return i;
 }
-
-bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
-}
 #endif
 
 void interleave(const uint8_t* const* planes, size_t size, size_t first, size_t count, uint8_t* out) {
-#ifdef TORCH_SHARDS_AVX2_INTERLEAVE
-  if ((size == 2 || size == 4) && count >= 32 && cpu_has_avx2()) {
+#ifdef TORCH_SHARDS_CPU_DISPATCH
+  if ((size == 2 || size == 4) && count >= 32 && core::cpu_has_avx2()) {
     const size_t done = interleave_avx2(planes, size, first, count, out);
     first += done;
     count -= done;

