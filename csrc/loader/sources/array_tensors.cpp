@@ -113,7 +113,8 @@ void scatter_rows(const io::CsrPlan& plan, int64_t first, int64_t end, const Ind
         const bool staged = core::streams(out.nbytes()) && row_bytes <= kMaxStagedRow;
         // Staged rows: the buffer starts zeroed and is zeroed again where values landed. Each row is
         // staged as far from a 64-byte line's start as its target is (the buffer's spare line), so that
-        // every line streams out with whole, aligned loads: a third faster than straddling two lines.
+        // every line streams out with whole loads (copies from cache on one core: 5.7e6 rows of 8000
+        // bytes a second against 4.5e6 with loads straddling two lines, with 16-byte stores).
         std::unique_ptr<uint8_t[]> buffer(staged ? new uint8_t[row_bytes + 64]() : nullptr);
         for (int64_t row = first; row < end; ++row) {
           scalar_t* target = dest + dests[static_cast<size_t>(row)] * num_columns;
