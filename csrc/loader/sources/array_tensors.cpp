@@ -91,6 +91,20 @@ io::DType column_dtype(const at::Tensor& columns) {
   return columns.scalar_type() == at::kInt ? io::DType::kInt32 : io::DType::kInt64;
 }
 
+// visit(k) for k in [begin, end), four a turn: for the scatter below, whose
+// one-a-turn loop spent a third of its time on the loop's own instructions.
+template <typename Visit>
+inline void four_a_turn(int64_t begin, int64_t end, const Visit& visit) {
+  int64_t k = begin;
+  for (; k + 4 <= end; k += 4) {
+    visit(k);
+    visit(k + 1);
+    visit(k + 2);
+    visit(k + 3);
+  }
+  for (; k < end; ++k) visit(k);
+}
+
 // CSR rows scattered into dense output rows (duplicate column entries sum, as
 // scipy's toarray() does): plan rows [first, end), whose column indices and
 // values start at `columns` and `values`, plan row k landing in output row
@@ -121,25 +135,11 @@ void scatter_rows(const io::CsrPlan& plan, int64_t first, int64_t end, const Ind
           scalar_t* line = staged ? reinterpret_cast<scalar_t*>(core::line_aligned_like(buffer.get(), target)) : target;
           if (!staged) std::memset(static_cast<void*>(line), 0, row_bytes);
           const int64_t begin = plan.row_offsets[row] - base, stop = plan.row_offsets[row + 1] - base;
-          // Four values a turn: the loop's own instructions were a third of its time.
-          const auto add = [&](int64_t k) { line[columns[k]] = static_cast<scalar_t>(line[columns[k]] + source[k]); };
-          int64_t k = begin;
-          for (; k + 4 <= stop; k += 4) {
-            add(k);
-            add(k + 1);
-            add(k + 2);
-            add(k + 3);
-          }
-          for (; k < stop; ++k) add(k);
+          four_a_turn(begin, stop,
+                      [&](int64_t k) { line[columns[k]] = static_cast<scalar_t>(line[columns[k]] + source[k]); });
           if (!staged) continue;
           core::streaming_copy(target, line, row_bytes);
-          for (k = begin; k + 4 <= stop; k += 4) {
-            line[columns[k]] = scalar_t{};
-            line[columns[k + 1]] = scalar_t{};
-            line[columns[k + 2]] = scalar_t{};
-            line[columns[k + 3]] = scalar_t{};
-          }
-          for (; k < stop; ++k) line[columns[k]] = scalar_t{};
+          four_a_turn(begin, stop, [&](int64_t k) { line[columns[k]] = scalar_t{}; });
         }
         if (staged) core::streaming_fence();
       }),
