@@ -1,7 +1,9 @@
 // streaming_copy: byte-exact for every size and every alignment of source and
-// destination (the non-temporal body, the unaligned edges, short copies; 64
-// to 255 bytes take the 16-byte stores, from 256 the 64-byte ones where the
-// CPU has AVX-512 and source and destination are as far from a line's start),
+// destination (the non-temporal body, the unaligned edges, short copies; from
+// 64 bytes the 16-byte stores, from 128 the 32-byte ones where the CPU has
+// AVX2 and source and destination are as far from a 32-byte boundary, from
+// 256 the 64-byte ones where it has AVX-512 and they are as far from a line's
+// start: the sizes and alignments below take each one the CPU has),
 // line_aligned_like places a staging so, and the copy is visible to another
 // thread after streaming_fence().
 #include <gtest/gtest.h>
@@ -19,7 +21,7 @@ namespace {
 TEST(StreamingCopy, CopiesEveryByteForEverySizeAndAlignment) {
   std::vector<uint8_t> source(4096 + 64), dest(4096 + 64);
   for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<uint8_t>(i * 131 + 7);
-  for (size_t size : {0, 1, 15, 16, 17, 63, 64, 65, 100, 255, 256, 257, 319, 1024, 4000, 4095, 4096}) {
+  for (size_t size : {0, 1, 15, 16, 17, 63, 64, 65, 100, 127, 128, 129, 255, 256, 257, 319, 1024, 4000, 4095, 4096}) {
     for (size_t from = 0; from < 64; from += (from < 16 ? 1 : 7)) {
       for (size_t to = 0; to < 64; to += (to < 16 ? 1 : 5)) {
         std::fill(dest.begin(), dest.end(), uint8_t{0xAB});
