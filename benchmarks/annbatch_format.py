@@ -185,6 +185,24 @@ def dense_write_limit(binary, collection, args):
     return rows / result["seconds"], rows / result["cpu_seconds"]
 
 
+def cpu_description():
+    """The CPU's model and the widest vectors the library's hot loops use on it: results differ by CPU."""
+    model, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    vectors = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{model}, {vectors}"
+
+
 def cpu_seconds():
     usage = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
     return usage.ru_utime + usage.ru_stime
@@ -322,7 +340,7 @@ def main():
     print(
         f"{shown_path(collection)}: {rows} rows; {args.cores} cores (cpus {args.cpu_list}); "
         f"batch {BATCH_SIZE}; "
-        f"{args.seconds:.0f} s per measurement, {args.rounds} alternated rounds (median)"
+        f"{args.seconds:.0f} s per measurement, {args.rounds} alternated rounds (median); {cpu_description()}"
     )
     if status:
         print(f"annbatch: {status}")
@@ -380,7 +398,8 @@ def main():
             continue
         model = 1 / (1 / wall[sparse] + 1 / wall["dense write limit"])
         print(
-            f"  block {block}: dense/CSR {wall[sparse] / wall[dense]:.2f}x; CSR time + writing the rows at the "
+            f"  block {block}: dense/CSR {wall[sparse] / wall[dense]:.2f}x (per CPU-second "
+            f"{cpu[sparse] / cpu[dense]:.2f}x); CSR time + writing the rows at the "
             f"write limit: {model:,.0f} rows/s = {wall[sparse] / model:.2f}x the CSR time, ours at "
             f"{wall[dense] / model:.2f} of that"
         )
@@ -393,7 +412,17 @@ def main():
     if args.json:
         os.makedirs(os.path.dirname(args.json), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "cores": args.cores, "batch_size": BATCH_SIZE, "results": results}, f, indent=1)
+            json.dump(
+                {
+                    "rows": rows,
+                    "cores": args.cores,
+                    "cpu": cpu_description(),
+                    "batch_size": BATCH_SIZE,
+                    "results": results,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":
