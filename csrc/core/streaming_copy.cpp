@@ -54,10 +54,10 @@ __attribute__((target("avx512f"))) void stream_units_avx512(uint8_t* out, const 
   }
 }
 
-// 32-byte units (AVX2, where the CPU has it but not AVX-512, for a source as
-// far from a 32-byte boundary as the destination): on an AMD EPYC (Zen 3),
-// rows of 8000 bytes from cache on one core 4.0-4.5e6 a second against
-// 2.7-3.6e6 with 16-byte stores.
+// 32-byte units (AVX2, for a source as far from a 32-byte boundary as the
+// destination, where the 64-byte ones are not taken): on an AMD EPYC (Zen 3,
+// no AVX-512), rows of 8000 bytes from cache on one core 4.0-4.5e6 a second
+// against 2.7-3.6e6 with 16-byte stores.
 __attribute__((target("avx2"))) void stream_units_avx2(uint8_t* out, const uint8_t* in, size_t units) {
   for (size_t i = 0; i < units; ++i) {
     _mm256_stream_si256(reinterpret_cast<__m256i*>(out + 32 * i),
