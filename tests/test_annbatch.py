@@ -61,6 +61,7 @@ def test_open_gives_one_collection_of_the_datasets_in_annbatchs_order(name):
     assert torch.equal(batch["X"].to_dense(), torch.from_numpy(x[rows]))
     assert batch["cell_type"].tolist() == [concatenated(expected, "cell_type")[r] for r in rows]
     assert collection.sources[0].categories("cell_type") == expected[0]["obs"]["cell_type"]["categories"]
+    assert collection.categories("cell_type") == expected[0]["obs"]["cell_type"]["categories"]
     n_counts = sum((e["obs"]["n_counts"]["values"] for e in expected), [])
     assert batch["n_counts"].tolist() == [n_counts[r] for r in rows]
     names = sum((e["obs_names"] for e in expected), [])

@@ -176,6 +176,41 @@ def test_files_that_disagree_are_named(tmp_path):
         ts.Collection([])
 
 
+def write_labels(path, values, categories):
+    obs = pd.DataFrame(
+        {"label": pd.Categorical(values, categories=categories)}, index=[f"c{i}" for i in range(len(values))]
+    )
+    ad.AnnData(sp.csr_matrix(np.ones((len(values), 2), np.float32)), obs=obs).write_h5ad(path)
+
+
+def test_categories_must_agree_at_any_depth_of_nesting(tmp_path):
+    write_labels(tmp_path / "a.h5ad", ["x", "y", "x"], ["x", "y"])
+    write_labels(tmp_path / "b.h5ad", ["y", "y"], ["x", "y"])
+    write_labels(tmp_path / "c.h5ad", ["y", "x"], ["y", "x"])  # its code 0 means "y"
+
+    def source(name):
+        return ts.AnnDataSource(tmp_path / name, obs=["label"])
+
+    inner = ts.Collection([source("a.h5ad"), source("b.h5ad")])
+    message = (
+        r"Collection: obs column 'label' has different categories in sources\[0\]\[0\] \(.*a.h5ad\) and "
+        r"sources\[1\] \(.*c.h5ad\): category 0 is 'x' against 'y'"
+    )
+    with pytest.raises(ValueError, match=message):
+        ts.Collection([inner, source("c.h5ad")])
+    deep = ts.Collection([ts.Collection([source("c.h5ad")])])  # agrees with itself
+    with pytest.raises(ValueError, match=r"in sources\[0\] \(.*b.h5ad\) and sources\[1\]\[0\]\[0\] \(.*c.h5ad\)"):
+        ts.Collection([source("b.h5ad"), deep])
+    # Nested collections that agree read every code as its file wrote it.
+    nested = ts.Collection([inner, ts.Collection([source("b.h5ad")])])
+    assert nested.read(list(range(7)))["label"].tolist() == [0, 1, 0, 1, 1, 1, 1]
+    assert nested.categories("label") == ["x", "y"]
+    with pytest.raises(ValueError, match=r"'other' is not an obs column the collection reads \(obs=\['label'\]\)"):
+        nested.categories("other")
+    with pytest.raises(ValueError, match="Collection.categories: the collection holds no AnnDataSource"):
+        ts.Collection([ts.TensorSource({"x": torch.zeros(2, 1)})]).categories("label")
+
+
 def test_open_picks_the_source_from_the_path(tmp_path):
     write_plate(tmp_path / "a.h5ad", 5, 0)
     write_plate(tmp_path / "a.zarr", 5, 0, fmt="zarr")

@@ -248,7 +248,9 @@ class AnnDataSource(Source):
 class Collection(Source):
     """Many sources as one row space: global row = offset of its source + local
     row (e.g. the plates of a large dataset). All sources must have the same
-    fields (names, dtypes, row shapes)."""
+    fields (names, dtypes, row shapes). Collections nest; a categorical or string
+    obs column must have the same categories in every AnnData source at any depth
+    (ValueError naming both otherwise), so that each code means one value."""
 
     def __init__(self, sources):
         sources = list(sources)
@@ -262,6 +264,27 @@ class Collection(Source):
 
     def _build(self):
         return ops.collection([source.native for source in self.sources])
+
+    def categories(self, column):
+        """What the codes of a categorical or string obs column read by this collection's
+        AnnData sources mean (``AnnDataSource.categories``): the same in every one of them,
+        as the collection checked when it was made."""
+        leaves = list(self._anndata_leaves())
+        if not leaves:
+            raise ValueError("Collection.categories: the collection holds no AnnDataSource")
+        if column not in leaves[0].obs:
+            raise ValueError(
+                f"Collection.categories: '{column}' is not an obs column the collection reads "
+                f"(obs={leaves[0].obs!r}); pass it in obs= when opening the sources"
+            )
+        return leaves[0].categories(column)
+
+    def _anndata_leaves(self):
+        for source in self.sources:
+            if isinstance(source, AnnDataSource):
+                yield source
+            elif isinstance(source, Collection):
+                yield from source._anndata_leaves()
 
     @property
     def offsets(self):

@@ -174,6 +174,11 @@ class TORCH_SHARDS_API AnnDataSource : public Source {
 };
 
 // Many sources as one row space: global row = offset of its source + local row.
+// Collections nest; the categories behind an obs column's codes must agree in
+// every AnnData source at any depth (ValueError naming both otherwise). A
+// collection of one collection is spelled with a vector,
+// Collection(std::vector<Source>{inner}): C++ reads Collection({inner}) as a
+// copy of inner.
 class TORCH_SHARDS_API Collection : public Source {
  public:
   explicit Collection(const std::vector<Source>& parts);

@@ -305,6 +305,17 @@ TEST(Dataset, OpensAnnbatchCollections) {
       error_of<c10::ValueError>([&] { ts::AnnbatchCollection(data + "/collection.zarr", {.obs = {"barcode"}}); });
   EXPECT_NE(codes.find("Collection: obs column 'barcode' has different categories in sources[0]"), std::string::npos)
       << codes;
+  // As deep as a collection nests.
+  const auto dataset = [&](int k) {
+    return ts::AnnDataSource(data + "/collection.zarr/dataset_" + std::to_string(k), {.obs = {"barcode"}});
+  };
+  const std::string nested = error_of<c10::ValueError>([&] {
+    // (A braced list of one collection would copy it: the parts are spelled as a vector.)
+    const ts::Collection inner(std::vector<ts::Source>{dataset(1)});
+    ts::Collection({dataset(0), ts::Collection(std::vector<ts::Source>{inner})});
+  });
+  EXPECT_NE(nested.find("different categories in sources[0] ("), std::string::npos) << nested;
+  EXPECT_NE(nested.find("dataset_0) and sources[1][0][0] ("), std::string::npos) << nested;
 }
 
 TEST(Dataset, ReadsAnHdf5File) {

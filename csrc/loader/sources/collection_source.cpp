@@ -259,15 +259,31 @@ std::string shown_category(const nlohmann::json& value) {
   return value.is_string() ? "'" + value.get<std::string>() + "'" : value.dump();
 }
 
-// The int64 codes of a categorical (or string) obs column index each file's
-// own categories: the parts of a collection must agree on them, or one code
-// would mean different values in different rows.
-void check_codes_agree(const std::vector<std::shared_ptr<const Source>>& parts) {
-  std::map<std::string, std::pair<size_t, const io::ObsColumn*>> first;  // column -> (part, column there)
+// The AnnData sources among `parts`, those of nested collections included,
+// each with where it sits ("sources[1][0]": part 0 of the collection that is
+// part 1).
+void anndata_leaves(const std::vector<std::shared_ptr<const Source>>& parts, const std::string& where,
+                    std::vector<std::pair<std::string, const AnnDataSource*>>& leaves) {
   for (size_t p = 0; p < parts.size(); ++p) {
-    const auto* anndata = dynamic_cast<const AnnDataSource*>(parts[p].get());
-    if (anndata == nullptr) continue;
-    for (const io::ObsColumn& column : anndata->obs()) {
+    const std::string here = core::concat(where, "[", p, "]");
+    if (const auto* anndata = dynamic_cast<const AnnDataSource*>(parts[p].get())) {
+      leaves.emplace_back(here, anndata);
+    } else if (const auto* nested = dynamic_cast<const CollectionSource*>(parts[p].get())) {
+      anndata_leaves(nested->parts(), here, leaves);
+    }
+  }
+}
+
+// The int64 codes of a categorical (or string) obs column index each file's
+// own categories: every AnnData source of a collection, at any depth, must
+// agree on them, or one code would mean different values in different rows.
+void check_codes_agree(const std::vector<std::shared_ptr<const Source>>& parts) {
+  std::vector<std::pair<std::string, const AnnDataSource*>> leaves;
+  anndata_leaves(parts, "sources", leaves);
+  std::map<std::string, std::pair<size_t, const io::ObsColumn*>> first;  // column -> (leaf, column there)
+  for (size_t p = 0; p < leaves.size(); ++p) {
+    const AnnDataSource& anndata = *leaves[p].second;
+    for (const io::ObsColumn& column : anndata.obs()) {
       if (!column.categorical) continue;  // its values mean the same everywhere
       const auto [seen, inserted] = first.try_emplace(column.name, p, &column);
       if (inserted) continue;
@@ -282,10 +298,10 @@ void check_codes_agree(const std::vector<std::shared_ptr<const Source>>& parts) 
           break;
         }
       }
-      const auto& other = dynamic_cast<const AnnDataSource&>(*parts[q]);
       throw core::InvalidArgument(core::concat(
-          "Collection: obs column '", column.name, "' has different categories in sources[", q, "] (",
-          other.store().root().file(), ") and sources[", p, "] (", anndata->store().root().file(), "): ", detail,
+          "Collection: obs column '", column.name, "' has different categories in ", leaves[q].first, " (",
+          leaves[q].second->store().root().file(), ") and ", leaves[p].first, " (", anndata.store().root().file(),
+          "): ", detail,
           "; its codes would mean different values in different files. Store it as a categorical with the same "
           "categories in every file (pd.Categorical(values, categories=all_values))"));
     }
