@@ -3,10 +3,12 @@ advance by themselves), modules holding torch_shards objects saved and
 loaded, every class pickled, the registered ops checked by opcheck."""
 
 import io
+import json
 from pathlib import Path
 
 import h5py
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import zarr
@@ -151,7 +153,8 @@ def files(tmp_path_factory):
         f.create_dataset("y", data=np.arange(40))
     zarr.create_array(root / "x.zarr", shape=data.shape, chunks=(16, 3), dtype=data.dtype)[:] = data
     x = sp.random(40, 6, density=0.4, format="csr", dtype=np.float32, random_state=0)
-    ad.AnnData(x, obs={"n": np.arange(40)}).write_h5ad(root / "cells.h5ad")
+    obs = {"n": np.arange(40), "kind": pd.Categorical(np.array(["b", "a"])[np.arange(40) % 2], categories=["b", "a"])}
+    ad.AnnData(x, obs=obs).write_h5ad(root / "cells.h5ad")
     return root
 
 
@@ -184,6 +187,17 @@ def test_anndata_object_pickles(files):
     source = ts.AnnDataSource(files / "cells.h5ad")
     loaded = save_and_load(source.anndata)
     assert loaded.n_obs() == 40 and loaded.var_names() == source.var_names
+
+
+def test_a_loaded_collection_names_what_its_codes_mean(files):
+    parts = [ts.AnnDataSource(files / "cells.h5ad", obs=["kind", "n"]) for _ in range(2)]
+    loaded = save_and_load(ts.Collection(parts).native)
+    assert json.loads(loaded.categories_json("kind")) == ["b", "a"]
+    assert dict(loaded.read(torch.tensor([0, 41]), 1))["kind"].tolist() == [0, 1]
+    with pytest.raises(ValueError, match="obs column 'n' is not categorical"):
+        loaded.categories_json("n")
+    with pytest.raises(ValueError, match=r"is not a Collection \(an AnnDataSource's categories are its AnnData's\)"):
+        parts[0].native.categories_json("kind")
 
 
 def test_dataset_pickles_with_its_arguments_and_epoch(files):

@@ -269,22 +269,7 @@ class Collection(Source):
         """What the codes of a categorical or string obs column read by this collection's
         AnnData sources mean (``AnnDataSource.categories``): the same in every one of them,
         as the collection checked when it was made."""
-        leaves = list(self._anndata_leaves())
-        if not leaves:
-            raise ValueError("Collection.categories: the collection holds no AnnDataSource")
-        if column not in leaves[0].obs:
-            raise ValueError(
-                f"Collection.categories: '{column}' is not an obs column the collection reads "
-                f"(obs={leaves[0].obs!r}); pass it in obs= when opening the sources"
-            )
-        return leaves[0].categories(column)
-
-    def _anndata_leaves(self):
-        for source in self.sources:
-            if isinstance(source, AnnDataSource):
-                yield source
-            elif isinstance(source, Collection):
-                yield from source._anndata_leaves()
+        return json.loads(self.native.categories_json(column))
 
     @property
     def offsets(self):

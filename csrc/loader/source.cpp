@@ -164,6 +164,15 @@ std::vector<std::string> SourceImpl::field_specs() const {
 
 std::string SourceImpl::describe() const { return source_->describe(); }
 
+std::string SourceImpl::categories_json(const std::string& column) const {
+  return translate_errors([&] {
+    const auto* collection = dynamic_cast<const sources::CollectionSource*>(source_.get());
+    core::check_argument(collection != nullptr, "categories: ", source_->describe(),
+                         " is not a Collection (an AnnDataSource's categories are its AnnData's)");
+    return collection->categories(column).dump();
+  });
+}
+
 Batch SourceImpl::read(const at::Tensor& rows, int64_t num_threads) const {
   return translate_errors([&] {
     TORCH_CHECK_TYPE(rows.scalar_type() == at::kLong, "Source.read: rows must be int64 row numbers, got ",

@@ -78,6 +78,10 @@ class TORCH_SHARDS_API SourceImpl : public torch::CustomClassHolder {
   std::vector<std::string> field_specs() const;
   // Canonical description: type, files and their sizes, fields, shapes.
   std::string describe() const;
+  // A Collection's: what the codes of its categorical or string obs column
+  // mean, as a JSON array (Collection::categories_json). ValueError for
+  // another kind of source.
+  std::string categories_json(const std::string& column) const;
   // The rows (1-D int64; any order, repeats allowed), read with num_threads threads.
   Batch read(const at::Tensor& rows, int64_t num_threads) const;
 
@@ -182,6 +186,11 @@ class TORCH_SHARDS_API AnnDataSource : public Source {
 class TORCH_SHARDS_API Collection : public Source {
  public:
   explicit Collection(const std::vector<Source>& parts);
+  // What the codes of a categorical or string obs column read by its AnnData
+  // sources mean, as a JSON array (code i is element i; -1: missing): the same
+  // in every one of them. ValueError if none reads that column, or the
+  // collection holds no AnnData source.
+  std::string categories_json(const std::string& column) const { return impl_->categories_json(column); }
 };
 
 // An annbatch DatasetCollection (annbatch_datasets) as one Collection of its

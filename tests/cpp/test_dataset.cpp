@@ -274,7 +274,24 @@ TEST(Dataset, OpensAnnbatchCollections) {
       offset += part.size();
     }
     EXPECT_EQ(collection.size(), offset);
+    // What its codes mean: every dataset's categories (they agree).
+    const ts::AnnbatchCollection labelled(path, {.obs = {"cell_type", "n_counts"}});
+    const std::string categories = labelled.categories_json("cell_type");
+    EXPECT_NE(categories, "[]") << name;
+    for (const std::string& dataset : *datasets) {
+      EXPECT_EQ(categories, ts::AnnDataSource(dataset).anndata()->categories_json("cell_type")) << dataset;
+    }
+    const std::string unread = error_of<c10::ValueError>([&] { labelled.categories_json("src_path"); });
+    EXPECT_NE(unread.find("'src_path' is not an obs column the collection reads (obs=['cell_type', 'n_counts'])"),
+              std::string::npos)
+        << unread;
+    const std::string numbers = error_of<c10::ValueError>([&] { labelled.categories_json("n_counts"); });
+    EXPECT_NE(numbers.find("obs column 'n_counts' is not categorical"), std::string::npos) << numbers;
   }
+  const std::string no_anndata = error_of<c10::ValueError>([] {
+    ts::Collection(std::vector<ts::Source>{ts::TensorSource(torch::zeros({2, 1}))}).categories_json("y");
+  });
+  EXPECT_NE(no_anndata.find("the collection holds no AnnDataSource"), std::string::npos) << no_anndata;
   // A single AnnData, a directory of anything else: not collections.
   EXPECT_FALSE(ts::annbatch_datasets(data + "/collection.zarr/dataset_0"));
   EXPECT_FALSE(ts::annbatch_datasets(data));

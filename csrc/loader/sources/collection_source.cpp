@@ -329,6 +329,28 @@ CollectionSource::CollectionSource(std::vector<std::shared_ptr<const Source>> pa
   check_codes_agree(parts_);
 }
 
+nlohmann::json CollectionSource::categories(const std::string& column) const {
+  std::vector<std::pair<std::string, const AnnDataSource*>> leaves;
+  anndata_leaves(parts_, "sources", leaves);
+  check_argument(!leaves.empty(), "Collection.categories: the collection holds no AnnDataSource");
+  const AnnDataSource& first = *leaves.front().second;
+  std::vector<std::string> names;
+  for (const io::ObsColumn& obs : first.obs()) {
+    if (obs.name != column) {
+      names.push_back("'" + obs.name + "'");
+      continue;
+    }
+    check_argument(obs.categorical, "Collection.categories: ", first.store().root().where(), ": obs column '", column,
+                   "' is not categorical");
+    return obs.categories;
+  }
+  std::string listed;
+  for (const std::string& name : names) listed += (listed.empty() ? "" : ", ") + name;
+  throw core::InvalidArgument(core::concat("Collection.categories: '", column,
+                                           "' is not an obs column the collection reads (obs=[", listed,
+                                           "]); pass it in obs= when opening the sources"));
+}
+
 std::unique_ptr<PlannedRead> CollectionSource::plan(const RowRequest& request, ReadContext& context) const {
   if (parts_.size() == 1) return parts_.front()->plan(request, context);  // its rows are the collection's
   const std::vector<int64_t>& rows = request.rows;

@@ -5,7 +5,10 @@
 // staged per part (in recycled memory) and merged.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "loader/sources/source.h"
@@ -22,6 +25,12 @@ class CollectionSource : public Source {
   std::string describe() const override;
 
   const std::vector<std::shared_ptr<const Source>>& parts() const { return parts_; }
+  // What the codes of categorical or string obs column `column` mean: the
+  // categories every AnnData source in the collection, at any depth, has for
+  // it (the constructor checked they agree), so the first one's. InvalidArgument
+  // if the collection holds no AnnData source, or they do not read the column,
+  // or it is not categorical or string.
+  nlohmann::json categories(const std::string& column) const;
 
  private:
   std::vector<std::shared_ptr<const Source>> parts_;
