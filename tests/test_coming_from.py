@@ -54,6 +54,30 @@ def test_cycle_with_dataloader_workers(context):
     assert collections.Counter(rows) == collections.Counter({row: epochs for row in range(n)})
 
 
+@pytest.mark.parametrize("num_workers", [2, 3])
+@pytest.mark.parametrize("loader_class", [DataLoader, ts.DataLoader], ids=["torch", "ts"])
+def test_each_epoch_of_an_endless_loop_over_workers_is_one_run_of_it(num_workers, loader_class):
+    # 25 batches an epoch in fetches of 16 and 9: dealt round-robin by fetches, one worker would hold 16
+    # and run two epochs behind the other; each epoch must be one run of the loop, as without workers.
+    def dataset(**kwargs):
+        return ts.ShardedDataset(torch.arange(200), ts.BlockShuffling(4), batch_size=8, seed=5, **kwargs)
+
+    endless = dataset(cycle=True)
+    per_epoch = endless.batches_per_epoch()
+    assert per_epoch == 25
+    loader = loader_class(endless, batch_size=None, num_workers=num_workers, multiprocessing_context="fork")
+    batches = take(loader, 4 * per_epoch)
+    for epoch in range(4):
+        run = batches[epoch * per_epoch : (epoch + 1) * per_epoch]
+        finite = dataset()
+        finite.set_epoch(epoch)
+        expected = sorted(tuple(batch["index"].tolist()) for batch in finite)
+        assert sorted(tuple(batch["index"].tolist()) for batch in run) == expected, epoch
+    assert endless.epoch >= 3  # workers read ahead, into later epochs
+    with pytest.raises(ValueError, match=r"an endless loop \(cycle=True\) in workers has no checkpoint"):
+        endless.state_dict(consumed_batches=3)
+
+
 def _cycle_rank(rank, world_size):
     ds = ts.ShardedDataset(torch.arange(256), ts.BlockShuffling(8), batch_size=16, fetch_factor=2, cycle=True)
     per_epoch = ds.batches_per_epoch()

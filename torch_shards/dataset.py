@@ -404,7 +404,10 @@ class ShardedDataset(IterableDataset, NativeBacked):
                 if group is not None:
                     self.native.synchronize(boxed(group))
                     self.seed = self.native.seed()
-            start = self.native.iter
+
+            def start(stream_start):
+                return self.native.iter()
+
         else:
             generation = info.seed - info.id
             shared = _shares_by_descriptor()
@@ -420,20 +423,26 @@ class ShardedDataset(IterableDataset, NativeBacked):
                 packed = (getattr(self, "_whole_units", False), self.cycle)
             recycled = packed is not None and shared
 
-            def start():
-                return self.native.iter_worker(info.id, info.num_workers, generation, shared, recycled)
+            def start(stream_start):
+                # An endless loop deals each epoch as DataLoader's round robin takes it (stream_start:
+                # the batches the loop took before it), so that each epoch is one run of the loop.
+                return self.native.iter_worker(
+                    info.id, info.num_workers, generation, shared, recycled, stream_start if self.cycle else None
+                )
 
-        return self._epochs(self._started(start), start, packed)
+        return self._epochs(self._started(start, 0), start, packed)
 
-    def _started(self, start):
-        iterator = start()
+    def _started(self, start, stream_start):
+        iterator = start(stream_start)
         # A plan computed in Python is handed over before the epoch is read.
         self.strategy._provide(len(self.source), self.native.seed(), iterator.epoch())
         return iterator
 
     def _epochs(self, iterator, start, packed=None):
-        """Epoch after epoch (one unless cycle=True). packed: (whole units, endless) for a worker whose
-        batches cross packed, else None."""
+        """Epoch after epoch (one unless cycle=True): the first one's iterator, then each started by
+        start(stream_start), the batches the rank's loop took before it. packed: (whole units,
+        endless) for a worker whose batches cross packed, else None."""
+        stream_start = 0
         while True:
             if self.collection is not None:
                 yield from self._collection_batches(iterator)
@@ -441,7 +450,8 @@ class ShardedDataset(IterableDataset, NativeBacked):
                 yield from self._batches(iterator, packed)
             if not self.cycle:
                 return
-            iterator = self._started(start)
+            stream_start += iterator.rank_batches()
+            iterator = self._started(start, stream_start)
 
     def _collection_batches(self, iterator):
         """Batches of a collection fetched in Python: the native side deals the units and cuts them
@@ -517,6 +527,13 @@ class ShardedDataset(IterableDataset, NativeBacked):
         ``StatefulDataLoader``, which asks each worker for its own state.
         Under DDP, ranks step in lockstep: any one rank's state is enough."""
         consumed = _convert.optional_int("ShardedDataset.state_dict: consumed_batches", consumed_batches)
+        if self.cycle and consumed is not None:
+            raise ValueError(
+                "ShardedDataset.state_dict: consumed_batches counts an epoch run in DataLoader workers, but an "
+                "endless loop (cycle=True) in workers has no checkpoint: its workers run into the next epoch while "
+                "the loop is still in this one. Iterate in the training process (num_workers=0), where the dataset "
+                "counts what the loop consumed, or use epochs (cycle=False)"
+            )
         return _python_state(self.native.state_dict(consumed))
 
     def load_state_dict(self, state):

@@ -98,6 +98,7 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("close", &BatchIteratorImpl::close)
       .def("epoch", &BatchIteratorImpl::epoch)
       .def("num_batches", &BatchIteratorImpl::num_batches)
+      .def("rank_batches", &BatchIteratorImpl::rank_batches)
       .def("batches_delivered", &BatchIteratorImpl::batches_delivered)
       .def("last_was_padding", &BatchIteratorImpl::last_was_padding)
       .def("stats", &BatchIteratorImpl::stats);
@@ -123,7 +124,7 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("iter", &ShardedDatasetImpl::iter)
       .def("iter_worker", &ShardedDatasetImpl::iter_worker, "",
            {torch::arg("worker"), torch::arg("num_workers"), torch::arg("generation_seed"), torch::arg("shared_memory"),
-            torch::arg("recycled") = false})
+            torch::arg("recycled") = false, torch::arg("stream_start") = torch::arg::none()})
       .def("iter_epoch", &ShardedDatasetImpl::iter_epoch, "",
            {torch::arg("epoch"), torch::arg("worker") = 0, torch::arg("num_workers") = 1})
       .def("set_epoch", &ShardedDatasetImpl::set_epoch)

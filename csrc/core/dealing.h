@@ -26,12 +26,13 @@ class Dealing {
   virtual int64_t rank_units(int64_t rank) const = 0;
   virtual WorkUnit rank_unit(int64_t rank, int64_t unit) const = 0;
 
-  // Worker w of K takes units w, w + K, w + 2K, ... of its rank.
-  int64_t worker_units(int64_t rank, int64_t worker, int64_t num_workers) const {
+  // Worker w of K takes units w, w + K, w + 2K, ... of its rank (StreamDealing
+  // deals otherwise).
+  virtual int64_t worker_units(int64_t rank, int64_t worker, int64_t num_workers) const {
     const int64_t units = rank_units(rank);
     return worker < units ? (units - worker + num_workers - 1) / num_workers : 0;
   }
-  WorkUnit worker_unit(int64_t rank, int64_t worker, int64_t num_workers, int64_t i) const {
+  virtual WorkUnit worker_unit(int64_t rank, int64_t worker, int64_t num_workers, int64_t i) const {
     return rank_unit(rank, worker + i * num_workers);
   }
   virtual int64_t worker_batches(int64_t rank, int64_t worker, int64_t num_workers) const {

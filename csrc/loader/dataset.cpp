@@ -18,6 +18,7 @@
 #include "core/resume.h"
 #include "core/shared_state.h"
 #include "core/stable_hash.h"
+#include "core/stream_dealing.h"
 #include "loader/batches.h"
 #include "loader/buffer_pool.h"
 #include "loader/device_stage.h"
@@ -158,7 +159,8 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter() {
 
 c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_worker(int64_t worker, int64_t num_workers,
                                                                       int64_t generation_seed, bool shared_memory,
-                                                                      bool recycled) {
+                                                                      bool recycled,
+                                                                      std::optional<int64_t> stream_start) {
   TORCH_CHECK_VALUE(num_workers >= 1 && worker >= 0 && worker < num_workers, kWho,
                     ": worker must be in [0, num_workers=", num_workers, "), got ", worker);
   check_agreed();
@@ -182,9 +184,12 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_worker(int64_t wo
     core::set_last_workers(words(shared_state_), num_workers);
     iteration.prior = prior_segments(iteration.epoch);
   }
+  TORCH_CHECK_VALUE(!stream_start || *stream_start >= 0, kWho, ": stream_start must be >= 0, got ",
+                    stream_start.value_or(0));
   iteration.worker = worker;
   iteration.num_workers = num_workers;
   iteration.in_worker = true;
+  iteration.stream_start = stream_start;
   const sources::Memory memory = !shared_memory ? sources::Memory::kPageable
                                  : recycled     ? sources::Memory::kSharedPooled
                                                 : sources::Memory::kShared;
@@ -234,15 +239,32 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
     // A fresh epoch deals by the layout; a resumed one what is left (resume.h).
     auto resumption =
         std::make_shared<const core::Resumption>(planner_->layout(), iteration.prior, world_size_, num_workers);
-    const int64_t skip = resumption->skip(rank_, worker) + iteration.consumed_before;
-    const int64_t batches = resumption->worker_batches(rank_, worker) - iteration.consumed_before;
-    core::check_argument(batches >= 0, "worker ", worker, " consumed ", iteration.consumed_before,
-                         " batches but delivers only ", resumption->worker_batches(rank_, worker));
-    iteration.rank_batches = resumption->rank_batches(rank_);
-    for (int64_t w = 0; w < num_workers; ++w) {
-      iteration.worker_batches.push_back(w == worker ? batches : resumption->worker_batches(rank_, w));
-    }
     std::shared_ptr<const core::Dealing> dealing(resumption, &resumption->dealing());
+    // Batches at the head of each worker's stream in `dealing` delivered before.
+    std::vector<std::vector<int64_t>> skips(static_cast<size_t>(world_size_),
+                                            std::vector<int64_t>(static_cast<size_t>(num_workers)));
+    for (int64_t r = 0; r < world_size_; ++r) {
+      for (int64_t w = 0; w < num_workers; ++w) skips[r][w] = resumption->skip(r, w);
+    }
+    if (iteration.stream_start) {
+      // An endless loop: what the rank has left of the epoch, dealt as the loop takes it.
+      dealing = std::make_shared<const core::StreamDealing>(
+          std::make_shared<const core::RankRemainingLayout>(std::move(dealing), num_workers, skips),
+          *iteration.stream_start);
+      for (auto& rank_skips : skips) std::fill(rank_skips.begin(), rank_skips.end(), 0);
+    }
+    const auto worker_left = [&](int64_t w) {
+      return dealing->worker_batches(rank_, w, num_workers) - skips[rank_][w];
+    };
+    const int64_t skip = skips[rank_][worker] + iteration.consumed_before;
+    const int64_t batches = worker_left(worker) - iteration.consumed_before;
+    core::check_argument(batches >= 0, "worker ", worker, " consumed ", iteration.consumed_before,
+                         " batches but delivers only ", worker_left(worker));
+    iteration.rank_batches = 0;
+    for (int64_t w = 0; w < num_workers; ++w) {
+      iteration.rank_batches += worker_left(w);
+      iteration.worker_batches.push_back(w == worker ? batches : worker_left(w));
+    }
     core::UnitCursor cursor(planner_, std::move(dealing), static_cast<uint64_t>(seed_), epoch, rank_, worker,
                             num_workers, skip);
     auto progress = std::make_shared<IterationProgress>();
@@ -428,6 +450,10 @@ StateDict ShardedDatasetImpl::state_dict(std::optional<int64_t> consumed_batches
   const int64_t last = core::epoch_state_last(words(shared_state_));
   const int64_t last_workers = core::last_workers(words(shared_state_));
   if (current_ && current_->iteration->in_worker) {
+    TORCH_CHECK_VALUE(!current_->iteration->stream_start, kWho,
+                      ".state_dict: an endless loop (cycle=True) in DataLoader workers has no checkpoint: its workers "
+                      "run into the next epoch while the loop is still in this one. Iterate in the training "
+                      "process (num_workers=0) to checkpoint an endless loop, or use epochs (cycle=False)");
     return make_state(*current_->iteration, consumed_batches.value_or(current_->delivered.load()));
   }
   if (current_ && last_workers == 0 && current_->iteration->epoch == last) {
@@ -682,6 +708,8 @@ void BatchIteratorImpl::deliver_to(c10::Device device) {
 }
 
 const Iteration& BatchIteratorImpl::iteration() const { return *progress_->iteration; }
+
+int64_t BatchIteratorImpl::rank_batches() const { return progress_->iteration->rank_batches; }
 
 void BatchIteratorImpl::cut(const Batch& unit, bool padding) {
   pending_ = split_into_batches(unit, batch_size_);

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/resume.h"
@@ -27,6 +28,9 @@ struct Iteration {
   int64_t rank_batches = 0;
   // Batches each of the rank's workers delivers in this iteration.
   std::vector<int64_t> worker_batches;
+  // An endless DataLoader loop's batches taken before this epoch (core/stream_dealing.h); none: one
+  // epoch per loop.
+  std::optional<int64_t> stream_start;
 };
 
 // An iteration and how many batches it delivered, kept by its dataset after

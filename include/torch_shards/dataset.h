@@ -107,9 +107,14 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   // generation_seed: DataLoader's base seed of that iteration (worker seed - id);
   // shared_memory: assemble batches in shared memory sent without a copy;
   // recycled: and recycle it under the main process's leases, for a worker
-  // whose every batch leaves through poll_packed() (transfer.h).
+  // whose every batch leaves through poll_packed() (transfer.h);
+  // stream_start: in an endless loop (cycle=True), the batches the loop took
+  // (all workers together) before this epoch: the epoch's batches are then
+  // dealt to the workers so that DataLoader's round robin takes them as one
+  // run of the loop (core/stream_dealing.h). None: one epoch per loop.
   c10::intrusive_ptr<BatchIteratorImpl> iter_worker(int64_t worker, int64_t num_workers, int64_t generation_seed,
-                                                    bool shared_memory, bool recycled = false);
+                                                    bool shared_memory, bool recycled = false,
+                                                    std::optional<int64_t> stream_start = std::nullopt);
   // One worker's share of a given epoch, leaving the epoch counter alone (inspection, tests).
   c10::intrusive_ptr<BatchIteratorImpl> iter_epoch(int64_t epoch, int64_t worker, int64_t num_workers);
 
@@ -264,6 +269,8 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   // Batches this iterator delivers in all, and those delivered so far.
   int64_t num_batches() const { return num_batches_; }
   int64_t batches_delivered() const { return delivered_; }
+  // Batches the rank delivers in this iteration, all its DataLoader workers together.
+  int64_t rank_batches() const;
   // Whether the last batch repeats one another rank delivers (even_batches="pad").
   bool last_was_padding() const { return last_padding_; }
   bool closed() const;

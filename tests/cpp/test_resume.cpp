@@ -13,6 +13,7 @@
 #include "epoch_layout.h"
 #include "errors.h"
 #include "resume.h"
+#include "stream_dealing.h"
 
 namespace torch_shards::core {
 namespace {
@@ -225,6 +226,81 @@ TEST(Resume, ConsumingMoreThanARankHasIsAnError) {
   const EpochLayout layout(40, LoaderOptions{4, 2, false, EvenBatches::kPad}, 2);
   EXPECT_THROW(Resumption(layout, {{2, 1, {6}}}, 2, 1), InvalidArgument);
   EXPECT_THROW(Resumption(layout, {{2, 1, {1, 2, 3}}}, 2, 1), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace torch_shards::core
+
+namespace torch_shards::core {
+namespace {
+
+// An endless DataLoader loop (cycle=True) takes one batch from each worker in
+// turn and never skips one: epoch after epoch, each dealt by StreamDealing at
+// the loop's position, every epoch is one run of the loop holding each of the
+// rank's batches once, whatever the shares round-robin units would give.
+TEST(StreamDealing, EachEpochIsOneRunOfTheEndlessLoop) {
+  std::mt19937_64 random(11);
+  const EvenBatches evens[] = {EvenBatches::kPad, EvenBatches::kDrop, EvenBatches::kNone};
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t plan = 1 + static_cast<int64_t>(random() % 150);
+    const LoaderOptions options{1 + static_cast<int64_t>(random() % 5), 1 + static_cast<int64_t>(random() % 5),
+                                random() % 3 == 0, evens[random() % 3]};
+    const int64_t world = 1 + static_cast<int64_t>(random() % 3), workers = 1 + static_cast<int64_t>(random() % 5);
+    const int64_t rank = static_cast<int64_t>(random() % world);
+    const auto layout = std::make_shared<const EpochLayout>(plan, options, world);
+    // The rank's batches of one epoch (one worker takes them all).
+    std::vector<Delivered> expected = worker_stream(*layout, options.fetch_factor, rank, 0, 1, 0);
+    std::sort(expected.begin(), expected.end());
+    const int64_t per_epoch = static_cast<int64_t>(expected.size());
+    if (per_epoch == 0) continue;
+    // Every worker's stream over four epochs, each epoch dealt at the loop's position.
+    std::vector<std::vector<Delivered>> streams(static_cast<size_t>(workers));
+    for (int64_t epoch = 0; epoch < 4; ++epoch) {
+      const StreamDealing dealing(layout, epoch * per_epoch);
+      int64_t total = 0;
+      for (int64_t w = 0; w < workers; ++w) {
+        const auto stream = worker_stream(dealing, options.fetch_factor, rank, w, workers, 0);
+        EXPECT_EQ(static_cast<int64_t>(stream.size()), dealing.worker_batches(rank, w, workers));
+        streams[w].insert(streams[w].end(), stream.begin(), stream.end());
+        total += static_cast<int64_t>(stream.size());
+        for (int64_t i = 0; i < dealing.worker_units(rank, w, workers); ++i) {
+          EXPECT_GT(dealing.worker_unit(rank, w, workers, i).num_batches, 0);
+        }
+      }
+      EXPECT_EQ(total, per_epoch);
+    }
+    // The loop: position p from worker p % workers, until the four epochs are taken.
+    std::vector<size_t> next(static_cast<size_t>(workers), 0);
+    for (int64_t epoch = 0; epoch < 4; ++epoch) {
+      std::vector<Delivered> run;
+      for (int64_t p = epoch * per_epoch; p < (epoch + 1) * per_epoch; ++p) {
+        const auto w = static_cast<size_t>(p % workers);
+        ASSERT_LT(next[w], streams[w].size()) << "trial " << trial << ": worker " << w << " ran dry";
+        run.push_back(streams[w][next[w]++]);
+      }
+      std::sort(run.begin(), run.end());
+      EXPECT_EQ(run, expected) << "trial " << trial << ", epoch " << epoch;
+    }
+    for (int64_t w = 0; w < workers; ++w) EXPECT_EQ(next[w], streams[w].size());
+  }
+}
+
+TEST(StreamDealing, SharesAreContiguousRunsOfTheRanksBatches) {
+  // 20 batches in units of 16 and 4 (one rank): round-robin units would give worker 0 sixteen, worker 1 four.
+  const auto layout = std::make_shared<const EpochLayout>(5000, LoaderOptions{250, 16, false, EvenBatches::kPad}, 1);
+  const StreamDealing at_start(layout, 0), one_in(layout, 1);
+  EXPECT_EQ(at_start.worker_batches(0, 0, 2), 10);
+  EXPECT_EQ(at_start.worker_batches(0, 1, 2), 10);
+  const WorkUnit first = at_start.worker_unit(0, 1, 2, 0);
+  EXPECT_EQ(std::tie(first.fetch, first.first_batch, first.num_batches), std::make_tuple(0, 10, 6));
+  // 3 workers from position 1: the loop's batches go to workers 1, 2, 0, 1, ...: 7, 7 and 6 of them.
+  const StreamDealing three(layout, 1);
+  EXPECT_EQ(three.worker_batches(0, 0, 3), 6);
+  EXPECT_EQ(three.worker_batches(0, 1, 3), 7);
+  EXPECT_EQ(three.worker_batches(0, 2, 3), 7);
+  EXPECT_EQ(one_in.worker_batches(0, 0, 2), 10);
+  EXPECT_THROW(StreamDealing(layout, -1), InvalidArgument);
+  EXPECT_THROW(at_start.worker_units(0, 2, 2), InvalidArgument);
 }
 
 }  // namespace
