@@ -168,11 +168,21 @@ def test_missing_store_and_non_zarr_directory(tmp_path):
         ts.ZarrSource(tmp_path / "plain")
 
 
-def test_unsupported_codec_is_named(tmp_path):
-    path = tmp_path / "lz4.zarr"
-    z = zarr.create_array(path, shape=(10, 2), chunks=(5, 2), dtype="f4", zarr_format=2, compressors=numcodecs.LZ4())
-    z[:] = 1
-    with pytest.raises(RuntimeError, match="lz4"):
+@pytest.mark.parametrize(
+    "name, arguments, message",
+    [
+        ("lz4", dict(dtype="f4", compressors=numcodecs.LZ4()), "unsupported zarr compressor 'lz4'"),
+        ("bz2", dict(dtype="i4", compressors=numcodecs.BZ2()), "unsupported zarr compressor 'bz2'"),
+        ("delta", dict(dtype="i4", filters=[numcodecs.Delta(dtype="i4")]), "unsupported zarr filter 'delta'"),
+        ("datetime", dict(dtype="M8[s]"), "unsupported zarr dtype '<M8\\[s\\]'"),
+        ("text", dict(dtype="<U3"), "'<U3' is a string type"),
+    ],
+)
+def test_what_is_not_read_is_a_value_error_naming_the_array(tmp_path, name, arguments, message):
+    # The README: ValueError for what torch_shards does not read, RuntimeError for what is wrong on disk.
+    path = tmp_path / f"{name}.zarr"
+    zarr.create_array(path, shape=(10,), chunks=(5,), zarr_format=2, **arguments)
+    with pytest.raises(ValueError, match=f"{name}.zarr.*{message}|{message}.*{name}.zarr"):
         ts.ZarrSource(path).read([0])
 
 

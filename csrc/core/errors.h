@@ -1,5 +1,5 @@
-// Exceptions thrown by the core. The torch glue turns InvalidArgument and
-// MetadataError into a Python ValueError and every other std::exception into
+// Exceptions thrown by the core. The torch glue turns InvalidArgument,
+// MetadataError and Unsupported into a Python ValueError and every other std::exception into
 // a RuntimeError, with the message unchanged (bytes that are not UTF-8
 // escaped).
 #pragma once
@@ -25,6 +25,14 @@ class ReadError : public std::runtime_error {
 // not UTF-8): a ReadError that Python sees as ValueError, as zarr-python's
 // json.JSONDecodeError is one.
 class MetadataError : public ReadError {
+ public:
+  using ReadError::ReadError;
+};
+
+// What torch_shards does not read (a codec, filter, dtype or encoding it
+// does not know, or data of a kind it reads otherwise): a ReadError that
+// Python sees as ValueError, as the README promises, rather than damage.
+class Unsupported : public ReadError {
  public:
   using ReadError::ReadError;
 };

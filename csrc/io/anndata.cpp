@@ -126,7 +126,7 @@ json numeric_values_json(const Array& array, const std::vector<uint8_t>& missing
         break;
       default:
         if (!is_integer(dtype)) {
-          throw ReadError(concat(array.where(), ": unsupported category dtype ", dtype_name(dtype)));
+          throw core::Unsupported(concat(array.where(), ": unsupported category dtype ", dtype_name(dtype)));
         }
         values.push_back(integer_at(bytes.data(), dtype, static_cast<size_t>(i)));
     }

@@ -683,9 +683,10 @@ std::shared_ptr<const Array> open_hdf5_array(hid_t file_id, const std::string& f
       for (const hdf5::Filter& filter : filters) {
         if (H5Zfilter_avail(filter.id) <= 0) {
           H5Eclear2(H5E_DEFAULT);
-          throw ReadError(concat(where, ": uses HDF5 filter '", filter_name(filter), "' (", filter.id,
-                                 "), which this HDF5 library cannot decode: install an HDF5 plugin for it and point "
-                                 "HDF5_PLUGIN_PATH at it, or rewrite the dataset with gzip, blosc or zstd"));
+          throw core::Unsupported(
+              concat(where, ": uses HDF5 filter '", filter_name(filter), "' (", filter.id,
+                     "), which this HDF5 library cannot decode: install an HDF5 plugin for it and point "
+                     "HDF5_PLUGIN_PATH at it, or rewrite the dataset with gzip, blosc or zstd"));
         }
       }
       return library_read("filters " + describe_filters(filters));

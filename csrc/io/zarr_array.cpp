@@ -292,19 +292,19 @@ void parse_v2(const json& zarray, ZarrMetadata& meta) {
   }
   const json& dtype = reader.member(zarray, "dtype");
   if (!dtype.is_string()) {
-    throw ReadError(concat(meta.where, ": unsupported zarr dtype ", json_text(dtype), " (structured)"));
+    throw core::Unsupported(concat(meta.where, ": unsupported zarr dtype ", json_text(dtype), " (structured)"));
   }
   const std::string typestr = dtype.get<std::string>();
   meta.type_name = typestr;
   const auto unsupported_filter = [&](const std::string& id) {
-    throw ReadError(concat("unsupported zarr filter '", id, "' in ", meta.where));
+    throw core::Unsupported(concat("unsupported zarr filter '", id, "' in ", meta.where));
   };
   const auto fixed_length = [&](size_t unit) {
     // numpy's "<U12" / "|S5": a positive count of characters, digits only.
     const std::string digits = typestr.substr(2);
     if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos ||
         std::stoul(digits) == 0) {
-      throw ReadError(concat(meta.where, ": unsupported zarr dtype '", printable(typestr), "'"));
+      throw core::Unsupported(concat(meta.where, ": unsupported zarr dtype '", printable(typestr), "'"));
     }
     return std::stoul(digits) * unit;
   };
@@ -333,7 +333,7 @@ void parse_v2(const json& zarray, ZarrMetadata& meta) {
       try {
         meta.dtype = parse_numpy_typestr(typestr, meta.chain.big_endian);
       } catch (const std::invalid_argument&) {
-        throw ReadError(concat(meta.where, ": unsupported zarr dtype '", typestr, "'"));
+        throw core::Unsupported(concat(meta.where, ": unsupported zarr dtype '", typestr, "'"));
       }
       meta.item_size = dtype_size(meta.dtype);
     }
@@ -342,7 +342,7 @@ void parse_v2(const json& zarray, ZarrMetadata& meta) {
   if (zarray.contains("compressor") && !zarray["compressor"].is_null()) {
     const std::string id = reader.string(reader.member(zarray["compressor"], "id"), "id");
     const std::optional<BytesCodec> codec = v2_compressor(id);
-    if (!codec) throw ReadError(concat("unsupported zarr compressor '", id, "' in ", meta.where));
+    if (!codec) throw core::Unsupported(concat("unsupported zarr compressor '", id, "' in ", meta.where));
     meta.chain.bytes_codecs.push_back(*codec);
   }
   const std::string order = zarray.contains("order") ? reader.string(zarray["order"], "order") : "C";
@@ -440,7 +440,7 @@ void parse_sharding(const json& configuration, ZarrMetadata& meta, const Metadat
     } else if (name == "crc32c" && seen_bytes && !layout.index_crc32c) {
       layout.index_crc32c = true;
     } else {
-      throw ReadError(concat("unsupported zarr shard index codec '", name, "' in ", meta.where));
+      throw core::Unsupported(concat("unsupported zarr shard index codec '", name, "' in ", meta.where));
     }
   }
   if (!seen_bytes) reader.fail("index_codecs lack the \"bytes\" codec");
@@ -476,19 +476,22 @@ void parse_v3_codecs(const json& codecs, ZarrMetadata& meta, CodecChain& chain, 
         chain.array_to_bytes = ArrayToBytes::kVLenBytes;
       } else {
         if (inside_shard)
-          throw ReadError(concat("unsupported zarr codec 'sharding_indexed' nested in a shard in ", meta.where));
+          throw core::Unsupported(
+              concat("unsupported zarr codec 'sharding_indexed' nested in a shard in ", meta.where));
         if (!chain.transposes.empty()) {
-          throw ReadError(concat("unsupported zarr codec chain (transpose before sharding_indexed) in ", meta.where));
+          throw core::Unsupported(
+              concat("unsupported zarr codec chain (transpose before sharding_indexed) in ", meta.where));
         }
         parse_sharding(configuration, meta, reader);
       }
       continue;
     }
     const std::optional<BytesCodec> bytes_codec = v3_bytes_codec(name);
-    if (!bytes_codec) throw ReadError(concat("unsupported zarr codec '", name, "' in ", meta.where));
+    if (!bytes_codec) throw core::Unsupported(concat("unsupported zarr codec '", name, "' in ", meta.where));
     if (!seen_array_to_bytes) reader.fail(concat("bytes->bytes codec '", name, "' before the array->bytes codec"));
     if (meta.sharding && !inside_shard) {
-      throw ReadError(concat("unsupported zarr codec chain ('", name, "' after sharding_indexed) in ", meta.where));
+      throw core::Unsupported(
+          concat("unsupported zarr codec chain ('", name, "' after sharding_indexed) in ", meta.where));
     }
     chain.bytes_codecs.push_back(*bytes_codec);
   }
@@ -533,14 +536,15 @@ void parse_v3(const json& zarr_json, ZarrMetadata& meta) {
     try {
       meta.dtype = parse_zarr_v3_dtype(type_name);
     } catch (const std::invalid_argument&) {
-      throw ReadError(concat(meta.where, ": unsupported zarr data_type '", type_name, "'"));
+      throw core::Unsupported(concat(meta.where, ": unsupported zarr data_type '", type_name, "'"));
     }
     meta.item_size = dtype_size(meta.dtype);
   }
 
   const json& grid = reader.member(zarr_json, "chunk_grid");
   const std::string grid_name = reader.string(reader.member(grid, "name"), "chunk_grid name");
-  if (grid_name != "regular") throw ReadError(concat(meta.where, ": unsupported zarr chunk grid '", grid_name, "'"));
+  if (grid_name != "regular")
+    throw core::Unsupported(concat(meta.where, ": unsupported zarr chunk grid '", grid_name, "'"));
   meta.chunk_shape = reader.shape(reader.member(reader.member(grid, "configuration"), "chunk_shape"), "chunk_shape", 1);
   if (meta.chunk_shape.size() != meta.shape.size()) reader.fail("chunk_shape and shape differ in length");
 
@@ -551,7 +555,7 @@ void parse_v3(const json& zarr_json, ZarrMetadata& meta) {
     if (name == "v2") {
       meta.keys = ChunkKeys{false, '.'};
     } else if (name != "default") {
-      throw ReadError(concat(meta.where, ": unsupported zarr chunk_key_encoding '", name, "'"));
+      throw core::Unsupported(concat(meta.where, ": unsupported zarr chunk_key_encoding '", name, "'"));
     }
     if (encoding.contains("configuration") && encoding["configuration"].contains("separator")) {
       const std::string separator = reader.string(encoding["configuration"]["separator"], "separator");
@@ -561,7 +565,7 @@ void parse_v3(const json& zarr_json, ZarrMetadata& meta) {
   }
   if (zarr_json.contains("storage_transformers") && !zarr_json["storage_transformers"].is_null() &&
       !zarr_json["storage_transformers"].empty()) {
-    throw ReadError(concat(meta.where, ": unsupported zarr storage_transformers"));
+    throw core::Unsupported(concat(meta.where, ": unsupported zarr storage_transformers"));
   }
   parse_v3_codecs(reader.member(zarr_json, "codecs"), meta, meta.chain, /*inside_shard=*/false, reader);
   meta.fill_value = reader.member(zarr_json, "fill_value");  // required by the specification
@@ -1383,7 +1387,7 @@ bool is_zarr_string_array(const std::string& store, const std::string& path) {
 std::shared_ptr<const Array> open_zarr_array(const std::string& store, const std::string& path) {
   const ZarrMetadata meta = read_metadata(store, path);
   if (meta.kind != ElementKind::kNumeric) {
-    throw ReadError(concat(meta.where, ": '", meta.type_name, "' is a string type (read it as strings)"));
+    throw core::Unsupported(concat(meta.where, ": '", meta.type_name, "' is a string type (read it as strings)"));
   }
   if (meta.shape.empty()) throw core::InvalidArgument(concat(meta.where, ": 0-d arrays are not supported"));
   ArrayInfo info;

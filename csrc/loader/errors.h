@@ -23,6 +23,8 @@ auto translate_errors(F&& body) -> decltype(body()) {
     throw;
   } catch (const core::MetadataError& e) {
     TORCH_CHECK_VALUE(false, core::valid_utf8(e.what()));
+  } catch (const core::Unsupported& e) {
+    TORCH_CHECK_VALUE(false, core::valid_utf8(e.what()));
   } catch (const core::InvalidArgument& e) {
     TORCH_CHECK_VALUE(false, core::valid_utf8(e.what()));
   } catch (const std::bad_alloc&) {
