@@ -183,6 +183,16 @@ def write_labels(path, values, categories):
     ad.AnnData(sp.csr_matrix(np.ones((len(values), 2), np.float32)), obs=obs).write_h5ad(path)
 
 
+def test_categories_one_file_adds_are_named(tmp_path):
+    write_labels(tmp_path / "a.h5ad", ["x", "y"], ["x", "y"])
+    write_labels(tmp_path / "b.h5ad", ["x", "z"], ["x", "y", "z"])  # a's categories and one more
+    sources = [ts.AnnDataSource(tmp_path / name, obs=["label"]) for name in ("a.h5ad", "b.h5ad")]
+    with pytest.raises(ValueError, match=r"2 against 3 categories: category 2 \('z'\) is only in the second"):
+        ts.Collection(sources)
+    with pytest.raises(ValueError, match=r"3 against 2 categories: category 2 \('z'\) is only in the first"):
+        ts.Collection(sources[::-1])
+
+
 def test_categories_must_agree_at_any_depth_of_nesting(tmp_path):
     write_labels(tmp_path / "a.h5ad", ["x", "y", "x"], ["x", "y"])
     write_labels(tmp_path / "b.h5ad", ["y", "y"], ["x", "y"])

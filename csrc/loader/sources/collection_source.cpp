@@ -290,13 +290,20 @@ void check_codes_agree(const std::vector<std::shared_ptr<const Source>>& parts) 
       const auto& [q, reference] = seen->second;
       const nlohmann::json &expected = reference->categories, &got = column.categories;
       if (expected == got) continue;
-      std::string detail = core::concat(expected.size(), " against ", got.size(), " categories");
-      for (size_t k = 0; k < std::min(expected.size(), got.size()); ++k) {
+      // The first category that differs; where one list is the other's start, the first one past it.
+      const size_t common = std::min(expected.size(), got.size());
+      std::string detail;
+      for (size_t k = 0; k < common && detail.empty(); ++k) {
         if (expected[k] != got[k]) {
           detail =
               core::concat("category ", k, " is ", shown_category(expected[k]), " against ", shown_category(got[k]));
-          break;
         }
+      }
+      if (detail.empty()) {
+        const bool first_longer = expected.size() > got.size();
+        detail = core::concat(expected.size(), " against ", got.size(), " categories: category ", common, " (",
+                              shown_category(first_longer ? expected[common] : got[common]), ") is only in the ",
+                              first_longer ? "first" : "second");
       }
       throw core::InvalidArgument(core::concat(
           "Collection: obs column '", column.name, "' has different categories in ", leaves[q].first, " (",
