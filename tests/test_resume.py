@@ -181,6 +181,47 @@ def test_ranks_not_in_lockstep_resume_from_every_ranks_state():
     assert real(consumed) + real(run(after)) == uninterrupted("BlockShuffling", even_batches=None)
 
 
+@pytest.mark.parametrize("steps", [(0, 2, 2), (0, 1, 0), (0, 0, None), (3, 0, 0), (0, 0, 0)])
+@pytest.mark.parametrize("started", [True, False], ids=["started", "never-started"])
+def test_ranks_that_consumed_nothing_count_in_the_merged_state(steps, started):
+    # Ranks not in lockstep where some took no batch (None: one took all of its share): their states say so.
+    ranks = job("BlockShuffling", 3, 0, even_batches=None)
+    consumed = [run([rank], n)[0] if started or n != 0 else [] for rank, n in zip(ranks, steps)]
+    states = [rank.dataset.state_dict() for rank in ranks]
+    after = job("BlockShuffling", 2, 1, even_batches=None)
+    for rank in after:
+        rank.dataset.load_state_dict(states)
+    assert real(consumed) + real(run(after)) == uninterrupted("BlockShuffling", even_batches=None)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_state_taken_before_the_resumed_epoch_goes_on_keeps_its_position(world_size):
+    first = job("BlockShuffling", 3, 0, even_batches=None)
+    consumed = [run([rank], n)[0] for rank, n in zip(first, (3, 1, 0))]
+    states = [rank.dataset.state_dict() for rank in first]
+    # Resumed, then stopped again before a batch was taken: started or not at all.
+    for started in (False, True):
+        resumed = job("BlockShuffling", world_size, 0, even_batches=None)
+        for rank in resumed:
+            rank.dataset.load_state_dict(states)
+            if started:
+                rank.start()
+        again = [rank.dataset.state_dict() for rank in resumed]
+        assert all(len(state["segments"]) == 2 for state in again)
+        final = job("BlockShuffling", 2, 2, even_batches=None)
+        for rank in final:
+            rank.dataset.load_state_dict(again if world_size > 1 else again[0])
+        assert real(consumed) + real(run(final)) == uninterrupted("BlockShuffling", even_batches=None), started
+    # The same from a loaded state alone, in lockstep.
+    one = make("BlockShuffling")
+    taken = [tuple(b["index"].tolist()) for _, b in zip(range(3), one)]
+    reloaded = make("BlockShuffling")
+    reloaded.load_state_dict(one.state_dict())
+    last = make("BlockShuffling")
+    last.load_state_dict(reloaded.state_dict())  # nothing consumed in between: the same position
+    assert collections.Counter(taken + [tuple(b["index"].tolist()) for b in last]) == uninterrupted("BlockShuffling")
+
+
 def test_in_process_state_counts_the_loops_batches_and_survives_a_break():
     dataset = make("BlockShuffling", prefetch=2, num_threads=2)
     taken = []

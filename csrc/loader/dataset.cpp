@@ -429,8 +429,12 @@ StateDict ShardedDatasetImpl::make_state(const Iteration& iteration, int64_t con
     state.insert("epoch", iteration.epoch);
     state.insert("worker", -1);
     state.insert("worker_consumed", 0);
-    // A segment that consumed nothing changes nothing: the dealing stays the one before it.
-    if (consumed > 0) segments.push_back(core::ResumeSegment{world_size_, iteration.num_workers, {consumed}});
+    // This run's segment, also when it consumed nothing of a resumed epoch: every rank's state is then
+    // the loaded segments plus its own, so that merge_state_dicts can tell them apart (a fresh epoch
+    // that consumed nothing stays without segments).
+    if (consumed > 0 || !segments.empty()) {
+      segments.push_back(core::ResumeSegment{world_size_, iteration.num_workers, {consumed}});
+    }
   }
   put_segments(state, segments);
   state.insert("rows", source_->num_rows());
@@ -474,13 +478,8 @@ StateDict ShardedDatasetImpl::state_dict(std::optional<int64_t> consumed_batches
                       "StatefulDataLoader, which asks the workers");
     // Nothing under way here: the state points at the next epoch (a loaded checkpoint's, if pending).
     iteration.epoch = next_epoch();
-    if (record && record->epoch == iteration.epoch) {
-      StateDict state = make_state(iteration, 0);
-      state.insert_or_assign("epoch", record->epoch);
-      put_segments(state, record->segments);
-      return state;
-    }
-    iteration.rank_batches = 1;  // nothing consumed of a fresh epoch
+    if (record && record->epoch == iteration.epoch) iteration.prior = record->segments;
+    iteration.rank_batches = 1;  // nothing consumed of it here: the state is where the epoch starts (or resumes)
     return make_state(iteration, 0);
   }
   // The last epoch ran in DataLoader workers; the loop says how far it got.
@@ -588,16 +587,42 @@ StateDict ShardedDatasetImpl::merge_state_dicts(const std::vector<StateDict>& st
                       rank, " is out of range or given twice");
     by_rank[rank] = &state;
   }
-  // Ranks that finished the epoch point at the next one; the others agree on the epoch and its earlier segments.
+  // Ranks that finished the epoch point at the next one. The others are in it: each state holds the
+  // segments loaded before this run (the same for every rank) and, after them, its own segment of this run
+  // (a rank that consumed nothing of a fresh epoch has none; states of older versions lack a segment that
+  // consumed nothing).
   const StateDict* behind = nullptr;
   for (const StateDict* state : by_rank) {
     if (behind == nullptr || entry(*state, "epoch") < entry(*behind, "epoch")) behind = state;
   }
   const int64_t epoch = entry(*behind, "epoch");
-  const std::vector<core::ResumeSegment> reference = segments_of(*behind);
-  if (reference.empty()) return behind->copy();  // every rank is at the start of an epoch
-  const std::vector<core::ResumeSegment> prior(reference.begin(), reference.end() - 1);
-  const core::ResumeSegment& current = reference.back();
+  std::vector<core::ResumeSegment> reference;
+  for (const StateDict* state : by_rank) {
+    if (entry(*state, "epoch") != epoch) continue;
+    std::vector<core::ResumeSegment> segments = segments_of(*state);
+    if (segments.size() > reference.size()) reference = std::move(segments);
+  }
+  const bool any_finished = std::any_of(by_rank.begin(), by_rank.end(),
+                                        [&](const StateDict* state) { return entry(*state, "epoch") != epoch; });
+  if (reference.empty() && !any_finished) {  // every rank is at the start of the epoch
+    StateDict out = behind->copy();
+    out.insert_or_assign("rank", 0);
+    return out;
+  }
+  // With no segments at all, no rank consumed anything of a fresh epoch but those that finished it.
+  const std::vector<core::ResumeSegment> prior(reference.begin(), reference.end() - (reference.empty() ? 0 : 1));
+  const core::ResumeSegment current{world_size, entry(first, "num_workers"), {}};
+  TORCH_CHECK_VALUE(reference.empty() || (reference.back().world_size == current.world_size &&
+                                          reference.back().num_workers == current.num_workers),
+                    kWho, ".merge_state_dicts: the ranks' states were taken on ", current.world_size, " ranks of ",
+                    current.num_workers, " workers, but their last segment ran on ", reference.back().world_size,
+                    " ranks of ", reference.back().num_workers, " workers");
+  const auto same = [](const core::ResumeSegment& a, const core::ResumeSegment& b) {
+    return a.world_size == b.world_size && a.num_workers == b.num_workers && a.consumed == b.consumed;
+  };
+  const auto starts_with_prior = [&](const std::vector<core::ResumeSegment>& segments) {
+    return segments.size() >= prior.size() && std::equal(prior.begin(), prior.end(), segments.begin(), same);
+  };
   const core::LoaderOptions options{entry(first, "batch_size"), entry(first, "fetch_factor"),
                                     entry(first, "drop_last") != 0,
                                     entry(first, "even_batches") == 0   ? core::EvenBatches::kPad
@@ -614,9 +639,11 @@ StateDict ShardedDatasetImpl::merge_state_dicts(const std::vector<StateDict>& st
     TORCH_CHECK_VALUE(entry(state, "epoch") == epoch, kWho, ".merge_state_dicts: ranks are in epochs ", epoch, " and ",
                       entry(state, "epoch"));
     const std::vector<core::ResumeSegment> segments = segments_of(state);
-    TORCH_CHECK_VALUE(segments.size() == reference.size(), kWho,
-                      ".merge_state_dicts: the ranks' states come from different interruptions of epoch ", epoch);
-    merged.consumed.push_back(segments.back().consumed_by(rank));
+    TORCH_CHECK_VALUE(
+        (segments.size() == reference.size() || segments.size() == prior.size()) && starts_with_prior(segments), kWho,
+        ".merge_state_dicts: the ranks' states come from different interruptions of epoch ", epoch);
+    // Without a segment of its own, the rank consumed nothing in this run.
+    merged.consumed.push_back(segments.size() == prior.size() ? 0 : segments.back().consumed_by(rank));
   }
   if (std::all_of(merged.consumed.begin(), merged.consumed.end(),
                   [&](int64_t consumed) { return consumed == merged.consumed.front(); })) {
