@@ -341,18 +341,14 @@ nlohmann::json CollectionSource::categories(const std::string& column) const {
   anndata_leaves(parts_, "sources", leaves);
   check_argument(!leaves.empty(), "Collection.categories: the collection holds no AnnDataSource");
   const AnnDataSource& first = *leaves.front().second;
-  std::vector<std::string> names;
   for (const io::ObsColumn& obs : first.obs()) {
-    if (obs.name != column) {
-      names.push_back("'" + obs.name + "'");
-      continue;
-    }
+    if (obs.name != column) continue;
     check_argument(obs.categorical, "Collection.categories: ", first.store().root().where(), ": obs column '", column,
                    "' is not categorical");
     return obs.categories;
   }
   std::string listed;
-  for (const std::string& name : names) listed += (listed.empty() ? "" : ", ") + name;
+  for (const io::ObsColumn& obs : first.obs()) listed += (listed.empty() ? "'" : ", '") + obs.name + "'";
   throw core::InvalidArgument(core::concat("Collection.categories: '", column,
                                            "' is not an obs column the collection reads (obs=[", listed,
                                            "]); pass it in obs= when opening the sources"));
