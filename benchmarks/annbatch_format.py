@@ -371,9 +371,15 @@ def main():
         def of_floor(values, name=name, floor=floor, ours=ours):
             return f"{values[name] / values[floor]:.2f}" if ours and floor in values else ""
 
+        def of_limit(values, name=name):  # None when the decode limit was skipped
+            return values[name] / values["decode limit"] if "decode limit" in values else None
+
+        def shown(fraction):
+            return "" if fraction is None else f"{fraction:.2f}"
+
         print(
-            f"{name:<36} {wall[name]:>11,.0f} {wall[name] / wall['decode limit']:>9.2f} {of_floor(wall):>9} "
-            f"{versus(wall):>12} {cpu[name]:>11,.0f} {cpu[name] / cpu['decode limit']:>9.2f} {of_floor(cpu):>9} "
+            f"{name:<36} {wall[name]:>11,.0f} {shown(of_limit(wall)):>9} {of_floor(wall):>9} "
+            f"{versus(wall):>12} {cpu[name]:>11,.0f} {shown(of_limit(cpu)):>9} {of_floor(cpu):>9} "
             f"{versus(cpu):>12}"
         )
         results.append(
@@ -383,8 +389,8 @@ def main():
                 "rows_per_cpu_s": cpu[name],
                 "rounds_rows_per_s": walls[name],
                 "rounds_rows_per_cpu_s": cpus[name],
-                "of_limit": wall[name] / wall["decode limit"],
-                "of_limit_cpu": cpu[name] / cpu["decode limit"],
+                "of_limit": of_limit(wall),
+                "of_limit_cpu": of_limit(cpu),
             }
         )
     print(

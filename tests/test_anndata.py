@@ -3,11 +3,13 @@ dense and CSR X, layers, obs columns, names and categories; CSR validation."""
 
 import anndata as ad
 import h5py
+import numcodecs
 import numpy as np
 import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
+import zarr
 from torch.utils.data import DataLoader
 
 import torch_shards as ts
@@ -47,10 +49,17 @@ def write(adata, tmp_path, kind):
     elif kind == "h5ad-gzip":
         path = tmp_path / "data.h5ad"
         adata.write_h5ad(path, compression="gzip")
+    elif kind == "h5ad-lzf":  # h5py's LZF filter, anndata's other compression option
+        path = tmp_path / "data.h5ad"
+        adata.write_h5ad(path, compression="lzf")
     elif kind == "zarr2":
         path = tmp_path / "data.zarr"
         with ad.settings.override(zarr_write_format=2):
             adata.write_zarr(path)
+    elif kind == "zarr2-zlib":  # zlib records no decoded size: string chunks are inflated as far as they go
+        path = tmp_path / "data.zarr"
+        group = zarr.open_group(path, mode="w", zarr_format=2)
+        ad.io.write_elem(group, "/", adata, dataset_kwargs={"compressors": [numcodecs.Zlib(level=5)]})
     else:  # zarr3, sharded as annbatch writes it
         path = tmp_path / "data.zarr"
         with ad.settings.override(zarr_write_format=3, auto_shard_zarr_v3=True):
@@ -58,7 +67,7 @@ def write(adata, tmp_path, kind):
     return path
 
 
-KINDS = ["h5ad", "h5ad-gzip", "zarr2", "zarr3"]
+KINDS = ["h5ad", "h5ad-gzip", "h5ad-lzf", "zarr2", "zarr2-zlib", "zarr3"]
 ROWS = [7, 0, 5, 119, 7, 60, 61, 62, 3]
 
 

@@ -33,6 +33,9 @@ LAYOUTS = {
         **hdf5plugin.Blosc(cname="zstd", clevel=3, shuffle=hdf5plugin.Blosc.BITSHUFFLE),
     },
     "zstd": {"chunks": (8, 13), **hdf5plugin.Zstd(clevel=3)},
+    # h5py's LZF (anndata's write_h5ad(compression="lzf")): decoded natively, no HDF5 plugin.
+    "lzf": {"chunks": (11, 13), "compression": "lzf"},
+    "shuffle+lzf": {"chunks": (11, 13), "compression": "lzf", "shuffle": True},
     # Fletcher-32: HDF5's own read path; scale-offset on integers: decoded natively.
     "fletcher32": {"chunks": (8, 13), "fletcher32": True},
     "scaleoffset": {"chunks": (8, 13), "scaleoffset": 0},
@@ -184,11 +187,25 @@ def test_empty_dataset_is_rejected(tmp_path):
 
 
 def test_filter_hdf5_lacks_is_named_when_the_source_is_made(tmp_path):
-    path = tmp_path / "lzf.h5"
-    with h5py.File(path, "w") as f:
-        f.create_dataset("x", data=np.zeros((10, 3), "f4"), chunks=(5, 3), compression="lzf")
-    with pytest.raises(ValueError, match=r"lzf.h5:/x: uses HDF5 filter 'lzf' \(32000\), which this HDF5 library"):
+    path = tmp_path / "lz4.h5"
+    with h5py.File(path, "w") as f:  # hdf5plugin registers its filters with h5py's HDF5 only
+        f.create_dataset("x", data=np.zeros((10, 3), "f4"), chunks=(5, 3), **hdf5plugin.LZ4())
+    with pytest.raises(ValueError, match=r"lz4.h5:/x: uses HDF5 filter '.*' \(32004\), which this HDF5 library"):
         ts.HDF5Source(path, "x")
+
+
+def test_lzf_chunks_stored_raw_are_read(tmp_path):
+    # h5py's LZF filter is optional: a chunk it cannot shrink is stored as is, its filter marked skipped.
+    path = tmp_path / "mixed.h5"
+    rng = np.random.default_rng(3)
+    data = np.zeros((40, 64), "f8")
+    data[20:] = rng.standard_normal((20, 64))  # incompressible chunks after compressible ones
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(10, 64), compression="lzf")
+    with h5py.File(path) as f:
+        masks = [f["x"].id.get_chunk_info(i).filter_mask for i in range(4)]
+    assert masks[:2] == [0, 0] and masks[2:] == [1, 1]
+    assert torch.equal(ts.HDF5Source(path, "x").read(list(range(40)))["X"], torch.from_numpy(data))
 
 
 def test_truncated_file_is_reported_not_crashed(tmp_path):
@@ -264,6 +281,25 @@ def _minimal_h5ad(path, names):
         obs["_index"] = np.array(names, dtype=object).astype(h5py.string_dtype(encoding="ascii"))
         obs["_index"].attrs["encoding-type"] = "string-array"
         f["X"] = np.zeros((len(names), 3), dtype="f4")
+
+
+def test_strings_under_a_filter_read_natively_or_refused_naming_it(tmp_path):
+    names = [f"cell{i}".encode() for i in range(300)]
+    for filters, readable in (({"compression": "lzf"}, True), (hdf5plugin.LZ4(), False)):
+        path = tmp_path / "names.h5ad"
+        with h5py.File(path, "w") as f:
+            f.attrs["encoding-type"] = "anndata"
+            obs = f.create_group("obs")
+            obs.attrs.update({"_index": "_index", "encoding-type": "dataframe", "encoding-version": "0.2.0"})
+            string = h5py.string_dtype(encoding="ascii")
+            obs.create_dataset("_index", data=np.array(names, dtype=object), dtype=string, chunks=(64,), **filters)
+            obs["_index"].attrs["encoding-type"] = "string-array"
+            f["X"] = np.zeros((len(names), 3), dtype="f4")
+        if readable:
+            assert ts.AnnDataSource(path).obs_names == [name.decode() for name in names]
+        else:
+            with pytest.raises(ValueError, match=r"names.h5ad:/obs/_index: its filters \(.*32004.*rewrite it with"):
+                ts.AnnDataSource(path)
 
 
 def test_a_string_pointing_past_its_heap_collection_is_an_error_not_a_crash(tmp_path):

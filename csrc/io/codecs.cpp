@@ -15,6 +15,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "../core/errors.h"
 
@@ -46,14 +47,28 @@ class Inflater {
   z_stream stream_{};  // value-initialised: zalloc, zfree and opaque are Z_NULL
 };
 
-void inflate_exact(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size, bool gzip) {
+// Inflates a whole stream into out[0, out_size), which it must fill exactly;
+// or, given `grown`, into that vector, grown as the stream needs up to
+// max_size bytes and cut to what the stream decoded (out, out_size unused).
+void inflate_stream(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size, bool gzip,
+                    std::vector<uint8_t>* grown = nullptr, size_t max_size = 0) {
   const char* format = gzip ? "gzip" : "zlib";
   Inflater inflater(gzip ? 15 + 16 : 15);
   z_stream& stream = inflater.stream();
   uint8_t spare = 0;  // inflate refuses a null next_out even when avail_out is 0
   size_t in_pos = 0;
   size_t out_pos = 0;
+  if (grown) {
+    grown->clear();
+    out = nullptr;
+    out_size = 0;
+  }
   for (;;) {
+    if (grown && out_pos == out_size && out_size < max_size) {
+      out_size = std::min(max_size, std::max<size_t>(2 * out_size, 4 * in_size + 4096));
+      grown->resize(out_size);
+      out = grown->data();
+    }
     const size_t in_chunk = std::min(in_size - in_pos, kMaxZlibChunk);
     const size_t out_chunk = std::min(out_size - out_pos, kMaxZlibChunk);
     stream.next_in = const_cast<Bytef*>(in_chunk ? in + in_pos : &spare);
@@ -92,14 +107,18 @@ void inflate_exact(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_s
     }
     if (consumed == 0 && produced == 0) {
       if (in_pos == in_size) {
-        throw std::runtime_error(
-            concat(format, " stream is truncated: it ends after ", out_pos, " of ", out_size, " bytes"));
+        throw std::runtime_error(concat(format, " stream is truncated: it ends after ", out_pos,
+                                        grown ? std::string(" bytes") : concat(" of ", out_size, " bytes")));
       }
       if (out_pos == out_size) {
         throw std::runtime_error(concat(format, " stream decompresses to more than ", out_size, " bytes"));
       }
       throw std::runtime_error(concat("corrupt ", format, " stream: inflate makes no progress"));
     }
+  }
+  if (grown) {
+    grown->resize(out_pos);
+    return;
   }
   if (out_pos != out_size) {
     throw std::runtime_error(concat(format, " stream decompressed to ", out_pos, " bytes, expected ", out_size));
@@ -219,11 +238,60 @@ void byteswap_words(uint8_t* data, size_t count) {
 }  // namespace
 
 void inflate_zlib(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size) {
-  inflate_exact(in, in_size, out, out_size, /*gzip=*/false);
+  inflate_stream(in, in_size, out, out_size, /*gzip=*/false);
 }
 
 void inflate_gzip(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size) {
-  inflate_exact(in, in_size, out, out_size, /*gzip=*/true);
+  inflate_stream(in, in_size, out, out_size, /*gzip=*/true);
+}
+
+std::vector<uint8_t> inflate_unsized(Codec codec, const uint8_t* in, size_t in_size, size_t max_size) {
+  if (codec != Codec::kZlib && codec != Codec::kGzip) throw std::logic_error("inflate_unsized: not zlib or gzip");
+  std::vector<uint8_t> out;
+  inflate_stream(in, in_size, nullptr, 0, codec == Codec::kGzip, &out, max_size);
+  return out;
+}
+
+void decompress_lzf(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size) {
+  // Each control byte starts a literal run (below 32: that many bytes plus one follow) or a
+  // back-reference (length in its top 3 bits, 7 meaning "plus the next byte", then 2 more; distance:
+  // its low 5 bits, then the next byte, plus 1), which may overlap what it copies.
+  size_t in_pos = 0, out_pos = 0;
+  while (in_pos < in_size) {
+    const unsigned control = in[in_pos++];
+    if (control < 32) {
+      const size_t length = control + 1;
+      if (length > in_size - in_pos) {
+        throw std::runtime_error(concat("lzf stream is truncated: a literal run of ", length, " bytes at offset ",
+                                        in_pos - 1, " has ", in_size - in_pos, " left"));
+      }
+      if (length > out_size - out_pos) {
+        throw std::runtime_error(concat("lzf stream decompresses to more than ", out_size, " bytes"));
+      }
+      std::memcpy(out + out_pos, in + in_pos, length);
+      in_pos += length;
+      out_pos += length;
+      continue;
+    }
+    size_t length = control >> 5;
+    if (in_pos + (length == 7 ? 2 : 1) > in_size) {
+      throw std::runtime_error(concat("lzf stream is truncated: a back-reference at offset ", in_pos - 1));
+    }
+    if (length == 7) length += in[in_pos++];
+    length += 2;
+    const size_t distance = ((static_cast<size_t>(control & 0x1f) << 8) | in[in_pos++]) + 1;
+    if (distance > out_pos) {
+      throw std::runtime_error(concat("corrupt lzf stream: a back-reference ", distance, " bytes back at output byte ",
+                                      out_pos, " (offset ", in_pos, ")"));
+    }
+    if (length > out_size - out_pos) {
+      throw std::runtime_error(concat("lzf stream decompresses to more than ", out_size, " bytes"));
+    }
+    for (size_t k = 0; k < length; ++k, ++out_pos) out[out_pos] = out[out_pos - distance];  // may overlap
+  }
+  if (out_pos != out_size) {
+    throw std::runtime_error(concat("lzf stream decompressed to ", out_pos, " bytes, expected ", out_size));
+  }
 }
 
 void decompress_zstd(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size) {
@@ -388,14 +456,18 @@ const char* codec_name(Codec codec) {
       return "zstd";
     case Codec::kBlosc:
       return "blosc";
+    case Codec::kLzf:
+      return "lzf";
   }
   return "?";
 }
 
 DecodedSize decoded_size(Codec codec, const uint8_t* in, size_t in_size) {
-  // Deflate's longest match (258 bytes) costs at least two bits: 1032:1.
-  constexpr uint64_t kDeflateRatio = 1032, kZstdRatio = 65536, kSlack = 1 << 16;
+  // Deflate's longest match (258 bytes) costs at least two bits: 1032:1. LZF's (264 bytes) costs three.
+  constexpr uint64_t kDeflateRatio = 1032, kZstdRatio = 65536, kLzfRatio = 88, kSlack = 1 << 16;
   switch (codec) {
+    case Codec::kLzf:
+      return {static_cast<uint64_t>(in_size) * kLzfRatio, false};
     case Codec::kZlib:
     case Codec::kGzip:
       return {static_cast<uint64_t>(in_size) * kDeflateRatio + kSlack, false};

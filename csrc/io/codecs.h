@@ -9,13 +9,23 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace torch_shards::io::codecs {
+
+enum class Codec { kZlib, kGzip, kZstd, kBlosc, kLzf };
 
 // RFC 1950 zlib stream (HDF5 deflate filter, numcodecs Zlib).
 void inflate_zlib(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size);
 // RFC 1952 gzip stream (numcodecs GZip, zarr v3 gzip codec).
 void inflate_gzip(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size);
+// A whole zlib or gzip stream (codec kZlib or kGzip) whose decoded size
+// nothing records (a chunk of variable-length strings): decoded into a
+// buffer grown as the stream needs; more than max_size bytes is an error.
+std::vector<uint8_t> inflate_unsized(Codec codec, const uint8_t* in, size_t in_size, size_t max_size);
+// An LZF stream (h5py's HDF5 filter 32000, which anndata's write_h5ad offers
+// as compression="lzf"): literal runs and back-references, no header.
+void decompress_lzf(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size);
 // One or more zstd frames (numcodecs Zstd, zarr v3 zstd codec, HDF5 filter 32015).
 void decompress_zstd(const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size);
 // A blosc1 frame, any inner codec c-blosc supports (blosclz, lz4, lz4hc,
@@ -56,7 +66,6 @@ struct ScaleOffsetParameters {
 };
 void decode_scaleoffset(const uint8_t* in, size_t in_size, uint8_t* out, const ScaleOffsetParameters& parameters);
 
-enum class Codec { kZlib, kGzip, kZstd, kBlosc };
 const char* codec_name(Codec codec);
 // What the encoded bytes say about their decoded size, checked against the
 // bytes themselves, so that no size read from a file is trusted before
@@ -64,7 +73,7 @@ const char* codec_name(Codec codec);
 // - exact: the size the data records (a blosc header, zstd frames with
 //   their content size), which the decoder will then require;
 // - otherwise the most it can decode to: deflate expands at most 1032:1;
-//   zstd frames without a content size, at most 65536:1.
+//   zstd frames without a content size, at most 65536:1; lzf, 88:1.
 // Throws std::runtime_error for a header that cannot be right.
 struct DecodedSize {
   uint64_t size = 0;

@@ -22,6 +22,7 @@ using hdf5::Datatype;
 
 namespace {
 
+constexpr uint16_t kLzfFilter = 32000;  // h5py's, which anndata's write_h5ad(compression="lzf") uses
 constexpr uint16_t kBloscFilter = 32001;
 constexpr uint16_t kZstdFilter = 32015;
 // HDF5 stores a chunk's size in 32 bits: no chunk is 4 GiB or more.
@@ -93,7 +94,9 @@ StoredType stored_type(const Datatype& type, const std::string& where) {
   }
 }
 
-bool is_compressor(uint16_t id) { return id == H5Z_FILTER_DEFLATE || id == kBloscFilter || id == kZstdFilter; }
+bool is_compressor(uint16_t id) {
+  return id == H5Z_FILTER_DEFLATE || id == kLzfFilter || id == kBloscFilter || id == kZstdFilter;
+}
 
 // Pipelines decoded natively: optional shuffle, then at most one compressor.
 bool natively_decodable(const std::vector<hdf5::Filter>& filters) {
@@ -124,6 +127,8 @@ std::string filter_name(const hdf5::Filter& filter) {
       return "nbit";
     case H5Z_FILTER_SCALEOFFSET:
       return "scaleoffset";
+    case kLzfFilter:
+      return "lzf";
   }
   return filter.name.empty() ? "filter" : printable(filter.name, 60);
 }
@@ -137,7 +142,7 @@ std::string describe_filters(const std::vector<hdf5::Filter>& filters) {
 }
 
 // The most bytes any encoding natively decoded here stores for `bytes` bytes
-// (deflate, zstd and blosc expand incompressible data by well under 1/16).
+// (deflate, lzf, zstd and blosc expand incompressible data by well under 1/16).
 uint64_t max_stored_bytes(uint64_t bytes) { return bytes + bytes / 16 + 1024; }
 
 // The scale-offset filter's parameters for integers, when it is the only
@@ -223,6 +228,8 @@ class Hdf5FilterDecoder : public ChunkDecoder {
       codecs::inflate_zlib(encoded.data(), encoded.size(), target, out_bytes);
     } else if (compressor->id == kBloscFilter) {
       codecs::decompress_blosc(encoded.data(), encoded.size(), target, out_bytes);
+    } else if (compressor->id == kLzfFilter) {
+      codecs::decompress_lzf(encoded.data(), encoded.size(), target, out_bytes);
     } else {
       codecs::decompress_zstd(encoded.data(), encoded.size(), target, out_bytes);
     }
@@ -239,6 +246,7 @@ class Hdf5FilterDecoder : public ChunkDecoder {
   }
   static codecs::Codec codec_of(const hdf5::Filter& filter) {
     return filter.id == H5Z_FILTER_DEFLATE ? codecs::Codec::kZlib
+           : filter.id == kLzfFilter       ? codecs::Codec::kLzf
            : filter.id == kBloscFilter     ? codecs::Codec::kBlosc
                                            : codecs::Codec::kZstd;
   }
@@ -686,7 +694,7 @@ std::shared_ptr<const Array> open_hdf5_array(hid_t file_id, const std::string& f
           throw core::Unsupported(
               concat(where, ": uses HDF5 filter '", filter_name(filter), "' (", filter.id,
                      "), which this HDF5 library cannot decode: install an HDF5 plugin for it and point "
-                     "HDF5_PLUGIN_PATH at it, or rewrite the dataset with gzip, blosc or zstd"));
+                     "HDF5_PLUGIN_PATH at it, or rewrite the dataset with gzip, lzf, blosc or zstd"));
         }
       }
       return library_read("filters " + describe_filters(filters));
@@ -741,8 +749,9 @@ std::vector<uint8_t> read_hdf5_elements(hid_t file_id, const Hdf5NativeFile& nat
     throw ReadError(concat(where, ": expected a 1-D dataset, this one has ", header.space.dims.size(), " dimensions"));
   }
   if (!natively_decodable(header.filters)) {
-    throw ReadError(concat(where, ": its filters (", describe_filters(header.filters),
-                           ") are not ones torch_shards decodes for string arrays (shuffle, deflate, blosc, zstd)"));
+    throw core::Unsupported(concat(where, ": its filters (", describe_filters(header.filters),
+                                   ") are not ones torch_shards decodes for string arrays (shuffle, then one of "
+                                   "deflate, lzf, blosc, zstd): rewrite it with gzip, lzf, blosc or zstd"));
   }
   const ChunkGeometry geometry = chunk_geometry(header, where);
   Hid dataset(H5Dopen2(file_id, path.c_str(), H5P_DEFAULT), H5Dclose);

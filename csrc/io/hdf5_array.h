@@ -1,8 +1,8 @@
 // HDF5 datasets as Arrays, read without HDF5's global lock where the layout
 // allows:
 // - contiguous datasets: pread at the dataset's file offset;
-// - chunked datasets whose filters are shuffle, deflate, blosc (32001) or
-//   zstd (32015): chunk addresses are tabulated once at open, then chunks are
+// - chunked datasets whose filters are shuffle, deflate, lzf (32000), blosc
+//   (32001) or zstd (32015): chunk addresses are tabulated once at open, then chunks are
 //   pread and decoded on the thread pool;
 // - anything else (other filters, compact or virtual layouts, external
 //   storage): HDF5's own read path, serialised under the library lock.

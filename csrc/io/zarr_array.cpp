@@ -760,32 +760,20 @@ codecs::Codec decompressor(BytesCodec codec) {
   throw std::logic_error("not a decompressor");
 }
 
-// The decoded size a compressed frame records (blosc and zstd headers, the
-// gzip trailer), for chunks whose decoded size the metadata does not give
-// (variable-length strings), checked against the frame before it is used
-// to allocate.
+// The decoded size a compressed frame records (blosc and zstd headers), for
+// chunks whose decoded size the metadata does not give (variable-length
+// strings), checked against the frame before it is used to allocate. zlib and
+// gzip record none: undo_bytes_codecs inflates them into a growing buffer.
 size_t recorded_decoded_size(BytesCodec codec, const std::vector<uint8_t>& data) {
   const codecs::DecodedSize found = codecs::decoded_size(decompressor(codec), data.data(), data.size());
-  uint64_t size = found.size;
   if (!found.exact) {
-    if (codec != BytesCodec::kGzip) {
-      throw std::runtime_error(concat("a ", bytes_codec_name(codec),
-                                      " stream that does not record its decoded size, which this chunk needs"));
-    }
-    // ISIZE: the decoded size modulo 2^32 (of the last member), within deflate's reach.
-    if (data.size() < 18) throw std::runtime_error("gzip stream shorter than its header and trailer");
-    const uint8_t* tail = data.data() + data.size() - 4;
-    const uint64_t recorded = static_cast<uint64_t>(tail[0]) | static_cast<uint64_t>(tail[1]) << 8 |
-                              static_cast<uint64_t>(tail[2]) << 16 | static_cast<uint64_t>(tail[3]) << 24;
-    if (recorded > found.size) {
-      throw std::runtime_error(concat("gzip stream of ", data.size(), " bytes claims ", recorded, " decoded bytes"));
-    }
-    size = recorded;
+    throw std::runtime_error(
+        concat("a ", bytes_codec_name(codec), " stream that does not record its decoded size, which this chunk needs"));
   }
-  if (size > kMaxRecordedSize) {
-    throw std::runtime_error(concat(bytes_codec_name(codec), " frame claims ", size, " decoded bytes"));
+  if (found.size > kMaxRecordedSize) {
+    throw std::runtime_error(concat(bytes_codec_name(codec), " frame claims ", found.size, " decoded bytes"));
   }
-  return static_cast<size_t>(size);
+  return static_cast<size_t>(found.size);
 }
 
 void decompress(BytesCodec codec, const uint8_t* in, size_t in_size, uint8_t* out, size_t out_size) {
@@ -835,8 +823,12 @@ bool undo_bytes_codecs(const std::vector<BytesCodec>& chain, std::vector<uint8_t
     // Below this codec only checksums (4 bytes each) may remain.
     const bool only_checksums_below =
         std::all_of(chain.begin(), chain.begin() + i, [](BytesCodec codec) { return codec == BytesCodec::kCrc32c; });
-    const size_t size =
-        decoded_size && only_checksums_below ? *decoded_size + 4 * i : recorded_decoded_size(chain[i], data);
+    const bool known = decoded_size && only_checksums_below;
+    if (!known && (chain[i] == BytesCodec::kGzip || chain[i] == BytesCodec::kZlib)) {
+      data = codecs::inflate_unsized(decompressor(chain[i]), data.data(), data.size(), kMaxRecordedSize);
+      continue;
+    }
+    const size_t size = known ? *decoded_size + 4 * i : recorded_decoded_size(chain[i], data);
     if (out && i == 0) {
       decompress(chain[i], data, out, size);
       return true;

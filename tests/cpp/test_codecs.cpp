@@ -160,6 +160,54 @@ Bytes blosc_compress_bytes(const Bytes& data, int clevel, int shuffle, size_t ty
   return out;
 }
 
+// LZF as h5py's filter writes it (greedy matches of 3 bytes or more, at most
+// 8192 bytes back, 264 long; literal runs of at most 32), for round trips:
+// the format, not liblzf's exact choices.
+Bytes lzf_compress(const Bytes& data) {
+  Bytes out;
+  std::vector<int64_t> last(1 << 16, -1);  // a 3-byte prefix's latest position
+  const auto prefix = [&](size_t i) { return (data[i] << 8 ^ data[i + 1] << 4 ^ data[i + 2]) & 0xffff; };
+  size_t literals = 0;  // pending, ending at i
+  const auto flush = [&](size_t end) {
+    for (size_t begin = end - literals; begin < end;) {
+      const size_t run = std::min<size_t>(32, end - begin);
+      out.push_back(static_cast<uint8_t>(run - 1));
+      out.insert(out.end(), data.begin() + static_cast<std::ptrdiff_t>(begin),
+                 data.begin() + static_cast<std::ptrdiff_t>(begin + run));
+      begin += run;
+    }
+    literals = 0;
+  };
+  for (size_t i = 0; i < data.size();) {
+    size_t length = 0, distance = 0;
+    if (i + 3 <= data.size()) {
+      const int64_t candidate = last[prefix(i)];
+      last[prefix(i)] = static_cast<int64_t>(i);
+      if (candidate >= 0 && i - static_cast<size_t>(candidate) <= 8192) {
+        distance = i - static_cast<size_t>(candidate);
+        while (length < 264 && i + length < data.size() && data[i + length] == data[i + length - distance]) ++length;
+      }
+    }
+    if (length < 3) {
+      ++literals;
+      ++i;
+      continue;
+    }
+    flush(i);
+    const size_t coded = length - 2, back = distance - 1;
+    if (coded < 7) {
+      out.push_back(static_cast<uint8_t>(coded << 5 | back >> 8));
+    } else {
+      out.push_back(static_cast<uint8_t>(7 << 5 | back >> 8));
+      out.push_back(static_cast<uint8_t>(coded - 7));
+    }
+    out.push_back(static_cast<uint8_t>(back & 0xff));
+    i += length;
+  }
+  flush(data.size());
+  return out;
+}
+
 // ------------------------------------------------------------------ helpers
 
 Bytes decode(Decoder decoder, const Bytes& in, size_t out_size) {
@@ -244,6 +292,70 @@ TEST(Codecs, InflateThrowsOnTruncatedOrCorruptStreams) {
   gzip_bad_length[gzip_bad_length.size() - 4] ^= 1;  // ISIZE
   EXPECT_TRUE(fails_with(inflate_gzip, gzip_bad_length, data.size(), "corrupt gzip stream: incorrect length check"));
   EXPECT_TRUE(fails_with(inflate_gzip, packed, data.size(), "corrupt gzip stream"));  // zlib header is not gzip
+}
+
+TEST(Codecs, InflateUnsizedDecodesWholeStreamsIntoAGrowingBuffer) {
+  for (size_t size : kSizes) {
+    const Bytes data = sample_data(size, 6);
+    const Bytes zlib = zlib_compress(data, 6), gzip = gzip_compress(data, 6);
+    EXPECT_EQ(inflate_unsized(Codec::kZlib, zlib.data(), zlib.size(), size_t{1} << 30), data) << size;
+    EXPECT_EQ(inflate_unsized(Codec::kGzip, gzip.data(), gzip.size(), size_t{1} << 30), data) << size;
+  }
+  // A megabyte of zeros from ~1 KB: grown many times over the first guess.
+  const Bytes zeros(1 << 20, 0), packed = zlib_compress(zeros, 9);
+  EXPECT_EQ(inflate_unsized(Codec::kZlib, packed.data(), packed.size(), zeros.size()), zeros);
+  try {
+    inflate_unsized(Codec::kZlib, packed.data(), packed.size(), zeros.size() - 1);
+    ADD_FAILURE() << "no exception beyond max_size";
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what()).find("decompresses to more than 1048575 bytes"), std::string::npos)
+        << error.what();
+  }
+  const Bytes data = sample_data(4096, 7), zlib = zlib_compress(data, 6);
+  try {
+    inflate_unsized(Codec::kZlib, zlib.data(), zlib.size() / 2, size_t{1} << 30);
+    ADD_FAILURE() << "no exception for a truncated stream";
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what()).find("zlib stream is truncated: it ends after"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_THROW(inflate_unsized(Codec::kZstd, zlib.data(), zlib.size(), 1 << 20), std::logic_error);
+}
+
+// ----------------------------------------------------------------------- lzf
+
+TEST(Codecs, DecompressLzfRoundTrips) {
+  for (size_t size : kSizes) {
+    for (uint64_t seed : {8, 9}) {
+      const Bytes data = sample_data(size, seed), packed = lzf_compress(data);
+      EXPECT_EQ(decode(decompress_lzf, packed, size), data) << size;
+      if (size > 4096) {
+        EXPECT_LT(packed.size(), size * 9 / 10) << "back-references were made";
+      }
+    }
+  }
+  const Bytes zeros(100000, 0);
+  EXPECT_EQ(decode(decompress_lzf, lzf_compress(zeros), zeros.size()), zeros);
+}
+
+TEST(Codecs, DecompressLzfReadsHandMadeStreams) {
+  // "abc" as a literal run, then 9 bytes 3 back (overlapping): the long form, 7 + 0 + 2.
+  const Bytes long_form = {2, 'a', 'b', 'c', 0xe0, 0x00, 0x02};
+  EXPECT_EQ(decode(decompress_lzf, long_form, 12), (Bytes{'a', 'b', 'c', 'a', 'b', 'c', 'a', 'b', 'c', 'a', 'b', 'c'}));
+  // The short form: 1 + 2 bytes, 1 back.
+  EXPECT_EQ(decode(decompress_lzf, Bytes({0, 'x', 0x20, 0x00}), 4), (Bytes{'x', 'x', 'x', 'x'}));
+  EXPECT_EQ(decode(decompress_lzf, Bytes{}, 0), Bytes{});
+}
+
+TEST(Codecs, DecompressLzfThrowsOnTruncatedOrCorruptStreams) {
+  EXPECT_TRUE(fails_with(decompress_lzf, Bytes({5, 'a', 'b'}), 6, "lzf stream is truncated: a literal run of 6"));
+  EXPECT_TRUE(fails_with(decompress_lzf, Bytes({0, 'a', 0x20}), 4, "lzf stream is truncated: a back-reference"));
+  EXPECT_TRUE(fails_with(decompress_lzf, Bytes({0, 'a', 0xe0, 0x00}), 12, "lzf stream is truncated"));
+  EXPECT_TRUE(fails_with(decompress_lzf, Bytes({0, 'a', 0x20, 0x05}), 4, "corrupt lzf stream: a back-reference 6"));
+  EXPECT_TRUE(fails_with(decompress_lzf, Bytes({0x20, 0x00}), 3, "corrupt lzf stream"));  // nothing to refer to
+  EXPECT_TRUE(fails_with(decompress_lzf, Bytes({0, 'x', 0x20, 0x00}), 3, "decompresses to more than 3 bytes"));
+  EXPECT_TRUE(fails_with(decompress_lzf, Bytes({1, 'x', 'y'}), 1, "decompresses to more than 1 bytes"));
+  EXPECT_TRUE(fails_with(decompress_lzf, Bytes({0, 'x', 0x20, 0x00}), 5, "decompressed to 4 bytes, expected 5"));
 }
 
 // ---------------------------------------------------------------------- zstd
@@ -898,6 +1010,17 @@ TEST(Codecs, FuzzDecompressBloscThrowsOrDecodesExactly) {
   EXPECT_GT(stats.decoded, 0u);
 }
 
+TEST(Codecs, FuzzDecompressLzfThrowsOrDecodesExactly) {
+  FuzzStats stats;
+  uint64_t seed = 450;
+  for (size_t size : {0, 1, 600, 3000, 40000}) {
+    const Bytes data = sample_data(size, seed);
+    fuzz(decompress_lzf, lzf_compress(data), size, ++seed, stats);
+  }
+  EXPECT_GT(stats.runs, 15000u);
+  EXPECT_GT(stats.decoded, 0u);
+}
+
 TEST(Codecs, FuzzDecodersOnHandMadeHeadersWithHugeSizes) {
   // zstd: a frame header claiming 2^63 bytes of content (8-byte FCS field).
   const Bytes zstd_huge = {0x28, 0xb5, 0x2f, 0xfd, 0xe0, 0, 0, 0, 0, 0, 0, 0, 0x80, 1, 0, 0};
@@ -937,6 +1060,10 @@ TEST(Codecs, DecodedSizeIsWhatTheFrameRecordsOrWhatItCanReach) {
   EXPECT_NO_THROW(check_decoded_size(Codec::kZlib, deflated.data(), deflated.size(), zeros.size()));
   EXPECT_THROW(check_decoded_size(Codec::kZlib, deflated.data(), deflated.size(), size_t{1} << 40), std::runtime_error);
   EXPECT_GE(decoded_size(Codec::kGzip, deflated.data(), deflated.size()).size, zeros.size());
+  // LZF records nothing: at most 88:1 (a 264-byte match in 3 bytes).
+  const Bytes lzf = lzf_compress(zeros);
+  EXPECT_NO_THROW(check_decoded_size(Codec::kLzf, lzf.data(), lzf.size(), zeros.size()));
+  EXPECT_THROW(check_decoded_size(Codec::kLzf, lzf.data(), lzf.size(), 88 * lzf.size() + 1), std::runtime_error);
   // zstd frames that do not record their size: at most 65536:1.
   ZSTD_CCtx* context = ZSTD_createCCtx();
   ZSTD_CCtx_setParameter(context, ZSTD_c_contentSizeFlag, 0);

@@ -1,5 +1,5 @@
 // libFuzzer target: the chunk decoders (zlib, gzip, zstd, blosc whole and in
-// part, HDF5 scale-offset) and the size checks that run before a chunk's
+// part, lzf, HDF5 scale-offset) and the size checks that run before a chunk's
 // buffer is allocated. Input: a selector byte, a 20-bit output size (under 1 MiB),
 // then the encoded bytes. Every input must decode to exactly that size or
 // throw std::runtime_error (blosc ranges marked trusted: may deliver any
@@ -22,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t* in = data + 4;
   const size_t in_size = size - 4;
   try {
-    if (selector % 5 == 4) {
+    if (selector % 6 == 5) {
       ScaleOffsetParameters parameters;
       const size_t sizes[] = {1, 2, 4, 8};
       parameters.size = sizes[(selector >> 3) & 3];
@@ -34,7 +34,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       decode_scaleoffset(in, in_size, out.data(), parameters);
       return 0;
     }
-    const Codec codec = static_cast<Codec>(selector % 4);
+    const Codec codec = static_cast<Codec>(selector % 6);
     // As the readers do: the size check first, the buffer after.
     check_decoded_size(codec, in, in_size, out_size);
     std::vector<uint8_t> out(out_size);
@@ -47,6 +47,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case Codec::kZstd:
         decompress_zstd(in, in_size, out.data(), out_size);
+        break;
+      case Codec::kLzf:
+        decompress_lzf(in, in_size, out.data(), out_size);
         break;
       case Codec::kBlosc:
         if (selector & 0x80) {  // parts of the frame, as block reads of annbatch's chunks ask for them
