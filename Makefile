@@ -60,14 +60,27 @@ test-cpp: setup
 
 test: lint test-python test-cpp
 
+# annbatch (and the newest anndata) need Python >= 3.12: its own venv, no torch, made from pyenv's
+# newest CPython 3.12+ (NEW_PYTHON=/path/to/python3.12+ to choose), with zarrs' codec pipeline as
+# annbatch documents.
+NEW_PYTHON ?= $(lastword $(sort $(wildcard $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python)))
+ANNBATCH_VENV := .venv-annbatch
+ANNBATCH_PYTHON ?= $(ANNBATCH_VENV)/bin/python
+$(ANNBATCH_VENV)/.installed:
+	@test -n "$(NEW_PYTHON)" || { echo "annbatch needs Python >= 3.12: pass NEW_PYTHON=/path/to/python"; exit 1; }
+	$(NEW_PYTHON) -m venv $(ANNBATCH_VENV)
+	$(ANNBATCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(ANNBATCH_VENV)/bin/python -m pip install -q annbatch zarrs anndata
+	touch $@
+
 # Side-by-side benchmarks (tables in benchmarks/results/, see the README). annbatch runs in its own
-# Python (>= 3.12, no torch): ANNBATCH_PYTHON=/path/to/venv/bin/python.
-bench: setup
+# Python (ANNBATCH_PYTHON, by default the venv above).
+bench: setup $(if $(filter $(ANNBATCH_VENV)/%,$(ANNBATCH_PYTHON)),$(ANNBATCH_VENV)/.installed)
 	$(PY) -m pip install -q $(BENCH_PACKAGES)
 	$(PY) benchmarks/plan_throughput.py --json benchmarks/results/plan_throughput.json | tee benchmarks/results/plan_throughput.txt
 	$(PY) benchmarks/storage_throughput.py | tee benchmarks/results/storage_throughput.txt
 	$(PY) benchmarks/cpp_iteration.py
-	$(PY) benchmarks/annbatch_format.py $(if $(ANNBATCH_PYTHON),--annbatch-python $(ANNBATCH_PYTHON)) | tee benchmarks/results/annbatch_format.txt
+	$(PY) benchmarks/annbatch_format.py --annbatch-python $(ANNBATCH_PYTHON) | tee benchmarks/results/annbatch_format.txt
 
 # The AnnData fixtures (tests/data/anndata): the script runs once per Python listed, each with its
 # own anndata (the environments are in the script's docstring), e.g.
@@ -77,7 +90,7 @@ fixtures:
 	for python in $(FIXTURE_PYTHONS); do $$python -W ignore tests/data/make_anndata_fixtures.py || exit 1; done
 
 clean:
-	rm -rf build $(VENV) torch_shards/lib torch_shards/include torch_shards/share torch_shards/_build_info.py *.egg-info
+	rm -rf build $(VENV) $(ANNBATCH_VENV) torch_shards/lib torch_shards/include torch_shards/share torch_shards/_build_info.py *.egg-info
 
 # Robustness (see README, Development): the GoogleTest suites and the libFuzzer
 # targets built with AddressSanitizer + UndefinedBehaviorSanitizer (clang from

@@ -10,7 +10,7 @@ The file: a CSR .h5ad (benchmarks/storage_throughput.py writes it) turned into a
 DatasetCollection by annbatch's own add_adatas with its defaults (zarr v3, sharded, blosc lz4
 clevel 3 with byte shuffle, 64-row chunks), in --data-dir (benchmarks/data). Writing it and
 reading with annbatch need a Python with annbatch (>= 3.12, no torch): --annbatch-python (default:
-/work/venv313/bin/python when it exists); without one, annbatch is reported as not installed and
+.venv-annbatch, which `make bench` makes, when it exists); without one, annbatch is reported as not installed and
 the collection must exist already.
 
 Measured, rows/s and rows per CPU-second (of the measuring process, every thread: steadier where
@@ -65,8 +65,11 @@ CONFIGS = [64, 512]  # chunk size (annbatch) = block size (torch_shards)
 
 
 def default_annbatch_python():
-    candidate = "/work/venv313/bin/python"
-    return candidate if os.path.exists(candidate) else None
+    """The Makefile's annbatch venv (make bench makes it), else the one this VM's sessions used."""
+    for candidate in (os.path.join(HERE, "..", ".venv-annbatch", "bin", "python"), "/work/venv313/bin/python"):
+        if os.path.exists(candidate):
+            return os.path.normpath(candidate)
+    return None
 
 
 def datasets_suffix(args):
