@@ -78,6 +78,25 @@ def test_each_epoch_of_an_endless_loop_over_workers_is_one_run_of_it(num_workers
         endless.state_dict(consumed_batches=3)
 
 
+@pytest.mark.parametrize("even_batches", ["drop", None])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_endless_loop_of_empty_epochs_is_refused_not_spun(even_batches, num_workers):
+    # 5 rows, batch 8, 2 ranks: one batch in all, so rank 1 gets none (and under "drop" neither does rank 0).
+    ds = ts.ShardedDataset(
+        np.arange(5), ts.Streaming(), batch_size=8, even_batches=even_batches, rank=1, world_size=2, seed=0, cycle=True
+    )
+    assert ds.batches_per_epoch() == 0
+    context = "fork" if num_workers else None
+    loader = DataLoader(ds, batch_size=None, num_workers=num_workers, multiprocessing_context=context)
+    with pytest.raises(ValueError, match=r"rank 1 of 2 gets no batch in an epoch .* would spin without ever yielding"):
+        next(iter(loader))
+    assert ds.epoch <= 1 or num_workers > 0  # in the process: the first two (empty) epochs, no more
+    rank0 = ts.ShardedDataset(
+        np.arange(5), ts.Streaming(), batch_size=8, even_batches=None, rank=0, world_size=2, seed=0, cycle=True
+    )
+    assert [batch["index"].tolist() for batch in take(rank0, 3)] == [list(range(5))] * 3  # rank 0 has its batch
+
+
 def _cycle_rank(rank, world_size):
     ds = ts.ShardedDataset(torch.arange(256), ts.BlockShuffling(8), batch_size=16, fetch_factor=2, cycle=True)
     per_epoch = ds.batches_per_epoch()

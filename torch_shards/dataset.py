@@ -452,6 +452,14 @@ class ShardedDataset(IterableDataset, NativeBacked):
                 return
             stream_start += iterator.rank_batches()
             iterator = self._started(start, stream_start)
+            if iterator.rank_batches() == 0:  # a fresh epoch: so would be every one after it
+                iterator.close()
+                raise ValueError(
+                    f"ShardedDataset(cycle=True): rank {self.native.rank()} of {self.native.world_size()} gets no "
+                    f"batch in an epoch ({self.native.plan_size()} plan entries, batch_size={self.batch_size}, "
+                    f"even_batches={self.even_batches!r}): the endless loop would spin without ever yielding one. "
+                    "Use fewer ranks, a smaller batch_size or even_batches='pad'"
+                )
 
     def _collection_batches(self, iterator):
         """Batches of a collection fetched in Python: the native side deals the units and cuts them
