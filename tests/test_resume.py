@@ -59,6 +59,7 @@ class Rank:
             batch = iterator.next()
             if batch is None:
                 del self.live[position]
+                self.turn = position  # the next worker now sits there (a wrapped turn would skip it)
                 continue
             self.turn = position + 1
             return tuple(batch["index"].tolist()), iterator.last_was_padding()
@@ -192,6 +193,36 @@ def test_ranks_that_consumed_nothing_count_in_the_merged_state(steps, started):
     for rank in after:
         rank.dataset.load_state_dict(states)
     assert real(consumed) + real(run(after)) == uninterrupted("BlockShuffling", even_batches=None)
+
+
+@pytest.mark.parametrize("idle", ["never-started", "started"])
+@pytest.mark.parametrize("steps", [2, None])
+def test_ranks_through_workers_merge_with_a_rank_that_took_no_batch(idle, steps):
+    # Rank 0 consumed batches through 2 workers (None: all of them); rank 1 took none: never started its
+    # loader (its dataset knows of no workers) or started it and stopped before the first batch.
+    ranks = job("BlockShuffling", 2, 2, even_batches=None)
+    consumed = run([ranks[0]], steps)
+    if idle == "started":
+        run([ranks[1]], 0)
+    states = [ranks[0].dataset.state_dict(consumed_batches=len(consumed[0])), ranks[1].dataset.state_dict(0)]
+    after = job("BlockShuffling", 3, 1, even_batches=None)
+    for rank in after:
+        rank.dataset.load_state_dict(states)
+    assert real(consumed) + real(run(after)) == uninterrupted("BlockShuffling", even_batches=None)
+
+
+def test_merged_states_of_a_finished_epoch_point_at_the_next():
+    # One batch in all: rank 0 took it, rank 1 had none (and never started): the epoch is over.
+    ranks = job("BlockShuffling", 2, 0, even_batches=None, batch_size=64)
+    consumed = run([ranks[0]])
+    assert len(consumed[0]) == 1 and len(ranks[1].dataset) == 0
+    states = [rank.dataset.state_dict() for rank in ranks]
+    assert [state["epoch"] for state in states] == [1, 0]
+    after = make("BlockShuffling", even_batches=None, batch_size=64)
+    after.load_state_dict(states)
+    assert len(after) == 1
+    assert real([run([Rank(after, 0)])[0]]) == uninterrupted("BlockShuffling", epoch=1, batch_size=64)
+    assert after.epoch == 1
 
 
 @pytest.mark.parametrize("world_size", [1, 2])

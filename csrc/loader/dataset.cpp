@@ -576,8 +576,9 @@ StateDict ShardedDatasetImpl::merge_state_dicts(const std::vector<StateDict>& st
   for (const StateDict& state : states) {
     TORCH_CHECK_VALUE(entry(state, "worker") < 0, kWho,
                       ".merge_state_dicts: DataLoader workers' own states cannot be merged");
-    for (const char* key : {"version", "seed", "world_size", "num_workers", "rows", "plan_size", "batch_size",
-                            "fetch_factor", "drop_last", "even_batches", "source_hash", "strategy_hash"}) {
+    // num_workers aside: a rank that took no batch (e.g. never started its DataLoader) knows none.
+    for (const char* key : {"version", "seed", "world_size", "rows", "plan_size", "batch_size", "fetch_factor",
+                            "drop_last", "even_batches", "source_hash", "strategy_hash"}) {
       TORCH_CHECK_VALUE(entry(state, key) == entry(first, key), kWho,
                         ".merge_state_dicts: the ranks' states differ in '", key, "' (", entry(first, key), " and ",
                         entry(state, key), ")");
@@ -611,12 +612,6 @@ StateDict ShardedDatasetImpl::merge_state_dicts(const std::vector<StateDict>& st
   }
   // With no segments at all, no rank consumed anything of a fresh epoch but those that finished it.
   const std::vector<core::ResumeSegment> prior(reference.begin(), reference.end() - (reference.empty() ? 0 : 1));
-  const core::ResumeSegment current{world_size, entry(first, "num_workers"), {}};
-  TORCH_CHECK_VALUE(reference.empty() || (reference.back().world_size == current.world_size &&
-                                          reference.back().num_workers == current.num_workers),
-                    kWho, ".merge_state_dicts: the ranks' states were taken on ", current.world_size, " ranks of ",
-                    current.num_workers, " workers, but their last segment ran on ", reference.back().world_size,
-                    " ranks of ", reference.back().num_workers, " workers");
   const auto same = [](const core::ResumeSegment& a, const core::ResumeSegment& b) {
     return a.world_size == b.world_size && a.num_workers == b.num_workers && a.consumed == b.consumed;
   };
@@ -628,32 +623,58 @@ StateDict ShardedDatasetImpl::merge_state_dicts(const std::vector<StateDict>& st
                                     entry(first, "even_batches") == 0   ? core::EvenBatches::kPad
                                     : entry(first, "even_batches") == 1 ? core::EvenBatches::kDrop
                                                                         : core::EvenBatches::kNone};
-  const core::Resumption resumption(entry(first, "plan_size"), options, prior, current.world_size, current.num_workers);
-  core::ResumeSegment merged{current.world_size, current.num_workers, {}};
+  // What each rank had left when this run started (the same whatever the workers) and consumed in it.
+  const core::Resumption before(entry(first, "plan_size"), options, prior, world_size, 1);
+  std::vector<int64_t> consumed;
+  std::optional<int64_t> run_workers;  // the DataLoader workers of the ranks that consumed batches in this run
   for (int64_t rank = 0; rank < world_size; ++rank) {
     const StateDict& state = *by_rank[rank];
+    int64_t workers = entry(state, "num_workers");
     if (entry(state, "epoch") == epoch + 1 && entry(state, "segments") == 0) {
-      merged.consumed.push_back(resumption.rank_batches(rank));  // this rank finished the epoch
-      continue;
+      consumed.push_back(before.rank_batches(rank));  // this rank finished the epoch
+    } else {
+      TORCH_CHECK_VALUE(entry(state, "epoch") == epoch, kWho, ".merge_state_dicts: ranks are in epochs ", epoch,
+                        " and ", entry(state, "epoch"));
+      const std::vector<core::ResumeSegment> segments = segments_of(state);
+      TORCH_CHECK_VALUE(
+          (segments.size() == reference.size() || segments.size() == prior.size()) && starts_with_prior(segments), kWho,
+          ".merge_state_dicts: the ranks' states come from different interruptions of epoch ", epoch);
+      // Without a segment of its own, the rank consumed nothing in this run.
+      const bool own = segments.size() != prior.size();
+      consumed.push_back(own ? segments.back().consumed_by(rank) : 0);
+      if (own) {
+        TORCH_CHECK_VALUE(segments.back().world_size == world_size, kWho, ".merge_state_dicts: rank ", rank,
+                          "'s state was taken on ", world_size, " ranks, but its last segment ran on ",
+                          segments.back().world_size);
+        workers = segments.back().num_workers;
+      }
     }
-    TORCH_CHECK_VALUE(entry(state, "epoch") == epoch, kWho, ".merge_state_dicts: ranks are in epochs ", epoch, " and ",
-                      entry(state, "epoch"));
-    const std::vector<core::ResumeSegment> segments = segments_of(state);
-    TORCH_CHECK_VALUE(
-        (segments.size() == reference.size() || segments.size() == prior.size()) && starts_with_prior(segments), kWho,
-        ".merge_state_dicts: the ranks' states come from different interruptions of epoch ", epoch);
-    // Without a segment of its own, the rank consumed nothing in this run.
-    merged.consumed.push_back(segments.size() == prior.size() ? 0 : segments.back().consumed_by(rank));
-  }
-  if (std::all_of(merged.consumed.begin(), merged.consumed.end(),
-                  [&](int64_t consumed) { return consumed == merged.consumed.front(); })) {
-    merged.consumed.resize(1);
+    if (consumed.back() == 0) continue;
+    TORCH_CHECK_VALUE(!run_workers || *run_workers == workers, kWho,
+                      ".merge_state_dicts: the ranks consumed their batches through different numbers of DataLoader "
+                      "workers (",
+                      *run_workers, " and ", workers, " on rank ", rank, ")");
+    run_workers = workers;
   }
   StateDict out;
   for (const auto& item : *behind) {
     if (item.key().rfind("segment", 0) != 0) out.insert(item.key(), item.value());
   }
   out.insert_or_assign("rank", 0);
+  bool finished = true;  // every rank consumed all it had left: the next epoch starts afresh
+  for (int64_t rank = 0; rank < world_size; ++rank) finished = finished && consumed[rank] == before.rank_batches(rank);
+  if (finished) {
+    out.insert_or_assign("epoch", epoch + 1);
+    put_segments(out, {});
+    return out;
+  }
+  // A rank that took no batch in this run counts as having run on the others' workers.
+  core::ResumeSegment merged{world_size, run_workers.value_or(entry(first, "num_workers")), std::move(consumed)};
+  if (std::all_of(merged.consumed.begin(), merged.consumed.end(),
+                  [&](int64_t count) { return count == merged.consumed.front(); })) {
+    merged.consumed.resize(1);
+  }
+  out.insert_or_assign("num_workers", merged.num_workers);
   std::vector<core::ResumeSegment> segments = prior;
   segments.push_back(std::move(merged));
   put_segments(out, segments);
