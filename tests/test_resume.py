@@ -150,9 +150,17 @@ def test_len_is_the_rest_of_the_resumed_epoch_then_a_whole_one():
     expected = len([batch for batch in after])
     resumed = make("BlockShuffling", world_size=3, rank=1)
     resumed.load_state_dict(state)
-    assert len(resumed) == expected < len(make("BlockShuffling", world_size=3))
-    list(resumed)
-    assert len(resumed) == len(make("BlockShuffling", world_size=3))
+    whole = len(make("BlockShuffling", world_size=3))
+    assert len(resumed) == expected < whole
+    assert [len(resumed) for _ in resumed] == [expected] * expected  # also while the resumed epoch runs
+    assert len(resumed) == whole
+    # A resumed epoch broken out of: the next iteration is a whole epoch, and len() says so.
+    broken = make("BlockShuffling", world_size=3, rank=1)
+    broken.load_state_dict(state)
+    for _ in broken:
+        assert len(broken) == expected
+        break
+    assert len(broken) == whole
 
 
 def test_successive_resumes_in_one_epoch_stay_exact():

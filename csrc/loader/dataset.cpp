@@ -305,6 +305,12 @@ int64_t ShardedDatasetImpl::rank_batches_after(const std::vector<core::ResumeSeg
 }
 
 int64_t ShardedDatasetImpl::num_batches() const {
+  // An epoch iterated in this process: its batches (a resumed one's rest) until its iterator ends.
+  const std::shared_ptr<IterationProgress> current = current_;
+  if (current && current->under_way && !current->iteration->in_worker &&
+      current->iteration->epoch == core::epoch_state_last(words(shared_state_))) {
+    return current->iteration->rank_batches;
+  }
   // The epoch the next iteration starts: a loaded checkpoint's remains, or a whole epoch.
   const std::optional<core::ResumeRecord> record = core::load_resume_record(words(shared_state_));
   if (record && record->epoch == next_epoch()) return rank_batches_after(record->segments, 1);
@@ -749,7 +755,10 @@ BatchIteratorImpl::BatchIteratorImpl(std::unique_ptr<EpochReader> reader, std::s
       shared_state_(std::move(shared_state)),
       slot_(slot) {}
 
-BatchIteratorImpl::~BatchIteratorImpl() { reader_->close(); }
+BatchIteratorImpl::~BatchIteratorImpl() {
+  progress_->under_way = false;
+  reader_->close();
+}
 
 void BatchIteratorImpl::deliver_to(c10::Device device) {
   device_stage_ = translate_errors([&] { return std::make_unique<DeviceStage>(device); });
@@ -772,6 +781,7 @@ bool BatchIteratorImpl::refill() {
   std::optional<EpochReader::Unit> unit = reader_->next();
   if (!unit) {
     finished_ = true;
+    progress_->under_way = false;
     return false;
   }
   // Cut here, not by the reader threads: a batch's tensor objects are then
@@ -868,6 +878,7 @@ void BatchIteratorImpl::push_unit(const Batch& unit) {
 }
 
 void BatchIteratorImpl::close() {
+  progress_->under_way = false;
   reader_->close();
   pending_.clear();
   next_pending_ = 0;

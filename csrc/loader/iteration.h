@@ -38,6 +38,8 @@ struct Iteration {
 struct IterationProgress {
   std::shared_ptr<const Iteration> iteration;
   std::atomic<int64_t> delivered{0};
+  // Until its iterator ends, is closed or is gone: len() is then this iteration's batches.
+  std::atomic<bool> under_way{true};
 };
 
 }  // namespace torch_shards
