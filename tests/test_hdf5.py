@@ -225,6 +225,24 @@ def test_truncated_file_is_reported_not_crashed(tmp_path):
             ts.HDF5Source(truncated, name).read(range(1000))
 
 
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_file_that_shrinks_under_dataloader_workers_is_reported_not_a_bus_error(tmp_path, context):
+    # Mapped before the fork (the source read once), the file then shrinks: the worker's read of the
+    # vanished pages faults. torch's worker replaces the process's SIGBUS handler with one that exits;
+    # the reader installs its own again in each process, so the fault is an error naming the file.
+    path = tmp_path / "shrinks.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("X", data=np.ones((20000, 16), np.float32))
+    source = ts.HDF5Source(path, "X")
+    source.read([0])
+    dataset = ts.ShardedDataset(source, ts.Streaming(), batch_size=512, seed=0)
+    os.truncate(path, os.path.getsize(path) // 2)
+    loader = DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context=context)
+    with pytest.raises(RuntimeError, match=r"shrinks.h5.*(shrank or its storage failed|past the end|truncated)"):
+        for _ in loader:
+            pass
+
+
 def test_corrupt_chunks_raise_instead_of_returning_wrong_data(tmp_path):
     data = np.random.default_rng(5).standard_normal((64, 16)).astype(np.float32)
     compressions = {

@@ -45,22 +45,19 @@ void on_sigbus(int signal, siginfo_t* info, void* context) {
   }
 }
 
-void install_sigbus_handler() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    struct sigaction action {};
-    action.sa_sigaction = on_sigbus;
-    action.sa_flags = SA_SIGINFO | SA_NODEFER;  // NODEFER: jumping out leaves SIGBUS unblocked
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGBUS, &action, &previous_sigbus);
-  });
-}
+// The process whose SIGBUS handler is on_sigbus. A forked DataLoader worker
+// inherits it, then torch replaces it with its own (which reports a bus
+// error and exits): the worker installs it again, chained to torch's.
+std::atomic<int> sigbus_handler_pid{0};
+
+void install_sigbus_handler();
 
 // Runs work() with a SIGBUS on this thread jumping back here: false if one
 // did (work was abandoned where it stood). An exception from work() passes
 // through, the guard removed.
 template <typename Work>
 bool guarded(const Work& work) {
+  install_sigbus_handler();
   sigjmp_buf target;
   if (sigsetjmp(target, 0) != 0) {
     guarded_copy_target = nullptr;
@@ -119,6 +116,24 @@ void install_fork_handler() {
   });
 }
 
+// Once per process (a fork's child included), before its first guarded read.
+void install_sigbus_handler() {
+  const int pid = current_process_id();
+  if (sigbus_handler_pid.load(std::memory_order_acquire) == pid) return;
+  std::lock_guard<std::mutex> lock(*first_use);
+  if (sigbus_handler_pid.load(std::memory_order_relaxed) == pid) return;
+  struct sigaction current {};
+  sigaction(SIGBUS, nullptr, &current);
+  if (!(current.sa_flags & SA_SIGINFO) || current.sa_sigaction != on_sigbus) {
+    struct sigaction action {};
+    action.sa_sigaction = on_sigbus;
+    action.sa_flags = SA_SIGINFO | SA_NODEFER;  // NODEFER: jumping out leaves SIGBUS unblocked
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGBUS, &action, &previous_sigbus);
+  }
+  sigbus_handler_pid.store(pid, std::memory_order_release);
+}
+
 }  // namespace
 
 int current_process_id() {
@@ -157,7 +172,6 @@ const uint8_t* File::mapping() const {
       mapping_failed_ = true;  // e.g. a file system without mmap: pread it is
       return nullptr;
     }
-    install_sigbus_handler();
     mapped_.store(static_cast<const uint8_t*>(address), std::memory_order_release);
   }
   return mapped_.load();
