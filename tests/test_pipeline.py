@@ -281,6 +281,29 @@ def test_batches_cut_from_a_fetch_transforms_tensors_keep_their_history_and_layo
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_conjugate_and_negative_views_arrive_as_they_read(num_workers):
+    # x.conj() and x.conj().imag are views whose bit says how to read their memory: a TensorSource
+    # over one, or a fetch_transform returning one, must deliver the values they show, not their memory.
+    z = torch.complex(torch.arange(6.0), torch.ones(6))
+    expected = z.conj().resolve_conj()
+
+    def loader(dataset):
+        return DataLoader(dataset, batch_size=None, num_workers=num_workers)
+
+    source = ts.ShardedDataset(ts.TensorSource(z.conj()), ts.Streaming(), batch_size=6, seed=0)
+    assert torch.equal(next(iter(loader(source)))["X"], expected)
+    assert torch.equal(ts.TensorSource(z.conj()).read(list(range(6)))["X"], expected)
+
+    def transform(unit):
+        return {**unit, "X": torch.complex(unit["X"], torch.ones_like(unit["X"])).conj(), "Y": z[:6].conj().imag}
+
+    real = ts.ShardedDataset(torch.arange(6.0), ts.Streaming(), batch_size=3, seed=0, fetch_transform=transform)
+    batches = list(loader(real))
+    assert torch.equal(torch.cat([batch["X"] for batch in batches]), expected)
+    assert torch.equal(torch.cat([batch["Y"] for batch in batches]), -torch.ones(6))
+
+
 def test_forked_workers_start_while_reader_threads_run():
     source = rows_source(300)
     ds = dataset(source, ts.BlockShuffling(4), prefetch=3, num_threads=3)

@@ -5,6 +5,8 @@
 #include <ATen/ops/add.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/resolve_conj.h>
+#include <ATen/ops/resolve_neg.h>
 #include <ATen/ops/sparse_csr_tensor.h>
 #include <ATen/ops/sub.h>
 #include <ATen/ops/to.h>
@@ -15,6 +17,17 @@
 #include "core/errors.h"
 
 namespace torch_shards {
+
+sources::Batch with_views_resolved(const sources::Batch& batch) {
+  const auto lazy = [](const at::Tensor& tensor) { return tensor.defined() && (tensor.is_conj() || tensor.is_neg()); };
+  if (std::none_of(batch.begin(), batch.end(), [&](const auto& item) { return lazy(item.value()); })) return batch;
+  sources::Batch out;
+  for (const auto& item : batch) {
+    out.insert(item.key(), lazy(item.value()) ? item.value().resolve_conj().resolve_neg() : item.value());
+  }
+  return out;
+}
+
 namespace {
 
 // Rows [first, first + count) of `base`, sharing its storage. A plain tensor

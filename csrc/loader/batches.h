@@ -15,6 +15,13 @@ namespace torch_shards {
 // not a tensor with rows or if they disagree.
 int64_t rows_of(const sources::Batch& batch, const std::string& who);
 
+// `batch` with every conjugate or negative view (x.conj(), x.conj().imag)
+// materialised: such a view's bit says how to read its memory, and code that
+// copies, shares or describes that memory directly (a TensorSource's rows, a
+// worker's packed batches) would deliver it unconjugated, unnegated. The same
+// tensors where no field has the bit.
+sources::Batch with_views_resolved(const sources::Batch& batch);
+
 // Batches of batch_size rows (the last may be short): views of the unit's
 // tensors. CSR tensors become views of their columns and values, with row
 // offsets rebased for every batch into `offsets[field]` when given (rows +

@@ -873,7 +873,7 @@ void BatchIteratorImpl::push_unit(const Batch& unit) {
                       "number and order): it got ", unit_rows_, " rows and returned ", rows);
     const bool padding = unit_padding_;
     unit_rows_ = -1;
-    cut(unit, padding);
+    cut(with_views_resolved(unit), padding);  // a worker's batches cross as their memory
   });
 }
 

@@ -11,6 +11,7 @@
 #include "core/errors.h"
 #include "core/radix_sort.h"
 #include "core/streaming_copy.h"
+#include "loader/batches.h"
 
 namespace torch_shards::sources {
 
@@ -112,7 +113,7 @@ void gather_rows(const uint8_t* source, size_t row_bytes, const RowRequest& requ
   });
 }
 
-TensorSource::TensorSource(Batch fields) : fields_(std::move(fields)) {
+TensorSource::TensorSource(Batch fields) : fields_(with_views_resolved(fields)) {
   check_argument(!fields_.empty(), "TensorSource: needs at least one tensor");
   bool first = true;
   for (const auto& item : fields_) {
