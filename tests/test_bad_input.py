@@ -32,7 +32,7 @@ def dataset(**kwargs):
         (dict(batch_size=2**20, fetch_factor=2**12), ValueError, r"batch_size \* fetch_factor must be < 2\*\*31"),
         (dict(rank=2, world_size=2), ValueError, r"rank must be in \[0, world_size=2\), got 2"),
         (dict(rank=-1, world_size=2), ValueError, r"rank must be in \[0, world_size=2\), got -1"),
-        (dict(world_size=0, rank=0), ValueError, "world_size must be >= 1, got 0"),
+        (dict(world_size=0, rank=0), ValueError, r"world_size must be in \[1, 2\*\*20\], got 0"),
         (dict(even_batches="equal"), ValueError, "even_batches must be 'pad', 'drop' or None, got 'equal'"),
         (dict(even_batches=True), ValueError, "even_batches must be 'pad', 'drop' or None, got True"),
         (dict(drop_last="yes"), TypeError, "drop_last must be a bool"),
@@ -304,3 +304,54 @@ def test_missing_labels_are_never_drawn():
     labels = [0, 1, -1, 1, -1, 0]  # -1: a missing category, as pandas and anndata code it
     draws = ts.ClassBalancedSampling(labels, total_size=600).plan(6, seed=3).tolist()
     assert not {2, 4} & set(draws) and {0, 1, 3, 5} == set(draws)
+
+
+def test_sizes_that_would_overflow_or_exhaust_memory_are_refused():
+    with pytest.raises(
+        ValueError, match=r"ShardedDataset: world_size must be in \[1, 2\*\*20\], got 2305843009213693952"
+    ):
+        dataset(rank=0, world_size=2**61)
+    with pytest.raises(
+        ValueError, match=r"DistributedSampler: num_replicas must be in \[1, 2\*\*20\], got 9223372036854775807"
+    ):
+        ts.DistributedSampler(list(range(5)), num_replicas=2**63 - 1, rank=5)
+    weighted = ts.BlockWeightedSampling([1.0] * 20, total_size=2**63 - 1)
+    with pytest.raises(ValueError, match=r"DistributedSampler: the strategy's plan has 9223372036854775807 entries"):
+        ts.DistributedSampler(list(range(20)), num_replicas=3, rank=2, strategy=weighted)
+    for target in (dataset(), ts.DistributedSampler(list(range(20)), num_replicas=1, rank=0)):
+        with pytest.raises(ValueError, match=r"epoch must be in \[0, 2\*\*62\], got 9223372036854775807"):
+            target.set_epoch(2**63 - 1)
+    state = dataset().state_dict()
+    state["segments"] = [[2**40, 1, 0]]
+    with pytest.raises(ValueError, match=r"world_size must be in \[1, 2\*\*20\], got 1099511627776"):
+        dataset().load_state_dict(state)
+    state["segments"] = [[2, 1000, 0]]
+    with pytest.raises(ValueError, match=r"world_size in \[1, 2\*\*20\] and num_workers in \[1, 256\], got 2 and 1000"):
+        dataset().load_state_dict(state)
+
+
+def test_labels_that_would_wrap_to_missing_are_refused():
+    labels = np.array([0, 2**64 - 1] * 10, dtype=np.uint64)  # as int64, -1: "missing", never drawn
+    with pytest.raises(ValueError, match=r"ClassBalancedSampling: labels must be < 2\*\*63, got 18446744073709551615"):
+        ts.ClassBalancedSampling(labels)
+
+
+def test_field_names_with_a_nul_are_refused():
+    with pytest.raises(ValueError, match=r"TensorSource: field name 'a\\x00x' contains a NUL character"):
+        ts.TensorSource({"a\0x": torch.zeros(8), "a\0y": torch.ones(8)})
+
+
+@pytest.mark.parametrize(
+    "transform,message",
+    [
+        (lambda unit: {name: value.flip(0) for name, value in unit.items()}, "in their order"),
+        (lambda unit: {**unit, "index": torch.zeros_like(unit["index"])}, "differs from the unit's"),
+        (lambda unit: {name: value for name, value in unit.items() if name != "index"}, "the unit's 'index' field"),
+    ],
+    ids=["reversed", "index-zeroed", "index-dropped"],
+)
+def test_a_fetch_transform_that_reorders_or_renames_rows_is_refused(transform, message):
+    with pytest.raises(ValueError, match=f"fetch_transform must keep .*{message}"):
+        list(dataset(fetch_transform=transform))
+    kept = dataset(fetch_transform=lambda unit: {**unit, "X": unit["X"] * 2})  # values may change, rows may not
+    assert sorted(i for batch in kept for i in batch["index"].tolist()) == list(range(20))

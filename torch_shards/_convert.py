@@ -115,6 +115,8 @@ def label_codes(name, labels):
     if array.size == 0:
         raise ValueError(f"{name} must not be empty")
     if np.issubdtype(array.dtype, np.integer):
+        if array.dtype.kind == "u" and array.max() >= 2**63:  # would wrap to a negative code: "missing"
+            raise ValueError(f"{name} must be < 2**63, got {array.max()}")
         return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)), None
     if np.issubdtype(array.dtype, np.floating):
         if np.isnan(array).any():

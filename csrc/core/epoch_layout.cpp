@@ -32,7 +32,7 @@ void check_loader_options(const LoaderOptions& options, int64_t world_size) {
   // Fetches are shuffled with 32-bit bounded draws.
   check_argument(options.batch_size <= std::numeric_limits<int32_t>::max() / options.fetch_factor,
                  "batch_size * fetch_factor must be < 2**31, got ", options.batch_size, " * ", options.fetch_factor);
-  check_argument(world_size >= 1, "world_size must be >= 1, got ", world_size);
+  check_argument(world_size >= 1 && world_size <= kMaxWorldSize, "world_size must be in [1, 2**20], got ", world_size);
 }
 
 EpochLayout::EpochLayout(int64_t plan_size, const LoaderOptions& options, int64_t world_size)

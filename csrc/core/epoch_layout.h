@@ -17,6 +17,14 @@
 
 namespace torch_shards::core {
 
+// Bounds that keep the counts of layouts, samplers and resume states within
+// int64, and their memory (a few words a rank) in proportion: more ranks than
+// any job runs, epochs that count on and plans padded to a multiple of the
+// ranks without overflowing (DataLoader workers: epoch_state.h's kMaxWorkers).
+constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+constexpr int64_t kMaxEpoch = int64_t{1} << 62;
+constexpr int64_t kMaxPlanSize = int64_t{1} << 62;
+
 enum class EvenBatches { kPad, kDrop, kNone };
 
 EvenBatches parse_even_batches(const std::string& value);  // "pad", "drop" or "none"

@@ -1,5 +1,7 @@
 #include "resume.h"
 
+#include "epoch_state.h"
+
 #include <algorithm>
 #include <tuple>
 
@@ -211,9 +213,9 @@ Resumption::Resumption(int64_t plan_size, const LoaderOptions& options, const st
   for (size_t start = 0; start < segments.size();) {
     // A run: consecutive segments on one topology, continuing one dealing.
     const int64_t run_world = segments[start].world_size, run_workers = segments[start].num_workers;
-    check_argument(run_world >= 1 && run_workers >= 1,
-                   "a resume segment needs world_size >= 1 and num_workers >= 1, got ", run_world, " and ",
-                   run_workers);
+    check_argument(run_world >= 1 && run_world <= kMaxWorldSize && run_workers >= 1 && run_workers <= kMaxWorkers,
+                   "a resume segment needs world_size in [1, 2**20] and num_workers in [1, 256], got ", run_world,
+                   " and ", run_workers);
     if (start > 0) base = next_dealing(base, world, workers, skips, run_world);
     world = run_world;
     workers = run_workers;

@@ -3,6 +3,7 @@
 #include <ATen/Context.h>
 #include <ATen/StorageUtils.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
 #include <sched.h>
@@ -284,7 +285,7 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
 }
 
 void ShardedDatasetImpl::set_epoch(int64_t epoch) {
-  TORCH_CHECK_VALUE(epoch >= 0, kWho, ": epoch must be >= 0, got ", epoch);
+  TORCH_CHECK_VALUE(epoch >= 0 && epoch <= core::kMaxEpoch, kWho, ": epoch must be in [0, 2**62], got ", epoch);
   translate_errors([&] {
     // Pinning another epoch than a loaded checkpoint's forgets the checkpoint; pinning its own keeps it
     // (loops that call set_epoch(epoch) every epoch resume as they should).
@@ -848,6 +849,7 @@ std::optional<Batch> BatchIteratorImpl::next_unit() {
     std::optional<EpochReader::Unit> unit = reader_->next();
     if (!unit) {
       finished_ = true;
+      progress_->under_way = false;
       return std::nullopt;
     }
     // A unit larger than prefetch_bytes arrives in pieces: the transform sees it whole.
@@ -860,6 +862,7 @@ std::optional<Batch> BatchIteratorImpl::next_unit() {
     }
     Batch whole = concat_batches(pieces);
     unit_rows_ = rows_of(whole, "BatchIterator");
+    unit_index_ = whole.at("index");
     unit_padding_ = unit->padding;
     return whole;
   });
@@ -871,6 +874,17 @@ void BatchIteratorImpl::push_unit(const Batch& unit) {
     const int64_t rows = rows_of(unit, "ShardedDataset: fetch_transform's result");
     TORCH_CHECK_VALUE(rows == unit_rows_, "ShardedDataset: fetch_transform must keep the rows it is given (their ",
                       "number and order): it got ", unit_rows_, " rows and returned ", rows);
+    // Their order too, as far as it shows: the rows' indices, which every batch carries, come back as given.
+    const auto index = unit.find("index");
+    TORCH_CHECK_VALUE(index != unit.end(), "ShardedDataset: fetch_transform must keep the unit's 'index' field (the ",
+                      "rows' indices, which every batch carries)");
+    const at::Tensor& returned = index->value();
+    TORCH_CHECK_VALUE(returned.is_same(unit_index_) || (returned.sizes() == unit_index_.sizes() &&
+                                                        returned.scalar_type() == unit_index_.scalar_type() &&
+                                                        returned.device().is_cpu() && at::equal(returned, unit_index_)),
+                      "ShardedDataset: fetch_transform must keep the rows it is given in their order, and their ",
+                      "'index' as it is: the 'index' it returned differs from the unit's");
+    unit_index_ = at::Tensor();
     const bool padding = unit_padding_;
     unit_rows_ = -1;
     cut(with_views_resolved(unit), padding);  // a worker's batches cross as their memory

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/epoch_layout.h"
 #include "core/errors.h"
 #include "core/stable_hash.h"
 #include "loader/errors.h"
@@ -42,6 +43,8 @@ DistributedSamplerImpl::DistributedSamplerImpl(int64_t num_rows,
               : shuffle       ? StrategyImpl::block_shuffling(1, std::nullopt)
                               : StrategyImpl::streaming(false, std::nullopt);
   plan_size_ = strategy_->plan_size(num_rows);
+  TORCH_CHECK_VALUE(plan_size_ <= core::kMaxPlanSize, kWho, ": the strategy's plan has ", plan_size_,
+                    " entries, more than 2**62");  // padded to a multiple of num_replicas, it would overflow
   // torch's layout: pad by wrapping around to a multiple of num_replicas, or trim with drop_last.
   num_samples_ = drop_last && plan_size_ % num_replicas_ != 0 ? plan_size_ / num_replicas_
                                                               : (plan_size_ + num_replicas_ - 1) / num_replicas_;
@@ -61,7 +64,7 @@ c10::intrusive_ptr<SamplerIteratorImpl> DistributedSamplerImpl::iter() {
 }
 
 void DistributedSamplerImpl::set_epoch(int64_t epoch) {
-  TORCH_CHECK_VALUE(epoch >= 0, kWho, ": epoch must be >= 0, got ", epoch);
+  TORCH_CHECK_VALUE(epoch >= 0 && epoch <= core::kMaxEpoch, kWho, ": epoch must be in [0, 2**62], got ", epoch);
   next_epoch_ = epoch;
   epoch_ = epoch;
   last_exhausted_ = true;  // the next iteration is this epoch

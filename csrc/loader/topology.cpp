@@ -9,6 +9,7 @@
 #include <sstream>
 #include <vector>
 
+#include "core/epoch_layout.h"
 #include "core/errors.h"
 #include "loader/process_group.h"
 
@@ -64,7 +65,8 @@ Topology resolve_topology(std::optional<int64_t> rank, std::optional<int64_t> wo
   if (topology.source == "default" && (rank || world_size)) topology.source = "environment";
   topology.world_size = world_size.value_or(1);
   topology.rank = rank.value_or(0);
-  TORCH_CHECK_VALUE(topology.world_size >= 1, who, ": ", world_size_name, " must be >= 1, got ", topology.world_size);
+  TORCH_CHECK_VALUE(topology.world_size >= 1 && topology.world_size <= core::kMaxWorldSize, who, ": ", world_size_name,
+                    " must be in [1, 2**20], got ", topology.world_size);
   TORCH_CHECK_VALUE(topology.rank >= 0 && topology.rank < topology.world_size, who, ": rank must be in [0, ",
                     world_size_name, "=", topology.world_size, "), got ", topology.rank);
   return topology;

@@ -75,7 +75,9 @@ PyObject* poll_batch(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nar
   if (!dict) return nullptr;
   for (const auto& item : *batch) {
     THPObjectPtr value(THPVariable_Wrap(item.value()));
-    if (!value || PyDict_SetItemString(dict.get(), item.key().c_str(), value.get()) != 0) return nullptr;
+    const std::string& name = item.key();  // whole: a C string would end at a NUL inside it
+    THPObjectPtr key(PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size())));
+    if (!value || !key || PyDict_SetItem(dict.get(), key.get(), value.get()) != 0) return nullptr;
   }
   return dict.release();
   END_HANDLE_TH_ERRORS

@@ -293,6 +293,7 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   Batch delivered_slot_;        // empty, put in a delivered batch's slot (a new Dict would allocate per batch)
   size_t next_pending_ = 0;
   int64_t unit_rows_ = -1;  // rows of the unit handed out by next_unit(), awaiting push_unit()
+  at::Tensor unit_index_;   // and their indices, which push_unit() must get back
   bool unit_padding_ = false;
   int64_t delivered_ = 0;
   bool last_padding_ = false;

@@ -218,7 +218,7 @@ TEST(Dataset, BadArgumentsThrowValueErrorsWithThePythonMessages) {
       {"ShardedDataset: batch_size * fetch_factor must be < 2**31, got 1048576 * 4096",
        {.batch_size = 1 << 20, .fetch_factor = 1 << 12}},
       {"ShardedDataset: rank must be in [0, world_size=2), got 2", {.batch_size = 4, .rank = 2, .world_size = 2}},
-      {"ShardedDataset: world_size must be >= 1, got 0", {.batch_size = 4, .rank = 0, .world_size = 0}},
+      {"ShardedDataset: world_size must be in [1, 2**20], got 0", {.batch_size = 4, .rank = 0, .world_size = 0}},
       {"ShardedDataset: even_batches must be 'pad', 'drop' or None, got 'equal'",
        {.batch_size = 4, .even_batches = "equal"}},
       {"ShardedDataset: prefetch must be in [0, 1024], got -1", {.batch_size = 4, .prefetch = -1}},

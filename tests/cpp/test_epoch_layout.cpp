@@ -383,7 +383,7 @@ TEST(LoaderOptions, InvalidBatchSizeFetchFactorOrWorldSizeIsRefused) {
   expect_invalid_options({0, 16, false, EvenBatches::kPad}, 1, "batch_size must be >= 1, got 0");
   expect_invalid_options({-4, 16, false, EvenBatches::kPad}, 1, "batch_size must be >= 1, got -4");
   expect_invalid_options({8, 0, false, EvenBatches::kPad}, 1, "fetch_factor must be >= 1, got 0");
-  expect_invalid_options({8, 16, false, EvenBatches::kPad}, 0, "world_size must be >= 1, got 0");
+  expect_invalid_options({8, 16, false, EvenBatches::kPad}, 0, "world_size must be in [1, 2**20], got 0");
   expect_invalid_options({8, 16, false, EvenBatches::kPad}, -1, "world_size");
 }
 

@@ -11,6 +11,7 @@
 #include "core/errors.h"
 #include "core/radix_sort.h"
 #include "core/streaming_copy.h"
+#include "io/text.h"
 #include "loader/batches.h"
 
 namespace torch_shards::sources {
@@ -120,6 +121,8 @@ TensorSource::TensorSource(Batch fields) : fields_(with_views_resolved(fields)) 
     const std::string& name = item.key();
     const at::Tensor& tensor = item.value();
     check_argument(name != "index", "TensorSource: the field name 'index' is reserved for row indices");
+    check_argument(name.find('\0') == std::string::npos, "TensorSource: field name '", io::printable(name, 60),
+                   "' contains a NUL character");
     check_argument(tensor.defined(), "TensorSource: field '", name, "' is an undefined tensor");
     check_argument(tensor.dim() >= 1, "TensorSource: field '", name,
                    "' must have at least one dimension (rows first), got a 0-d tensor");
