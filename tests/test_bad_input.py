@@ -355,3 +355,16 @@ def test_a_fetch_transform_that_reorders_or_renames_rows_is_refused(transform, m
         list(dataset(fetch_transform=transform))
     kept = dataset(fetch_transform=lambda unit: {**unit, "X": unit["X"] * 2})  # values may change, rows may not
     assert sorted(i for batch in kept for i in batch["index"].tolist()) == list(range(20))
+
+
+def test_misused_entry_points_say_what_is_wrong():
+    with pytest.raises(
+        TypeError, match=r"ShardedDataset: a list cannot be indexed by an array of rows: pass np.asarray"
+    ):
+        ts.ShardedDataset([0, 1, 2, 3], ts.Streaming(), batch_size=2, seed=0)
+    with pytest.raises(
+        TypeError, match=r"DistributedSampler: seed must be an int \(the same on every replica\), got None"
+    ):
+        ts.DistributedSampler(list(range(4)), num_replicas=1, rank=0, seed=None)
+    with pytest.raises(ValueError, match=r"load_state_dict: the state's 'segments' must be a list .* got 'none'"):
+        dataset().load_state_dict({"epoch": 0})

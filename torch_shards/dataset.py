@@ -108,6 +108,12 @@ def _native_source(source, fetch_callback, batch_callback):
             "ShardedDataset: source must be a torch_shards source, a tensor, a numpy array, a dict of them, or a "
             f"collection supporting len() and indexing by an array of rows, got {type(source).__name__}"
         )
+    if isinstance(source, (list, tuple)) and fetch_callback is None:
+        raise TypeError(
+            f"ShardedDataset: a {type(source).__name__} cannot be indexed by an array of rows: pass "
+            "np.asarray(source) (or a tensor), or a fetch_callback(collection, rows) that gathers its items (and a "
+            "batch_callback(fetched, positions) for what it returns)"
+        )
     name = f"{type(source).__module__}.{type(source).__qualname__}"
     return RowsSource(len(source), name), source
 
@@ -151,9 +157,14 @@ def _python_state(native):
 
 
 def _native_state(state):
-    if not isinstance(state, dict) or not isinstance(state.get("segments"), (list, tuple)):
+    if not isinstance(state, dict):
         raise TypeError(
             f"ShardedDataset.load_state_dict: expected a dict from state_dict(), got {type(state).__name__}"
+        )
+    if not isinstance(state.get("segments"), (list, tuple)):
+        raise ValueError(
+            "ShardedDataset.load_state_dict: the state's 'segments' must be a list of [world_size, num_workers, "
+            f"consumed...], got {state.get('segments', 'none')!r}: is it a state_dict() of a ShardedDataset?"
         )
     flat = {}
     for key, value in state.items():

@@ -67,6 +67,8 @@ class DistributedSampler(Sampler, NativeBacked):
         self.num_replicas = _convert.optional_int("DistributedSampler: num_replicas", num_replicas)
         self.rank = _convert.optional_int("DistributedSampler: rank", rank)
         self.shuffle = bool(shuffle)
+        if seed is None:  # torch's sampler needs one as well: every replica must draw the same permutation
+            raise TypeError("DistributedSampler: seed must be an int (the same on every replica), got None")
         self.seed = _convert.optional_seed("DistributedSampler: seed", seed)
         self.drop_last = bool(drop_last)
         # A plan function's strategy learns its plans' size from the dataset's length.
