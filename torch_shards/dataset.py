@@ -108,12 +108,6 @@ def _native_source(source, fetch_callback, batch_callback):
             "ShardedDataset: source must be a torch_shards source, a tensor, a numpy array, a dict of them, or a "
             f"collection supporting len() and indexing by an array of rows, got {type(source).__name__}"
         )
-    if isinstance(source, (list, tuple)) and fetch_callback is None:
-        raise TypeError(
-            f"ShardedDataset: a {type(source).__name__} cannot be indexed by an array of rows: pass "
-            "np.asarray(source) (or a tensor), or a fetch_callback(collection, rows) that gathers its items (and a "
-            "batch_callback(fetched, positions) for what it returns)"
-        )
     name = f"{type(source).__module__}.{type(source).__qualname__}"
     return RowsSource(len(source), name), source
 
@@ -489,6 +483,12 @@ class ShardedDataset(IterableDataset, NativeBacked):
                         return
                     rows, positions = _positions_in_sorted(unit["index"])
                     rows = rows.numpy()
+                    if fetch_callback is None and isinstance(collection, (list, tuple)):
+                        raise TypeError(
+                            f"ShardedDataset: a {type(collection).__name__} cannot be indexed by an array of rows: "
+                            "pass np.asarray(source) (or a tensor), or a fetch_callback(collection, rows) that "
+                            "gathers its items (and a batch_callback(fetched, positions) for what it returns)"
+                        )
                     fetched = collection[rows] if fetch_callback is None else fetch_callback(collection, rows)
                     if fetch_transform is not None:
                         fetched = fetch_transform(fetched)

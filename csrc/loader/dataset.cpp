@@ -874,20 +874,26 @@ void BatchIteratorImpl::push_unit(const Batch& unit) {
     const int64_t rows = rows_of(unit, "ShardedDataset: fetch_transform's result");
     TORCH_CHECK_VALUE(rows == unit_rows_, "ShardedDataset: fetch_transform must keep the rows it is given (their ",
                       "number and order): it got ", unit_rows_, " rows and returned ", rows);
-    // Their order too, as far as it shows: the rows' indices, which every batch carries, come back as given.
+    // Their order too, as far as it shows: the rows' indices, which every batch carries, come back as given,
+    // or are put back where the transform left them out (scDataset's transforms return only their data).
+    Batch kept = unit;
     const auto index = unit.find("index");
-    TORCH_CHECK_VALUE(index != unit.end(), "ShardedDataset: fetch_transform must keep the unit's 'index' field (the ",
-                      "rows' indices, which every batch carries)");
-    const at::Tensor& returned = index->value();
-    TORCH_CHECK_VALUE(returned.is_same(unit_index_) || (returned.sizes() == unit_index_.sizes() &&
-                                                        returned.scalar_type() == unit_index_.scalar_type() &&
-                                                        returned.device().is_cpu() && at::equal(returned, unit_index_)),
-                      "ShardedDataset: fetch_transform must keep the rows it is given in their order, and their ",
-                      "'index' as it is: the 'index' it returned differs from the unit's");
+    if (index == unit.end()) {
+      kept = unit.copy();
+      kept.insert("index", unit_index_);
+    } else {
+      const at::Tensor& returned = index->value();
+      TORCH_CHECK_VALUE(
+          returned.is_same(unit_index_) ||
+              (returned.sizes() == unit_index_.sizes() && returned.scalar_type() == unit_index_.scalar_type() &&
+               returned.device().is_cpu() && at::equal(returned, unit_index_)),
+          "ShardedDataset: fetch_transform must keep the rows it is given in their order, and their ",
+          "'index' as it is: the 'index' it returned differs from the unit's");
+    }
     unit_index_ = at::Tensor();
     const bool padding = unit_padding_;
     unit_rows_ = -1;
-    cut(with_views_resolved(unit), padding);  // a worker's batches cross as their memory
+    cut(with_views_resolved(kept), padding);  // a worker's batches cross as their memory
   });
 }
 
