@@ -240,3 +240,12 @@ def test_open_picks_the_source_from_the_path(tmp_path):
     (tmp_path / "notes.txt").write_text("hi")
     with pytest.raises(ValueError, match="notes.txt is neither an HDF5 file nor a zarr store"):
         ts.open(tmp_path / "notes.txt")
+
+
+def test_the_same_fields_in_another_order_are_named_as_such():
+    first = ts.TensorSource({"X": torch.zeros(3, 1), "y": torch.zeros(3, dtype=torch.long)})
+    second = ts.TensorSource({"y": torch.zeros(3, dtype=torch.long), "X": torch.zeros(3, 1)})
+    with pytest.raises(
+        ValueError, match=r"has fields \{y: Long\[\], X: Float\[1\]\} .*: the same fields in another order"
+    ):
+        ts.Collection([first, second])

@@ -461,6 +461,9 @@ def test_monitor_counts_per_worker_and_per_thread_batches():
 def test_monitor_rejects_bad_log_every():
     with pytest.raises(ValueError, match="log_every must be an int >= 1, got 0"):
         ts.MonitoredLoader([], log_every=0)
+    assert ts.MonitoredLoader([], log_every=np.int64(5)).log_every == 5  # numpy's ints, as everywhere
+    with pytest.raises(TypeError, match=r"mark_step: extra must be a dict of metrics, got 'x'"):
+        ts.MonitoredLoader([], log_every=1).mark_step(extra="x")
 
 
 def test_reading_after_close_raises_instead_of_waiting():

@@ -6,6 +6,7 @@ spent waiting for data, how many batches are ready ahead of the loop, and how
 much each DataLoader worker (or native reader thread) delivered.
 """
 
+import numbers
 import time
 
 import torch
@@ -73,10 +74,10 @@ class MonitoredLoader:
     def __init__(self, loader, *, log_every=100, dataset=None, device=None, prefix="data/"):
         from .dataset import ShardedDataset
 
-        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+        if isinstance(log_every, bool) or not isinstance(log_every, numbers.Integral) or log_every < 1:
             raise ValueError(f"MonitoredLoader: log_every must be an int >= 1, got {log_every!r}")
         self.loader = loader
-        self.log_every = log_every
+        self.log_every = int(log_every)  # numpy's ints too
         self.device = _cuda_device_or_none(device)
         self.prefix = prefix
         if dataset is None:
@@ -128,6 +129,8 @@ class MonitoredLoader:
 
     def mark_step(self, extra=None):
         """Marks the end of a training step; every log_every steps returns the window's metrics."""
+        if extra is not None and not isinstance(extra, dict):
+            raise TypeError(f"MonitoredLoader.mark_step: extra must be a dict of metrics, got {extra!r}")
         self._steps += 1
         if self._steps % self.log_every:
             return None

@@ -254,6 +254,16 @@ std::string layout_hint(const std::vector<FieldSpec>& first, const std::vector<F
                       "densely");
 }
 
+// Why two parts' fields differ when they hold the same fields in another order.
+std::string order_hint(std::vector<FieldSpec> first, std::vector<FieldSpec> other) {
+  const auto by_name = [](const FieldSpec& a, const FieldSpec& b) { return a.name < b.name; };
+  std::sort(first.begin(), first.end(), by_name);
+  std::sort(other.begin(), other.end(), by_name);
+  if (first != other) return "";
+  return ": the same fields in another order; give every source its fields in one order (batches are laid out "
+         "by it)";
+}
+
 // A category as Python shows it: strings quoted, anything else as JSON.
 std::string shown_category(const nlohmann::json& value) {
   return value.is_string() ? "'" + value.get<std::string>() + "'" : value.dump();
@@ -328,8 +338,8 @@ CollectionSource::CollectionSource(std::vector<std::shared_ptr<const Source>> pa
       for (const auto& field : fields_) expected += (expected.empty() ? "" : ", ") + field.describe();
       for (const auto& field : fields) got += (got.empty() ? "" : ", ") + field.describe();
       throw core::InvalidArgument(core::concat("Collection: source ", p, " (", parts_[p]->describe(), ") has fields {",
-                                               got, "} but source 0 has {", expected, "}",
-                                               layout_hint(fields_, fields)));
+                                               got, "} but source 0 has {", expected, "}", layout_hint(fields_, fields),
+                                               order_hint(fields_, fields)));
     }
     offsets_.push_back(offsets_.back() + parts_[p]->num_rows());
   }
