@@ -470,6 +470,12 @@ class ShardedDataset(IterableDataset, NativeBacked):
         """Batches of a collection fetched in Python: the native side deals the units and cuts them
         into batches (as positions into the unit's sorted rows); Python only fetches."""
         collection, fetch_callback, batch_callback = self.collection, self.fetch_callback, self.batch_callback
+        if fetch_callback is None and isinstance(collection, (list, tuple)):  # refused when iterated, as scDataset
+            raise TypeError(
+                f"ShardedDataset: a {type(collection).__name__} cannot be indexed by an array of rows: pass "
+                "np.asarray(source) (or a tensor), or a fetch_callback(collection, rows) that gathers its items (and a "
+                "batch_callback(fetched, positions) for what it returns)"
+            )
         fetch_transform, batch_transform = self.fetch_transform, self.batch_transform
         close = _closer(iterator)
         handle, poll = direct.iterator_handle(iterator), direct.poll
@@ -483,12 +489,6 @@ class ShardedDataset(IterableDataset, NativeBacked):
                         return
                     rows, positions = _positions_in_sorted(unit["index"])
                     rows = rows.numpy()
-                    if fetch_callback is None and isinstance(collection, (list, tuple)):
-                        raise TypeError(
-                            f"ShardedDataset: a {type(collection).__name__} cannot be indexed by an array of rows: "
-                            "pass np.asarray(source) (or a tensor), or a fetch_callback(collection, rows) that "
-                            "gathers its items (and a batch_callback(fetched, positions) for what it returns)"
-                        )
                     fetched = collection[rows] if fetch_callback is None else fetch_callback(collection, rows)
                     if fetch_transform is not None:
                         fetched = fetch_transform(fetched)
