@@ -122,11 +122,57 @@ def test_strategy_against_source(strategy, message):
         (lambda: ts.TensorSource({"a": [1, 2]}), TypeError, "field 'a' must be a tensor"),
         (lambda: ts.TensorSource(torch.zeros(3, 3).to_sparse()), ValueError, "must be a dense"),
         (lambda: ts.TensorSource("x"), TypeError, "expected a tensor, a numpy array or a dict of them"),
+        (
+            lambda: ts.TensorSource({"q": torch.quantize_per_tensor(torch.rand(4, 2), 0.1, 0, torch.quint8)}),
+            ValueError,
+            "field 'q' is a quantized tensor",
+        ),
+        (
+            lambda: ts.TensorSource({"n": torch.nested.nested_tensor([torch.rand(2, 3), torch.rand(3, 3)])}),
+            ValueError,
+            "field 'n' is a nested tensor",
+        ),
+        (
+            lambda: ts.TensorSource({"b": np.arange(4, dtype=">f4")}),
+            ValueError,
+            "field 'b' is a numpy array of non-native byte order",
+        ),
+        (
+            lambda: ts.TensorSource({"r": np.arange(8.0).reshape(4, 2)[::-1]}),
+            ValueError,
+            r"field 'r' is a numpy array with negative strides \(-16, 8\)",
+        ),
     ],
 )
+@pytest.mark.filterwarnings("ignore::UserWarning")  # quantized and nested tensors' deprecation and prototype notes
 def test_source_arguments(make, error, message):
     with pytest.raises(error, match=message):
         make()
+
+
+def test_numpy_bools_are_bools_and_ints_are_not():
+    x = torch.arange(8.0)
+    dataset = ts.ShardedDataset(x, ts.Streaming(shuffle=np.bool_(True)), batch_size=3, drop_last=np.True_, seed=0)
+    assert dataset.drop_last is True and len(dataset) == 2
+    assert ts.BlockWeightedSampling(np.ones(8), replacement=np.False_).replacement is False
+    with pytest.raises(TypeError, match="ShardedDataset: cycle must be a bool, got 1"):
+        ts.ShardedDataset(x, ts.Streaming(), batch_size=3, cycle=1)
+    with pytest.raises(TypeError, match="Streaming: shuffle must be a bool, got 0"):
+        ts.Streaming(shuffle=0)
+
+
+def test_world_size_without_rank_is_refused(monkeypatch):
+    # No rank from arguments, a process group or RANK: every process would read rank 0's rows.
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="ShardedDataset: world_size=2 but no rank: pass rank="):
+        dataset(world_size=2)
+    with pytest.raises(ValueError, match="DistributedSampler: num_replicas=3 but no rank: pass rank="):
+        ts.DistributedSampler(range(10), num_replicas=3)
+    assert len(dataset(world_size=1)) == len(dataset())  # one rank: rank 0 is the only one
+    monkeypatch.setenv("RANK", "1")  # torchrun's RANK with an explicit world size
+    assert dataset(world_size=2).rank == 1
+    assert ts.DistributedSampler(range(10), num_replicas=2).rank == 1
 
 
 def test_bad_environment_rank_is_named(monkeypatch):
@@ -273,7 +319,22 @@ AUDIT = [
         TypeError,
         "fetch_transform must return a dict of tensors",
     ),
+    (
+        "fetch_transform returns sparse COO",
+        lambda f: list(
+            dataset(fetch_transform=lambda u: {k: v if k == "index" else v.to_sparse() for k, v in u.items()})
+        ),
+        ValueError,
+        r"fetch_transform's result: field '\w+' must be a dense \(strided\) or sparse CSR tensor, got layout Sparse",
+    ),
     ("meta tensor", lambda f: ts.TensorSource(torch.empty(10, device="meta")), ValueError, "meta device"),
+    (
+        "plan epoch float",
+        lambda f: ts.BlockShuffling(4).plan(20, epoch=1.5),
+        TypeError,
+        "epoch must be an int, got 1.5",
+    ),
+    ("plan epoch negative", lambda f: ts.Streaming().plan(20, epoch=-1), ValueError, "epoch must be >= 0, got -1"),
     # samplers
     ("sampler seed 2**70", lambda f: _sampler(seed=2**70), ValueError, "seed must fit in 64 bits"),
     ("sampler set_epoch 2**63", lambda f: _sampler().set_epoch(2**63), ValueError, "epoch must be < 2\\*\\*63"),

@@ -195,6 +195,8 @@ def test_numpy_arrays_and_dicts_of_them_are_sources():
         assert not quiet.log
     with pytest.raises(TypeError, match="field 'X' is a numpy array of dtype <U1"):
         ts.TensorSource(np.array(["a", "b"]))
+    z = (np.arange(10) + 1j * np.arange(10, 20)).astype(np.complex64)  # complex arrays, as complex tensors
+    assert next(iter(ts.ShardedDataset(z, ts.Streaming(), batch_size=4)))["X"].numpy().tolist() == z[:4].tolist()
 
 
 def test_tensor_source_reads_detached_and_refuses_meta():

@@ -2,7 +2,9 @@
 partitioned across ranks, auto-advancing epochs, exact len()."""
 
 import collections
+import copy
 import itertools
+import pickle
 
 import numpy as np
 import pytest
@@ -69,6 +71,22 @@ def test_epoch_advances_without_set_epoch_and_set_epoch_pins():
     for epoch in range(3):
         sampler.set_epoch(epoch)
         assert list(sampler) == epochs[epoch]
+
+
+@pytest.mark.parametrize(
+    "copy_of", [copy.deepcopy, lambda s: pickle.loads(pickle.dumps(s))], ids=["deepcopy", "pickle"]
+)
+def test_a_copy_goes_on_from_where_the_sampler_stands(copy_of):
+    sampler = ts.DistributedSampler(Rows(50), 2, 1, seed=3)
+    sampler.set_epoch(4)
+    assert list(copy_of(sampler)) == list(sampler)  # pinned epoch 4, in both
+    assert list(copy_of(sampler)) == list(sampler)  # both advanced to epoch 5
+    iterator = iter(sampler)
+    taken = [next(iterator) for _ in range(7)]
+    copied = copy_of(sampler)  # mid-iteration: the copy yields the rest of this epoch, then goes on
+    rest = list(iterator)
+    assert len(copied) == len(rest) and list(copied) == rest and len(taken + rest) == len(sampler) == 25
+    assert list(copied) == list(sampler)  # the next epoch, in both
 
 
 def test_dataloader_with_persistent_workers_uses_a_new_epoch_each_time():

@@ -22,6 +22,13 @@ def check_int(name, value, minimum=None):
     return value
 
 
+def check_bool(name, value):
+    """A bool (numpy's too), as a Python bool; not an int that happens to be 0 or 1."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
 def optional_int(name, value, minimum=None):
     return None if value is None else check_int(name, value, minimum)
 

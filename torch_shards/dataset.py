@@ -211,7 +211,8 @@ class ShardedDataset(IterableDataset, NativeBacked):
         seed: base seed; None draws one (rank 0's, broadcast over the process
             group when one is initialised).
         rank, world_size: explicit, else the process group, else the
-            RANK/WORLD_SIZE environment variables, else 0 and 1.
+            RANK/WORLD_SIZE environment variables, else 0 and 1 (a world_size
+            above 1 with no rank from any of them is refused).
         dist_info: annbatch's argument: "torch" (the default above), "jax"
             (jax.process_index() and jax.process_count()) or a callable
             returning (rank, world_size).
@@ -290,9 +291,9 @@ class ShardedDataset(IterableDataset, NativeBacked):
             raise TypeError(f"ShardedDataset: strategy must be a torch_shards strategy, got {type(strategy).__name__}")
         if even_batches is not None and not isinstance(even_batches, str):
             raise ValueError(f"ShardedDataset: even_batches must be 'pad', 'drop' or None, got {even_batches!r}")
-        for name, flag in (("drop_last", drop_last), ("pin_memory", pin_memory), ("cycle", cycle)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"ShardedDataset: {name} must be a bool, got {flag!r}")
+        drop_last = _convert.check_bool("ShardedDataset: drop_last", drop_last)
+        pin_memory = _convert.check_bool("ShardedDataset: pin_memory", pin_memory)
+        cycle = _convert.check_bool("ShardedDataset: cycle", cycle)
         callbacks = (
             ("fetch_transform", fetch_transform),
             ("batch_transform", batch_transform),

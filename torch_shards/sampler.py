@@ -37,7 +37,9 @@ class DistributedSampler(Sampler, NativeBacked):
     epoch, as torch requires, keeps working. That is the one intended
     difference from torch's sampler, which repeats epoch 0 without set_epoch.
     ``num_replicas``/``rank`` default to the process group, then the
-    RANK/WORLD_SIZE environment variables, then 1 and 0. With a process group
+    RANK/WORLD_SIZE environment variables, then 1 and 0 (``num_replicas``
+    above 1 with no rank from any of them is refused, as torch's sampler
+    does). With a process group
     (``process_group=``, default: the default group) the ranks check at
     construction that they sample the same dataset length, strategy and seed.
     ``dist_info`` (annbatch's argument): "torch" (the default above), "jax" or
@@ -140,6 +142,21 @@ class DistributedSampler(Sampler, NativeBacked):
 
     def set_epoch(self, epoch):
         self.native.set_epoch(_convert.check_int("DistributedSampler: epoch", epoch))
+
+    def __getstate__(self):
+        """A copy (deepcopy, pickle) carries this sampler's position as its checkpoint: the epoch, the
+        seed and what the current iteration yielded, so that the copy's next iteration goes on from
+        there as a resumed one would (the native object itself is rebuilt, never copied)."""
+        state = super().__getstate__()
+        state["_progress"] = None
+        state["_position"] = self.state_dict()
+        return state
+
+    def __setstate__(self, state):
+        position = state.pop("_position", None)
+        self.__dict__.update(state)
+        if position is not None:
+            self.native.load_state_dict(position)
 
 
 _warned_without_group = False

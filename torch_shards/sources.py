@@ -76,10 +76,20 @@ def _as_tensor(name, value):
             raise ValueError(f"TensorSource: field {name!r} is on the meta device (it has no data to read)")
         return value.detach()
     if isinstance(value, np.ndarray):
-        if value.dtype.kind not in "biuf":
+        if value.dtype.kind not in "biufc":
             raise TypeError(
                 f"TensorSource: field {name!r} is a numpy array of dtype {value.dtype}; only numbers and bools can "
                 "be read (pass other data as the collection of a ShardedDataset, with fetch_callback)"
+            )
+        if not value.dtype.isnative:
+            raise ValueError(
+                f"TensorSource: field {name!r} is a numpy array of non-native byte order ({value.dtype.str}): "
+                f"convert it first, e.g. value.astype(value.dtype.newbyteorder('='))"
+            )
+        if any(stride < 0 for stride in value.strides):
+            raise ValueError(
+                f"TensorSource: field {name!r} is a numpy array with negative strides {value.strides} (a reversed "
+                "view), which tensors cannot share: pass np.ascontiguousarray(value) (a copy)"
             )
         with warnings.catch_warnings():  # read-only arrays (memmaps): sources never write into their data
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -196,10 +206,8 @@ class AnnDataSource(Source):
             raise TypeError(f"AnnDataSource: obs must be a list of column names, got {obs!r}")
         if layer is not None and not isinstance(layer, str):
             raise TypeError(f"AnnDataSource: layer must be a str, got {layer!r}")
-        if not isinstance(dense, bool):
-            raise TypeError(f"AnnDataSource: dense must be a bool, got {dense!r}")
         self.layer = layer
-        self.dense = dense
+        self.dense = _convert.check_bool("AnnDataSource: dense", dense)
         self._anndata = None
         self._build_now()
 

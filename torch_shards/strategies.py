@@ -40,7 +40,8 @@ class Strategy(NativeBacked):
 
     def plan(self, num_rows, seed=0, epoch=0):
         """The whole plan of one epoch for a source of ``num_rows`` rows, as an int64 tensor."""
-        return self.native.plan(_convert.check_int("num_rows", num_rows, 1), _convert.check_int("seed", seed), epoch)
+        num_rows, seed = _convert.check_int("num_rows", num_rows, 1), _convert.check_int("seed", seed)
+        return self.native.plan(num_rows, seed, _convert.check_int("epoch", epoch, 0))
 
     def plan_size(self, num_rows):
         """Number of plan entries per epoch for ``num_rows`` rows."""
@@ -68,9 +69,7 @@ class Streaming(Strategy):
     in order."""
 
     def __init__(self, shuffle=False, indices=None):
-        if not isinstance(shuffle, bool):
-            raise TypeError(f"Streaming: shuffle must be a bool, got {shuffle!r}")
-        self.shuffle = shuffle
+        self.shuffle = _convert.check_bool("Streaming: shuffle", shuffle)
         self.indices = _indices("Streaming", indices)
         self._build_now()
 
@@ -110,9 +109,7 @@ class BlockWeightedSampling(Strategy):
         self.total_size = _convert.optional_int("BlockWeightedSampling: total_size", total_size)
         self.block_size = _convert.check_int("BlockWeightedSampling: block_size", block_size)
         self.indices = _indices("BlockWeightedSampling", indices)
-        if not isinstance(replacement, bool):
-            raise TypeError(f"BlockWeightedSampling: replacement must be a bool, got {replacement!r}")
-        self.replacement = replacement
+        self.replacement = _convert.check_bool("BlockWeightedSampling: replacement", replacement)
         self._build_now()
 
     def _build(self):
@@ -210,9 +207,7 @@ class CustomStrategy(Strategy):
 
     def __init__(self, plan, *, shuffle=False, size=None):
         who = "CustomStrategy"
-        if not isinstance(shuffle, bool):
-            raise TypeError(f"{who}: shuffle must be a bool, got {shuffle!r}")
-        self.shuffle = shuffle
+        self.shuffle = _convert.check_bool(f"{who}: shuffle", shuffle)
         if callable(plan) and not isinstance(plan, torch.Tensor):
             self.function, self.rows = plan, None
             self.size = _convert.optional_int(f"{who}: size", size, 1)

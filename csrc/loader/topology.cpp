@@ -67,6 +67,10 @@ Topology resolve_topology(std::optional<int64_t> rank, std::optional<int64_t> wo
   topology.rank = rank.value_or(0);
   TORCH_CHECK_VALUE(topology.world_size >= 1 && topology.world_size <= core::kMaxWorldSize, who, ": ", world_size_name,
                     " must be in [1, 2**20], got ", topology.world_size);
+  // Several ranks and no rank from anywhere: every process would read rank 0's rows.
+  TORCH_CHECK_VALUE(rank || topology.world_size == 1, who, ": ", world_size_name, "=", topology.world_size,
+                    " but no rank: pass rank=, or build it after torch.distributed.init_process_group, or launch "
+                    "with torchrun (which sets RANK); otherwise every process would read rank 0's rows");
   TORCH_CHECK_VALUE(topology.rank >= 0 && topology.rank < topology.world_size, who, ": rank must be in [0, ",
                     world_size_name, "=", topology.world_size, "), got ", topology.rank);
   return topology;

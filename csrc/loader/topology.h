@@ -19,7 +19,8 @@ struct Topology {
 };
 
 // Explicit values first, then the group's, then the RANK / WORLD_SIZE
-// environment variables (torchrun), else 0 and 1. `who` and the parameter
+// environment variables (torchrun), else 0 and 1; a world size above 1 with
+// no rank from any of them is refused. `who` and the parameter
 // name (world_size / num_replicas) appear in errors.
 Topology resolve_topology(std::optional<int64_t> rank, std::optional<int64_t> world_size,
                           const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::string& who,

@@ -72,7 +72,8 @@ struct DatasetOptions {
   std::optional<std::string> even_batches = "pad";
   // nullopt: drawn (rank 0's, broadcast over process_group when there is one).
   std::optional<int64_t> seed{};
-  // Explicit, else from process_group, else the RANK / WORLD_SIZE environment variables, else 0 and 1.
+  // Explicit, else from process_group, else the RANK / WORLD_SIZE environment variables, else 0 and 1
+  // (a world_size above 1 with no rank from any of them is refused).
   std::optional<int64_t> rank{};
   std::optional<int64_t> world_size{};
   // The group of the ranks: seed agreement and the consistency check run over it, once.

@@ -33,7 +33,7 @@ class SamplerIteratorImpl;
 // The arguments of DistributedSampler, with torch's names and defaults.
 struct SamplerOptions {
   std::optional<int64_t> num_replicas{};  // default: process_group, else WORLD_SIZE, else 1
-  std::optional<int64_t> rank{};          // default: process_group, else RANK, else 0
+  std::optional<int64_t> rank{};          // default: process_group, else RANK, else 0 (only if num_replicas is 1)
   bool shuffle = true;
   int64_t seed = 0;
   bool drop_last = false;

@@ -219,6 +219,10 @@ TEST(Dataset, BadArgumentsThrowValueErrorsWithThePythonMessages) {
        {.batch_size = 1 << 20, .fetch_factor = 1 << 12}},
       {"ShardedDataset: rank must be in [0, world_size=2), got 2", {.batch_size = 4, .rank = 2, .world_size = 2}},
       {"ShardedDataset: world_size must be in [1, 2**20], got 0", {.batch_size = 4, .rank = 0, .world_size = 0}},
+      // (ctest sets no RANK.)
+      {"ShardedDataset: world_size=2 but no rank: pass rank=, or build it after torch.distributed.init_process_group, "
+       "or launch with torchrun (which sets RANK); otherwise every process would read rank 0's rows",
+       {.batch_size = 4, .world_size = 2}},
       {"ShardedDataset: even_batches must be 'pad', 'drop' or None, got 'equal'",
        {.batch_size = 4, .even_batches = "equal"}},
       {"ShardedDataset: prefetch must be in [0, 1024], got -1", {.batch_size = 4, .prefetch = -1}},
@@ -240,6 +244,11 @@ TEST(Dataset, BadArgumentsThrowValueErrorsWithThePythonMessages) {
               ts::TensorSource(torch::zeros({0, 3}));
             }),
             "TensorSource: the tensors have no rows (an empty source)");
+  EXPECT_EQ(error_of<c10::ValueError>([] {
+              ts::TensorSource(at::quantize_per_tensor(torch::rand({4, 2}), 0.1, 0, at::kQUInt8));
+            }),
+            "TensorSource: field 'X' is a quantized tensor (QUInt8): dequantize it first (tensor.dequantize() or "
+            "tensor.int_repr())");
 }
 
 TEST(Dataset, MissingFilesNameThePath) {

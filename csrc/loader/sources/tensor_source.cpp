@@ -126,6 +126,11 @@ TensorSource::TensorSource(Batch fields) : fields_(with_views_resolved(fields)) 
     check_argument(tensor.defined(), "TensorSource: field '", name, "' is an undefined tensor");
     check_argument(tensor.dim() >= 1, "TensorSource: field '", name,
                    "' must have at least one dimension (rows first), got a 0-d tensor");
+    check_argument(!tensor.is_nested(), "TensorSource: field '", name,
+                   "' is a nested tensor: its rows have different shapes (pad them into one tensor, or pass them as "
+                   "the collection of a ShardedDataset)");
+    check_argument(!tensor.is_quantized(), "TensorSource: field '", name, "' is a quantized tensor (",
+                   tensor.scalar_type(), "): dequantize it first (tensor.dequantize() or tensor.int_repr())");
     check_argument(tensor.layout() == at::kStrided, "TensorSource: field '", name,
                    "' must be a dense (strided) tensor, got layout ", tensor.layout());
     if (first) {
