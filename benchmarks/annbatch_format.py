@@ -256,6 +256,37 @@ def annbatch_rate(collection, block, args):
     return result["rows"] / result["seconds"], result["rows"] / result["cpu_seconds"]
 
 
+def print_per_round(walls):
+    """The targets' ratios taken round by round (each against the same round's decode limit or CSR
+    rate, measured minutes apart in the VM's same phase), their median and range: steadier than the
+    ratios of the medians above, whose numerators and denominators come from different rounds."""
+    lines = []
+    for block in CONFIGS:
+        ff = block * PRELOAD_NCHUNKS // BATCH_SIZE
+        sparse, cpp, dense = (
+            f"torch_shards block {block} ff {ff}",
+            f"torch_shards C++ block {block} ff {ff}",
+            f"torch_shards dense block {block}",
+        )
+        pairs = [
+            (f"block {block} of the decode limit", sparse, "decode limit", False),
+            (f"block {block} C++ of the decode limit", cpp, "decode limit", False),
+            (f"block {block} dense/CSR time per row", sparse, dense, True),
+        ]
+        for label, numerator, denominator, times in pairs:
+            if numerator not in walls or denominator not in walls:
+                continue
+            ratios = [n / d for n, d in zip(walls[numerator], walls[denominator])]
+            unit = "x" if times else ""
+            lines.append(
+                f"  {label}: median {statistics.median(ratios):.3f}{unit} (rounds "
+                + ", ".join(f"{r:.3f}" for r in ratios)
+                + ")"
+            )
+    if lines:
+        print("\nPer round (each ratio within one round):\n" + "\n".join(lines))
+
+
 def annbatch_status(python):
     if not python:
         return "not installed (needs a Python >= 3.12 with annbatch: --annbatch-python)"
@@ -412,6 +443,7 @@ def main():
             f"write limit: {model:,.0f} rows/s = {wall[sparse] / model:.2f}x the CSR time, ours at "
             f"{wall[dense] / model:.2f} of that"
         )
+    print_per_round(walls)
     print(
         "\nrows/CPU-s: rows per second of the process's CPU time (all its threads), steadier than rows/s where "
         "other work shares the cores.\nio floor: random blocks read by the io code alone (see the top of this file); "
