@@ -405,6 +405,30 @@ def test_scripted_loop_checkpoints_and_resumes():
     assert collections.Counter(map(tuple, first + rest)) == uninterrupted("ClassBalancedSampling")
 
 
+def test_states_move_between_the_python_door_and_the_others():
+    # Python's state (segments as a list) into the TorchScript door via flat_state_dict, and the
+    # TorchScript door's flat state into Python's load_state_dict, each resuming the rest exactly.
+    whole = uninterrupted("BlockShuffling")
+    python = make("BlockShuffling")
+    iterator = iter(python)
+    first = [next(iterator)["index"].tolist() for _ in range(3)]
+    state = python.state_dict()
+    flat = ts.flat_state_dict(state)
+    assert flat["segments"] == len(state["segments"]) and all(isinstance(v, int) for v in flat.values())
+    assert ts.flat_state_dict(flat) == flat
+    native = make("BlockShuffling").native
+    native.load_state_dict(flat)
+    native_iterator = native.iter()
+    second = [native_iterator.next()["index"].tolist() for _ in range(2)]
+    native_state = native.state_dict(None)
+    resumed = make("BlockShuffling")
+    resumed.load_state_dict(dict(native_state))
+    rest = [b["index"].tolist() for b in resumed]
+    assert collections.Counter(map(tuple, first + second + rest)) == whole
+    with pytest.raises(ValueError, match=r"flat_state_dict: the state's 'segments' must be a list .* got 'x'"):
+        ts.flat_state_dict({"segments": "x"})
+
+
 def _ddp_epoch_part(rank, world_size, state_path, steps):
     """Trains in lockstep (a gloo all-reduce per batch) for `steps` batches, or
     to the end after loading the saved state; returns the rows read."""

@@ -212,6 +212,26 @@ def test_dataset_pickles_with_its_arguments_and_epoch(files):
     assert [b["index"].tolist() for b in iter(loaded.iter().next, None)] == [b["index"].tolist() for b in dataset]
 
 
+def test_a_loaded_checkpoint_not_yet_resumed_travels_with_the_pickled_dataset():
+    def make():
+        return ts.ShardedDataset(torch.arange(40), ts.BlockShuffling(4), batch_size=5, fetch_factor=2, seed=7)
+
+    whole = [b["index"].tolist() for b in make()]
+    consumed = make()
+    iterator = iter(consumed)
+    taken = [next(iterator)["index"].tolist() for _ in range(3)]
+    state = consumed.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    loaded = save_and_load(resumed.native)
+    assert loaded.num_batches() == len(resumed) == 5
+    rest = [b["index"].tolist() for b in iter(loaded.iter().next, None)]
+    assert taken + rest == whole  # the rest of the epoch, not the epoch again
+    # Then epochs go on as in the Python dataset it was saved from.
+    assert rest == [b["index"].tolist() for b in resumed]
+    assert [b["index"].tolist() for b in iter(loaded.iter().next, None)] == [b["index"].tolist() for b in resumed]
+
+
 def test_sampler_pickles():
     sampler = ts.DistributedSampler(range(30), num_replicas=3, rank=2, seed=4, strategy=ts.BlockShuffling(2))
     sampler.set_epoch(3)

@@ -2,7 +2,7 @@
 
 from ._library import LIBRARY_PATH
 from .dataloader import DataLoader
-from .dataset import ShardedDataset
+from .dataset import ShardedDataset, flat_state_dict
 from .device import DeviceLoader
 from .monitor import MonitoredLoader
 from .sampler import DistributedSampler
@@ -34,6 +34,7 @@ __all__ = [
     "DistributedSampler",
     "MonitoredLoader",
     "ShardedDataset",
+    "flat_state_dict",
     "RowsSource",
     "Source",
     "Strategy",

@@ -8,6 +8,7 @@ Python: DataLoader's worker info, Python transforms, interrupt-friendly
 waiting, and carrying the native object's shared state into worker processes.
 """
 
+import numbers
 import sys
 import warnings
 
@@ -150,31 +151,36 @@ def _python_state(native):
     return flat
 
 
-def _native_state(state):
+def flat_state_dict(state):
+    """A ``ShardedDataset.state_dict()`` in the form the TorchScript and C++
+    doors take and give (``torch.classes.torch_shards.ShardedDataset``'s
+    ``load_state_dict``, C++ ``StateDict``): a flat dict of ints, the segments
+    as ``segments`` (their number) and ``segment.<i>.*`` keys. Python's
+    ``load_state_dict`` takes either form; a flat state is returned checked."""
+    return _native_state(state, "flat_state_dict")
+
+
+def _native_state(state, who="ShardedDataset.load_state_dict"):
     if not isinstance(state, dict):
-        raise TypeError(
-            f"ShardedDataset.load_state_dict: expected a dict from state_dict(), got {type(state).__name__}"
-        )
+        raise TypeError(f"{who}: expected a dict from state_dict(), got {type(state).__name__}")
+    if isinstance(state.get("segments"), numbers.Integral) and not isinstance(state["segments"], bool):
+        # Already flat: a state of the TorchScript or C++ door.
+        return {key: _convert.check_int(f"{who}: {key}", value) for key, value in state.items()}
     if not isinstance(state.get("segments"), (list, tuple)):
         raise ValueError(
-            "ShardedDataset.load_state_dict: the state's 'segments' must be a list of [world_size, num_workers, "
-            f"consumed...], got {state.get('segments', 'none')!r}: is it a state_dict() of a ShardedDataset?"
+            f"{who}: the state's 'segments' must be a list of [world_size, num_workers, consumed...] (or, "
+            f"flat, their number), got {state.get('segments', 'none')!r}: is it a state_dict() of a ShardedDataset?"
         )
     flat = {}
     for key, value in state.items():
         if key == "segments":
             continue
-        flat[key] = _convert.check_int(f"ShardedDataset.load_state_dict: {key}", value)
+        flat[key] = _convert.check_int(f"{who}: {key}", value)
     flat["segments"] = len(state["segments"])
     for i, segment in enumerate(state["segments"]):
         if not isinstance(segment, (list, tuple)) or len(segment) < 3:
-            raise ValueError(
-                f"ShardedDataset.load_state_dict: segments[{i}] must be [world_size, num_workers, consumed...], "
-                f"got {segment!r}"
-            )
-        world_size, num_workers, *consumed = (
-            _convert.check_int(f"ShardedDataset.load_state_dict: segments[{i}]", value) for value in segment
-        )
+            raise ValueError(f"{who}: segments[{i}] must be [world_size, num_workers, consumed...], got {segment!r}")
+        world_size, num_workers, *consumed = (_convert.check_int(f"{who}: segments[{i}]", value) for value in segment)
         flat[f"segment.{i}.world_size"], flat[f"segment.{i}.num_workers"] = world_size, num_workers
         if len(consumed) == 1:
             flat[f"segment.{i}.consumed"] = consumed[0]

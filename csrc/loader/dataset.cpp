@@ -35,6 +35,7 @@ namespace torch_shards {
 namespace {
 
 constexpr const char* kWho = "ShardedDataset";
+const std::string kResumePrefix = "resume.";  // a pickled dataset's pending checkpoint (state())
 constexpr int64_t kNoSlot = -1;  // an iterator whose deliveries are not counted (iter_epoch)
 
 int64_t available_cpus() {
@@ -718,6 +719,17 @@ ShardedDatasetImpl::State ShardedDatasetImpl::state() const {
   ints.insert("pin_memory", options_.pin_memory);
   if (options_.device) ints.insert("device_index", options_.device->index());  // a CUDA device
   ints.insert("next_epoch", next_epoch());
+  // A loaded checkpoint not yet resumed travels too (as "resume.<key>"): the copy resumes it, as this would.
+  const std::optional<core::ResumeRecord> record = core::load_resume_record(words(shared_state_));
+  if (record && record->epoch == next_epoch()) {
+    Iteration pending;
+    pending.rank = rank_;
+    pending.world_size = world_size_;
+    pending.epoch = record->epoch;
+    pending.prior = record->segments;
+    pending.rank_batches = 1;  // nothing consumed of it yet
+    for (const auto& item : make_state(pending, 0)) ints.insert(kResumePrefix + item.key(), item.value());
+  }
   return State{source_, strategy_, ints, options_.even_batches.value_or("none")};
 }
 
@@ -743,6 +755,11 @@ c10::intrusive_ptr<ShardedDatasetImpl> ShardedDatasetImpl::from_state(const Stat
   }
   auto dataset = c10::make_intrusive<ShardedDatasetImpl>(source, strategy, options);
   dataset->set_epoch(ints.at("next_epoch"));
+  StateDict resume;
+  for (const auto& item : ints) {
+    if (item.key().rfind(kResumePrefix, 0) == 0) resume.insert(item.key().substr(kResumePrefix.size()), item.value());
+  }
+  if (!resume.empty()) dataset->load_state_dict(resume);
   return dataset;
 }
 

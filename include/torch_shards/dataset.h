@@ -186,8 +186,8 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   static StateDict merge_state_dicts(const std::vector<StateDict>& states);
 
   // Pickling (TorchScript): the source, the strategy, the arguments (the
-  // seed as resolved; rank and world size only if given explicitly) and the
-  // next epoch.
+  // seed as resolved; rank and world size only if given explicitly), the
+  // next epoch and a loaded checkpoint not yet resumed (the copy resumes it).
   using State = std::tuple<c10::intrusive_ptr<SourceImpl>, c10::intrusive_ptr<StrategyImpl>,
                            c10::Dict<std::string, int64_t>, std::string>;
   State state() const;
