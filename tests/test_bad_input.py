@@ -250,6 +250,9 @@ AUDIT = [
     ("NUL in HDF5 path", lambda f: ts.HDF5Source(f"{f}/x.h5\x00zz", "/x"), ValueError, "path contains a NUL character"),
     ("NUL in HDF5 dataset", lambda f: ts.HDF5Source(f / "x.h5", "/x\x00zz"), ValueError, "dataset 'X' contains a NUL"),
     ("NUL in zarr path", lambda f: ts.ZarrSource(f"{f}/a.zarr\x00z"), ValueError, "path contains a NUL character"),
+    ("no hdf5 dataset", lambda f: ts.HDF5Source(f / "x.h5", {}), ValueError, "HDF5Source: needs at least one dataset"),
+    ("no zarr array", lambda f: ts.ZarrSource(f / "a.zarr", {}), ValueError, "ZarrSource: needs at least one array"),
+    ("class balance, neither", lambda f: ts.ClassBalancedSampling(), ValueError, "one of them, got neither"),
     (
         "NUL in AnnData path",
         lambda f: ts.AnnDataSource(f"{f}/a.h5ad\x00z"),

@@ -115,8 +115,10 @@ class RowsSource(Source):
 def _field_map(who, value, field, what):
     """{field: path} from a path (one field) or a dict of them."""
     mapping = {field: value} if isinstance(value, (str, os.PathLike)) else value
-    if not isinstance(mapping, dict) or not mapping:
+    if not isinstance(mapping, dict):
         raise TypeError(f"{who}: {what} must be a path inside the file or a dict of field -> path, got {value!r}")
+    if not mapping:  # as the native door says it
+        raise ValueError(f"{who}: needs at least one {what} (an empty dict was given)")
     out = {}
     for name, inner in mapping.items():
         if not isinstance(name, str) or not isinstance(inner, (str, os.PathLike)):

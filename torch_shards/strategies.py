@@ -144,7 +144,10 @@ class ClassBalancedSampling(Strategy):
     def __init__(self, labels=None, total_size=None, block_size=1, indices=None, *, label_key=None, smoothing=0.0):
         who = "ClassBalancedSampling"
         if (labels is None) == (label_key is None):
-            raise ValueError(f"{who}: pass labels= or label_key= (a field or obs column of the source), not both")
+            given = "both" if labels is not None else "neither"
+            raise ValueError(
+                f"{who}: pass labels= or label_key= (a field or obs column of the source): one of them, got {given}"
+            )
         if label_key is not None and not isinstance(label_key, str):
             raise TypeError(f"{who}: label_key must be a str, got {label_key!r}")
         if isinstance(smoothing, bool) or not isinstance(smoothing, numbers.Real):

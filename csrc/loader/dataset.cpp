@@ -36,7 +36,7 @@ namespace {
 
 constexpr const char* kWho = "ShardedDataset";
 const std::string kResumePrefix = "resume.";  // a pickled dataset's pending checkpoint (state())
-constexpr int64_t kNoSlot = -1;  // an iterator whose deliveries are not counted (iter_epoch)
+constexpr int64_t kNoSlot = -1;               // an iterator whose deliveries are not counted (iter_epoch)
 
 int64_t available_cpus() {
   cpu_set_t set;
@@ -529,6 +529,12 @@ void ShardedDatasetImpl::load_state_dict(const StateDict& state) {
                     source_->describe());
   const int64_t epoch = entry(state, "epoch");
   TORCH_CHECK_VALUE(epoch >= 0, kWho, ".load_state_dict: epoch must be >= 0, got ", epoch);
+  const int64_t taken_world_size = entry(state, "world_size"), taken_rank = entry(state, "rank");
+  TORCH_CHECK_VALUE(taken_world_size >= 1 && taken_world_size <= core::kMaxWorldSize && taken_rank >= 0 &&
+                        taken_rank < taken_world_size,
+                    kWho, ".load_state_dict: the state was taken on rank ", taken_rank, " of world_size ",
+                    taken_world_size,
+                    " (rank must be in [0, world_size), world_size in [1, 2**20]): is it a damaged state?");
   std::vector<core::ResumeSegment> segments = segments_of(state);
   const int64_t worker = entry(state, "worker");
   const int64_t seed = entry(state, "seed");
