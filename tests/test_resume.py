@@ -360,6 +360,8 @@ def test_a_state_from_other_data_or_arguments_is_refused_naming_what_differs():
     bad = dict(state, segments=[[1, 1, 10_000]])
     with pytest.raises(ValueError, match="consumed 10000 batches, but had only"):
         make("BlockShuffling").load_state_dict(bad)
+    with pytest.raises(ValueError, match="consumed_batches=5 but no epoch is under way here: .* start of epoch 0"):
+        make("BlockShuffling").state_dict(consumed_batches=5)  # nothing ran: 5 cannot be counted anywhere
     for rank, world_size in [(5, 1), (-1, 2), (0, 0)]:
         with pytest.raises(ValueError, match=f"taken on rank {rank} of world_size {world_size} .*damaged state"):
             make("BlockShuffling").load_state_dict(dict(state, rank=rank, world_size=world_size))

@@ -486,6 +486,9 @@ StateDict ShardedDatasetImpl::state_dict(std::optional<int64_t> consumed_batches
                       "StatefulDataLoader, which asks the workers");
     // Nothing under way here: the state points at the next epoch (a loaded checkpoint's, if pending).
     iteration.epoch = next_epoch();
+    TORCH_CHECK_VALUE(consumed_batches.value_or(0) == 0, kWho, ".state_dict: consumed_batches=", *consumed_batches,
+                      " but no epoch is under way here: the state points at the start of epoch ", iteration.epoch,
+                      " (pass consumed_batches once the epoch's loop has started)");
     if (record && record->epoch == iteration.epoch) iteration.prior = record->segments;
     iteration.rank_batches = 1;  // nothing consumed of it here: the state is where the epoch starts (or resumes)
     return make_state(iteration, 0);
