@@ -322,6 +322,21 @@ def test_stateful_dataloader_resumes_twice_in_one_epoch(context):
     assert collections.Counter(tuple(b["index"].tolist()) for b in last) == uninterrupted("BlockShuffling", epoch=1)
 
 
+def test_a_workers_state_on_another_topology_points_at_the_datasets_checkpoint():
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    loader = stateful.StatefulDataLoader(
+        make("BlockShuffling", world_size=2), batch_size=None, num_workers=1, multiprocessing_context="fork"
+    )
+    iterator = iter(loader)
+    next(iterator)
+    worker_state = loader.state_dict()["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]
+    del iterator
+    with pytest.raises(
+        ValueError, match=r"rank 0 of 2 cannot resume rank 0 of 1 .*state_dict\(consumed_batches=step\)"
+    ):
+        make("BlockShuffling").load_state_dict(worker_state)
+
+
 def test_stateful_dataloader_in_process():
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
     current = stateful.StatefulDataLoader(make("Streaming"), batch_size=None)
@@ -332,6 +347,21 @@ def test_stateful_dataloader_in_process():
     resumed.load_state_dict(state)
     taken += [tuple(batch["index"].tolist()) for batch in resumed]
     assert collections.Counter(taken) == uninterrupted("Streaming")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stateful_dataloader_resumes_at_the_next_epoch_after_a_finished_one(num_workers):
+    # A checkpoint taken once the loop ran out: StatefulDataLoader restores it by making an iterator of
+    # the finished epoch and dropping it unused, then a fresh one. That one is the next epoch (1), not 2.
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    epochs = [uninterrupted("BlockShuffling", epoch) for epoch in range(3)]
+    kwargs = dict(batch_size=None, num_workers=num_workers, multiprocessing_context="fork" if num_workers else None)
+    current = stateful.StatefulDataLoader(make("BlockShuffling"), **kwargs)
+    assert collections.Counter(tuple(b["index"].tolist()) for b in current) == epochs[0]
+    resumed = stateful.StatefulDataLoader(make("BlockShuffling"), **kwargs)
+    resumed.load_state_dict(current.state_dict())
+    for epoch in (1, 2):
+        assert collections.Counter(tuple(b["index"].tolist()) for b in resumed) == epochs[epoch]
 
 
 def test_a_state_from_other_data_or_arguments_is_refused_naming_what_differs():

@@ -404,22 +404,13 @@ class ShardedDataset(IterableDataset, NativeBacked):
     def __iter__(self):
         fetcher = _fetcher_arguments()
         _refuse_auto_collation(fetcher)
-        # The epoch is claimed now, not at the first next(): a DataLoader
-        # worker calls iter() once per generation, at start-up.
+        # In a DataLoader worker the epoch is claimed now, not at the first
+        # next(): a worker calls iter() once per generation, at start-up. In
+        # the training process, at the first next() (_in_process_epochs).
         info = get_worker_info()
         packed = None  # (whole units, endless) for a worker whose batches cross packed
         if info is None:
-            # A process group initialised after this dataset was built: agree on the seed and check
-            # the ranks' claims now (a single rank has nothing to agree on).
-            if self.world_size > 1 and not self.native.synchronized():
-                group = resolve_group(None)
-                if group is not None:
-                    self.native.synchronize(boxed(group))
-                    self.seed = self.native.seed()
-
-            def start(stream_start):
-                return self.native.iter()
-
+            return self._in_process_epochs()
         else:
             generation = info.seed - info.id
             shared = _shares_by_descriptor()
@@ -443,6 +434,23 @@ class ShardedDataset(IterableDataset, NativeBacked):
                 )
 
         return self._epochs(self._started(start, 0), start, packed)
+
+    def _in_process_epochs(self):
+        """Iterated in the process that trains: the epoch is claimed at the first next(), as a
+        sampler's generator starts, so that an iterator made and dropped unused takes none
+        (StatefulDataLoader makes one when it restores the state of a finished epoch)."""
+        # A process group initialised after this dataset was built: agree on the seed and check
+        # the ranks' claims now (a single rank has nothing to agree on).
+        if self.world_size > 1 and not self.native.synchronized():
+            group = resolve_group(None)
+            if group is not None:
+                self.native.synchronize(boxed(group))
+                self.seed = self.native.seed()
+
+        def start(stream_start):
+            return self.native.iter()
+
+        yield from self._epochs(self._started(start, 0), start)
 
     def _started(self, start, stream_start):
         iterator = start(stream_start)

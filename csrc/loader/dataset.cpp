@@ -551,7 +551,9 @@ void ShardedDatasetImpl::load_state_dict(const StateDict& state) {
     iteration.consumed_before = entry(state, "worker_consumed");
     TORCH_CHECK_VALUE(entry(state, "world_size") == world_size_ && entry(state, "rank") == rank_, kWho,
                       ".load_state_dict: a DataLoader worker's state of rank ", entry(state, "rank"), " of ",
-                      entry(state, "world_size"), " cannot resume rank ", rank_, " of ", world_size_);
+                      entry(state, "world_size"), " cannot resume rank ", rank_, " of ", world_size_,
+                      " (StatefulDataLoader's worker states resume on the same ranks and num_workers; on another "
+                      "topology, checkpoint the dataset instead: dataset.state_dict(consumed_batches=step))");
     TORCH_CHECK_VALUE(worker < iteration.num_workers && iteration.consumed_before >= 0, kWho,
                       ".load_state_dict: worker ", worker, " of ", iteration.num_workers, " with ",
                       iteration.consumed_before, " batches consumed is not a worker's state");
