@@ -88,9 +88,6 @@ int64_t rows_of(const sources::Batch& batch, const std::string& who) {
     const at::Tensor& tensor = item.value();
     core::check_argument(tensor.defined() && tensor.dim() >= 1, who, ": field '", item.key(),
                          "' must be a tensor with rows (at least one dimension)");
-    core::check_argument(!tensor.is_nested() && (tensor.layout() == at::kStrided || tensor.layout() == at::kSparseCsr),
-                         who, ": field '", item.key(), "' must be a dense (strided) or sparse CSR tensor, got ",
-                         tensor.is_nested() ? "a nested tensor" : c10::str("layout ", tensor.layout()));
     if (rows < 0) {
       rows = tensor.size(0);
       first = item.key();

@@ -474,10 +474,6 @@ StateDict ShardedDatasetImpl::state_dict(std::optional<int64_t> consumed_batches
                       " but this rank delivers ", current_->iteration->rank_batches, " batches in this epoch");
     return make_state(*current_->iteration, consumed);
   }
-  Iteration iteration;
-  iteration.rank = rank_;
-  iteration.world_size = world_size_;
-  const std::optional<core::ResumeRecord> record = core::load_resume_record(words(shared_state_));
   if (last < 0 || last_workers == 0 || !consumed_batches) {
     TORCH_CHECK_VALUE(last < 0 || last_workers == 0 || consumed_batches, kWho, ".state_dict: epoch ", last, " ran in ",
                       last_workers,
@@ -485,15 +481,16 @@ StateDict ShardedDatasetImpl::state_dict(std::optional<int64_t> consumed_batches
                       "consumed_batches (the batches your loop consumed this epoch), or use torchdata's "
                       "StatefulDataLoader, which asks the workers");
     // Nothing under way here: the state points at the next epoch (a loaded checkpoint's, if pending).
-    iteration.epoch = next_epoch();
     TORCH_CHECK_VALUE(consumed_batches.value_or(0) == 0, kWho, ".state_dict: consumed_batches=", *consumed_batches,
-                      " but no epoch is under way here: the state points at the start of epoch ", iteration.epoch,
+                      " but no epoch is under way here: the state points at the start of epoch ", next_epoch(),
                       " (pass consumed_batches once the epoch's loop has started)");
-    if (record && record->epoch == iteration.epoch) iteration.prior = record->segments;
-    iteration.rank_batches = 1;  // nothing consumed of it here: the state is where the epoch starts (or resumes)
-    return make_state(iteration, 0);
+    return next_epoch_state();
   }
   // The last epoch ran in DataLoader workers; the loop says how far it got.
+  const std::optional<core::ResumeRecord> record = core::load_resume_record(words(shared_state_));
+  Iteration iteration;
+  iteration.rank = rank_;
+  iteration.world_size = world_size_;
   iteration.epoch = last;
   iteration.num_workers = last_workers;
   if (record && record->epoch == last) iteration.prior = record->segments;
@@ -502,6 +499,17 @@ StateDict ShardedDatasetImpl::state_dict(std::optional<int64_t> consumed_batches
                     ".state_dict: consumed_batches=", *consumed_batches, " but this rank delivers ",
                     iteration.rank_batches, " batches in epoch ", last);
   return make_state(iteration, *consumed_batches);
+}
+
+StateDict ShardedDatasetImpl::next_epoch_state() const {
+  const std::optional<core::ResumeRecord> record = core::load_resume_record(words(shared_state_));
+  Iteration iteration;
+  iteration.rank = rank_;
+  iteration.world_size = world_size_;
+  iteration.epoch = next_epoch();
+  if (record && record->epoch == iteration.epoch) iteration.prior = record->segments;
+  iteration.rank_batches = 1;  // nothing consumed of it here: the state is where the epoch starts (or resumes)
+  return make_state(iteration, 0);
 }
 
 void ShardedDatasetImpl::load_state_dict(const StateDict& state) {
@@ -733,13 +741,7 @@ ShardedDatasetImpl::State ShardedDatasetImpl::state() const {
   // A loaded checkpoint not yet resumed travels too (as "resume.<key>"): the copy resumes it, as this would.
   const std::optional<core::ResumeRecord> record = core::load_resume_record(words(shared_state_));
   if (record && record->epoch == next_epoch()) {
-    Iteration pending;
-    pending.rank = rank_;
-    pending.world_size = world_size_;
-    pending.epoch = record->epoch;
-    pending.prior = record->segments;
-    pending.rank_batches = 1;  // nothing consumed of it yet
-    for (const auto& item : make_state(pending, 0)) ints.insert(kResumePrefix + item.key(), item.value());
+    for (const auto& item : next_epoch_state()) ints.insert(kResumePrefix + item.key(), item.value());
   }
   return State{source_, strategy_, ints, options_.even_batches.value_or("none")};
 }
@@ -899,7 +901,14 @@ std::optional<Batch> BatchIteratorImpl::next_unit() {
 void BatchIteratorImpl::push_unit(const Batch& unit) {
   translate_errors([&] {
     TORCH_CHECK(unit_rows_ >= 0, "BatchIterator: push_unit() without next_unit()");
-    const int64_t rows = rows_of(unit, "ShardedDataset: fetch_transform's result");
+    const char* const who = "ShardedDataset: fetch_transform's result";
+    const int64_t rows = rows_of(unit, who);
+    for (const auto& item : unit) {  // what batches are cut from: dense or CSR
+      const at::Tensor& tensor = item.value();
+      TORCH_CHECK_VALUE(!tensor.is_nested() && (tensor.layout() == at::kStrided || tensor.layout() == at::kSparseCsr),
+                        who, ": field '", item.key(), "' must be a dense (strided) or sparse CSR tensor, got ",
+                        tensor.is_nested() ? "a nested tensor" : c10::str("layout ", tensor.layout()));
+    }
     TORCH_CHECK_VALUE(rows == unit_rows_, "ShardedDataset: fetch_transform must keep the rows it is given (their ",
                       "number and order): it got ", unit_rows_, " rows and returned ", rows);
     // Their order too, as far as it shows: the rows' indices, which every batch carries, come back as given,

@@ -200,6 +200,8 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   // The segments `epoch` ran before, if the shared resume record is for it (and its seed, taken on).
   std::vector<core::ResumeSegment> prior_segments(int64_t epoch);
   StateDict make_state(const Iteration& iteration, int64_t consumed) const;
+  // The state at the start of the next epoch (a loaded checkpoint's position, if it is that epoch's).
+  StateDict next_epoch_state() const;
   int64_t rank_batches_after(const std::vector<core::ResumeSegment>& prior, int64_t num_workers) const;
 
   c10::intrusive_ptr<SourceImpl> source_;
