@@ -69,6 +69,10 @@ def test_dataset_arguments(kwargs, error, message):
         (lambda: ts.ClassBalancedSampling([]), "ClassBalancedSampling: labels must not be empty"),
         (lambda: ts.ClassBalancedSampling([1, 2], total_size=-1), "ClassBalancedSampling: total_size must be >= 1"),
         (lambda: ts.ClassBalancedSampling([1.0, math.nan]), "labels must not contain NaN"),
+        (
+            lambda: ts.ClassBalancedSampling([0, 1, -2]),
+            "labels must be class codes >= 0, or -1 for a missing label; got -2 at position 2",
+        ),
     ],
 )
 def test_strategy_arguments(make, message):

@@ -134,7 +134,8 @@ class ClassBalancedSampling(Strategy):
     global balancing: a class keeps its weight in the whole dataset), and
     over the subset when the labels are one per entry of ``indices``. Rows
     whose label is missing (-1: pandas' and anndata's code for a missing
-    category) are never drawn.
+    category) are never drawn; integer labels are otherwise codes >= 0 (a
+    label below -1 is refused: it would silently be a class of its own).
 
     ``smoothing`` in [0, 1] draws each class with probability
     ``(1 - smoothing) / classes + smoothing * class_size / labeled_rows``: 0

@@ -411,6 +411,12 @@ ClassBalancedSampling::ClassBalancedSampling(std::vector<int64_t> labels, std::o
       labels_(std::move(labels)),
       smoothing_(smoothing) {
   check_argument(!labels_.empty(), name(), ": labels must not be empty");
+  // -1 is the one code for a missing label (pandas' and anndata's); any other negative code is no class.
+  for (size_t i = 0; i < labels_.size(); ++i) {
+    check_argument(labels_[i] >= kMissingLabel, name(),
+                   ": labels must be class codes >= 0, or -1 for a missing label; got ", labels_[i], " at position ",
+                   i);
+  }
   check_argument(smoothing >= 0.0 && smoothing <= 1.0, name(), ": smoothing must be in [0, 1], got ", smoothing);
 }
 

@@ -448,15 +448,15 @@ TEST(ClassBalancedSampling, ClassesAreDrawnEquallyOftenWhateverTheirSizes) {
   }
 }
 
-TEST(ClassBalancedSampling, AnyIntegerLabelsWorkNegativeOrFarApart) {
+TEST(ClassBalancedSampling, AnyClassCodesWorkFarApart) {
   // Small label ranges are counted in an array, wide ones in a map: both
   // must give the same law.
   const int64_t far = int64_t{1} << 40;
   const std::vector<std::vector<int64_t>> label_sets = {
-      {-3, -3, -3, 7},
-      {far, far, far, -far},
+      {3, 3, 3, 7},
+      {far, far, far, 0},
       {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max(),
-       std::numeric_limits<int64_t>::min()},
+       0},
   };
   for (const auto& labels : label_sets) {
     const auto plan = ClassBalancedSampling(labels, 40000).bind(4);
@@ -464,6 +464,16 @@ TEST(ClassBalancedSampling, AnyIntegerLabelsWorkNegativeOrFarApart) {
     EXPECT_LT(chi_square(counts, {1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 2}), chi_square_bound(3))
         << counts[0] << " " << counts[1] << " " << counts[2] << " " << counts[3];
   }
+}
+
+TEST(ClassBalancedSampling, NegativeLabelsOtherThanMissingAreRefused) {
+  // -1 is a missing label; -2 is no class (it would silently be one).
+  expect_invalid(
+      [] {
+        ClassBalancedSampling({0, 1, -2, 1}, 10);
+      },
+      {"ClassBalancedSampling: labels must be class codes >= 0, or -1 for a missing label; got -2 at position 2"});
+  EXPECT_NO_THROW(ClassBalancedSampling({0, -1, 1}, 10));
 }
 
 TEST(ClassBalancedSampling, RowsWithinAClassAreDrawnUniformly) {
