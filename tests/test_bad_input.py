@@ -114,7 +114,11 @@ def test_strategy_against_source(strategy, message):
 @pytest.mark.parametrize(
     "make,error,message",
     [
-        (lambda: ts.TensorSource(torch.zeros(0, 3)), ValueError, "the tensors have no rows"),
+        (
+            lambda: ts.ShardedDataset(ts.TensorSource(torch.zeros(0, 3)), ts.Streaming(), batch_size=2),
+            ValueError,
+            r"ShardedDataset: the source has no rows \(TensorSource\(rows=0, X=Float\[0, 3\]\)\)",
+        ),
         (lambda: ts.TensorSource({}), ValueError, "needs at least one tensor"),
         (lambda: ts.TensorSource(torch.tensor(1.0)), ValueError, "must have at least one dimension"),
         (

@@ -166,6 +166,39 @@ def test_every_row_once_across_files_ranks_and_workers(plates):
     assert sorted(seen) == list(range(81))
 
 
+@pytest.mark.parametrize("fmt", ["h5ad", "zarr"])
+def test_an_empty_file_is_a_part_with_no_rows(tmp_path, fmt):
+    # A sample left with no cells after filtering: anndata writes it (its categorical column has no
+    # categories at all); a collection reads the other files' rows, and only a dataset over no row
+    # at all is refused.
+    first, first_codes = write_plate(tmp_path / f"a.{fmt}", 7, 0, fmt)
+    empty = ad.AnnData(
+        sp.csr_matrix((0, 9), dtype=np.float32),
+        obs=pd.DataFrame({"label": pd.Categorical([])}, index=pd.Index([], dtype=object)),
+    )
+    getattr(empty, "write_h5ad" if fmt == "h5ad" else "write_zarr")(tmp_path / f"empty.{fmt}")
+    last, last_codes = write_plate(tmp_path / f"b.{fmt}", 5, 1, fmt)
+    paths = [tmp_path / f"a.{fmt}", tmp_path / f"empty.{fmt}", tmp_path / f"b.{fmt}"]
+    assert len(ts.AnnDataSource(paths[1], obs=["label"])) == 0
+    dense, codes = np.concatenate([first, last]), np.concatenate([first_codes, last_codes])
+    collection = ts.Collection([ts.AnnDataSource(p, obs=["label"]) for p in paths])
+    assert len(collection) == 12 and collection.offsets == [0, 7, 7]
+    assert collection.categories("label") == ["a", "b"]
+    seen = []
+    for rank in range(2):
+        dataset = ts.ShardedDataset(collection, ts.BlockShuffling(3), batch_size=4, seed=1, rank=rank, world_size=2)
+        for batch in dataset:
+            index = batch["index"].numpy()
+            assert torch.equal(batch["X"].to_dense(), torch.from_numpy(dense[index]))
+            assert batch["label"].tolist() == codes[index].tolist()
+            seen.extend(index.tolist())
+    assert sorted(set(seen)) == list(range(12))
+    with pytest.raises(ValueError, match=r"ShardedDataset: the source has no rows \(AnnDataSource\(.*empty"):
+        ts.ShardedDataset(ts.open(paths[1]), ts.Streaming(), batch_size=4)
+    with pytest.raises(ValueError, match=r"ShardedDataset: the source has no rows"):
+        ts.ShardedDataset(ts.Collection([ts.open(paths[1])] * 2), ts.Streaming(), batch_size=4)
+
+
 def test_files_that_disagree_are_named(tmp_path):
     write_plate(tmp_path / "a.h5ad", 5, 0)
     adata = ad.AnnData(np.zeros((4, 3), np.float32))

@@ -81,6 +81,9 @@ ShardedDatasetImpl::ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c1
   TORCH_CHECK_VALUE(source_, kWho, ": source is null");
   TORCH_CHECK_VALUE(strategy, kWho, ": strategy is null");
   strategy_ = strategy->resolved_for(*source_);  // labels read from the source (label_key)
+  // A source may be empty (a part of a collection); a dataset over no rows is a mistake.
+  TORCH_CHECK_VALUE(source_->num_rows() >= 1, kWho, ": the source has no rows (", source_->describe(),
+                    "): there is nothing to iterate");
   TORCH_CHECK_VALUE(options.batch_size >= 1, kWho, ": batch_size must be >= 1, got ", options.batch_size);
   TORCH_CHECK_VALUE(options.fetch_factor >= 1, kWho, ": fetch_factor must be >= 1, got ", options.fetch_factor);
   TORCH_CHECK_VALUE(!options.num_threads || (*options.num_threads >= 1 && *options.num_threads <= kMaxThreads), kWho,

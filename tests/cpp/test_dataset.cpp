@@ -240,10 +240,12 @@ TEST(Dataset, BadArgumentsThrowValueErrorsWithThePythonMessages) {
               ts::BlockWeightedSampling(torch::tensor({0.0, 0.0}));
             }),
             "BlockWeightedSampling: weights must not all be zero");
-  EXPECT_EQ(error_of<c10::ValueError>([] {
-              ts::TensorSource(torch::zeros({0, 3}));
-            }),
-            "TensorSource: the tensors have no rows (an empty source)");
+  // An empty source is a valid part of a collection; a dataset over no rows is refused.
+  EXPECT_EQ(
+      error_of<c10::ValueError>([] {
+        ts::ShardedDataset(ts::TensorSource(torch::zeros({0, 3})), ts::Streaming(), {.batch_size = 4});
+      }),
+      "ShardedDataset: the source has no rows (TensorSource(rows=0, X=Float[0, 3])): there is nothing to iterate");
   EXPECT_EQ(error_of<c10::ValueError>([] {
               ts::TensorSource(at::quantize_per_tensor(torch::rand({4, 2}), 0.1, 0, at::kQUInt8));
             }),

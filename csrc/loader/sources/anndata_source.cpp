@@ -18,8 +18,6 @@ std::string mask_field(const std::string& column) { return column + "_mask"; }
 AnnDataSource::AnnDataSource(std::shared_ptr<const io::AnnDataStore> store, const std::optional<std::string>& layer,
                              const std::vector<std::string>& obs, bool dense)
     : store_(std::move(store)), layer_(layer), matrix_(store_->matrix(layer)), dense_(dense) {
-  check_argument(store_->n_obs() >= 1, "AnnDataSource: ", store_->root().where(),
-                 " has no observations (an empty source)");
   std::set<std::string> names;
   for (const std::string& name : obs) {
     check_argument(name != "X" && name != "index", "AnnDataSource: obs column '", name,

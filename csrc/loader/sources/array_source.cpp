@@ -21,7 +21,6 @@ ArraySource::ArraySource(std::string kind, std::vector<NamedArray> arrays)
                    array->where(), " has ", array->num_rows(), " but ", arrays_.front().second->where(), " has ",
                    num_rows_);
   }
-  check_argument(num_rows_ >= 1, kind_, ": ", arrays_.front().second->where(), " has no rows (an empty source)");
 }
 
 std::vector<FieldSpec> ArraySource::fields() const {

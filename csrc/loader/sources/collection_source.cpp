@@ -284,12 +284,24 @@ void anndata_leaves(const std::vector<std::shared_ptr<const Source>>& parts, con
   }
 }
 
-// The int64 codes of a categorical (or string) obs column index each file's
-// own categories: every AnnData source of a collection, at any depth, must
-// agree on them, or one code would mean different values in different rows.
-void check_codes_agree(const std::vector<std::shared_ptr<const Source>>& parts) {
-  std::vector<std::pair<std::string, const AnnDataSource*>> leaves;
+// The AnnData sources whose codes mean something: those with rows (an empty
+// file's categories are often none at all), or all of them when none has rows.
+std::vector<std::pair<std::string, const AnnDataSource*>> coded_leaves(
+    const std::vector<std::shared_ptr<const Source>>& parts) {
+  std::vector<std::pair<std::string, const AnnDataSource*>> leaves, with_rows;
   anndata_leaves(parts, "sources", leaves);
+  for (const auto& leaf : leaves) {
+    if (leaf.second->num_rows() > 0) with_rows.push_back(leaf);
+  }
+  return with_rows.empty() ? leaves : with_rows;
+}
+
+// The int64 codes of a categorical (or string) obs column index each file's
+// own categories: every AnnData source of a collection with rows, at any
+// depth, must agree on them, or one code would mean different values in
+// different rows.
+void check_codes_agree(const std::vector<std::shared_ptr<const Source>>& parts) {
+  const std::vector<std::pair<std::string, const AnnDataSource*>> leaves = coded_leaves(parts);
   std::map<std::string, std::pair<size_t, const io::ObsColumn*>> first;  // column -> (leaf, column there)
   for (size_t p = 0; p < leaves.size(); ++p) {
     const AnnDataSource& anndata = *leaves[p].second;
@@ -347,8 +359,7 @@ CollectionSource::CollectionSource(std::vector<std::shared_ptr<const Source>> pa
 }
 
 nlohmann::json CollectionSource::categories(const std::string& column) const {
-  std::vector<std::pair<std::string, const AnnDataSource*>> leaves;
-  anndata_leaves(parts_, "sources", leaves);
+  const std::vector<std::pair<std::string, const AnnDataSource*>> leaves = coded_leaves(parts_);
   check_argument(!leaves.empty(), "Collection.categories: the collection holds no AnnDataSource");
   const AnnDataSource& first = *leaves.front().second;
   for (const io::ObsColumn& obs : first.obs()) {

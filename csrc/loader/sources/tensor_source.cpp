@@ -140,7 +140,6 @@ TensorSource::TensorSource(Batch fields) : fields_(with_views_resolved(fields)) 
     check_argument(tensor.size(0) == num_rows_, "TensorSource: all fields must have the same number of rows, field '",
                    name, "' has ", tensor.size(0), " but the first field has ", num_rows_);
   }
-  check_argument(num_rows_ >= 1, "TensorSource: the tensors have no rows (an empty source)");
 }
 
 std::vector<FieldSpec> TensorSource::fields() const {
