@@ -395,6 +395,17 @@ def test_a_state_from_other_data_or_arguments_is_refused_naming_what_differs():
     for rank, world_size in [(5, 1), (-1, 2), (0, 0)]:
         with pytest.raises(ValueError, match=f"taken on rank {rank} of world_size {world_size} .*damaged state"):
             make("BlockShuffling").load_state_dict(dict(state, rank=rank, world_size=world_size))
+    # Version 1 states were dealt in the Feistel network's block orders, which version 2 replaced.
+    assert state["version"] == 2
+    with pytest.raises(ValueError, match=r"earlier torch_shards \(state version 1\), .* would repeat some rows"):
+        make("BlockShuffling").load_state_dict(dict(state, version=1))
+    with pytest.raises(ValueError, match=r"unknown state version 3 \(this torch_shards reads version 2\)"):
+        make("BlockShuffling").load_state_dict(dict(state, version=3))
+    sampler = ts.DistributedSampler(range(10), num_replicas=1, rank=0)
+    sampler_state = sampler.state_dict()
+    assert sampler_state["version"] == 2
+    with pytest.raises(ValueError, match=r"DistributedSampler.load_state_dict: the state was written by an earlier"):
+        sampler.load_state_dict(dict(sampler_state, version=1))
 
 
 def test_state_survives_torch_save_and_distributed_checkpoint(tmp_path):

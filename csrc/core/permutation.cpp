@@ -1,5 +1,7 @@
 #include "permutation.h"
 
+#include <numeric>
+
 #include "random.h"
 
 namespace torch_shards::core {
@@ -58,6 +60,18 @@ uint64_t FeistelPermutation::inverse(uint64_t y) const {
   uint64_t x = decrypt(y);
   while (x >= n_) x = decrypt(x);
   return x;
+}
+
+KeyedPermutation::KeyedPermutation(uint64_t n, uint64_t key) : n_(n), key_(key), feistel_(n, key) {
+  if (n <= 1 || n > kTableLimit) return;
+  order_.resize(n);
+  std::iota(order_.begin(), order_.end(), uint16_t{0});
+  SplitMixStream stream(key);
+  for (uint64_t i = n - 1; i > 0; --i) {
+    std::swap(order_[i], order_[stream.bounded(static_cast<uint32_t>(i + 1))]);
+  }
+  position_.resize(n);
+  for (uint64_t x = 0; x < n; ++x) position_[order_[x]] = static_cast<uint16_t>(x);
 }
 
 }  // namespace torch_shards::core

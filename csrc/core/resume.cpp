@@ -16,6 +16,16 @@ int64_t ResumeSegment::consumed_by(int64_t rank) const {
   return consumed.size() == 1 ? consumed[0] : consumed[static_cast<size_t>(rank)];
 }
 
+std::string state_version_problem(int64_t version) {
+  if (version == kStateVersion) return "";
+  if (version == 1) {
+    return "the state was written by an earlier torch_shards (state version 1), which visited shuffled blocks in "
+           "other orders: resuming its epoch here would repeat some rows and skip others. Resume it with the version "
+           "that wrote it, or start this version at the next epoch";
+  }
+  return concat("unknown state version ", version, " (this torch_shards reads version ", kStateVersion, ")");
+}
+
 std::vector<int64_t> split_among_workers(const std::vector<int64_t>& worker_batches, int64_t consumed) {
   int64_t total = 0, longest = 0;
   for (int64_t batches : worker_batches) {

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -34,6 +35,13 @@
 #include "epoch_layout.h"
 
 namespace torch_shards::core {
+
+// The version of the checkpoints the dataset and the sampler write: 2 since
+// epochs of up to 2**16 blocks visit them in uniformly drawn orders
+// (KeyedPermutation), not in a Feistel network's.
+constexpr int64_t kStateVersion = 2;
+// Why a state of `version` cannot be resumed here; empty when it can.
+std::string state_version_problem(int64_t version);
 
 struct ResumeSegment {
   int64_t world_size = 1;

@@ -238,8 +238,19 @@ BlockOrder::BlockOrder(int64_t size, int64_t block_size) : size_(size), block_si
   short_size_ = size - (num_blocks_ - 1) * block_size;
 }
 
+std::shared_ptr<const KeyedPermutation> BlockOrder::order(uint64_t key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& kept : recent_) {
+    if (kept && kept->key() == key) return kept;
+  }
+  auto made = std::make_shared<const KeyedPermutation>(static_cast<uint64_t>(num_blocks_), key);
+  recent_[next_recent_++ % recent_.size()] = made;
+  return made;
+}
+
 void BlockOrder::fill_positions(uint64_t key, int64_t begin, int64_t count, int64_t* positions) const {
-  const FeistelPermutation order(static_cast<uint64_t>(num_blocks_), key);
+  const std::shared_ptr<const KeyedPermutation> kept = order(key);
+  const KeyedPermutation& order = *kept;
   // Order position of the last block, the only one that may be short.
   const int64_t short_at = static_cast<int64_t>(order.inverse(static_cast<uint64_t>(num_blocks_ - 1)));
   const int64_t short_begin = short_at * block_size_;

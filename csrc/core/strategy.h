@@ -6,12 +6,15 @@
 // (seed, epoch) on demand.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "permutation.h"
 
 namespace torch_shards::core {
 
@@ -163,10 +166,18 @@ class BlockOrder {
   void fill_positions(uint64_t key, int64_t begin, int64_t count, int64_t* positions) const;
 
  private:
+  // The blocks' order for a key, kept for the last few keys (a drawn table is
+  // made once an epoch, not once a fetch; neighbouring epochs' fetches mix
+  // where readers prefetch across the boundary).
+  std::shared_ptr<const KeyedPermutation> order(uint64_t key) const;
+
   int64_t size_;
   int64_t block_size_;
   int64_t num_blocks_;
   int64_t short_size_;  // size of the last block, in [1, block_size]
+  mutable std::mutex mutex_;
+  mutable std::array<std::shared_ptr<const KeyedPermutation>, 3> recent_;
+  mutable size_t next_recent_ = 0;
 };
 
 }  // namespace torch_shards::core

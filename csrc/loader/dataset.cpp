@@ -419,7 +419,7 @@ void put_segments(StateDict& state, const std::vector<core::ResumeSegment>& segm
 
 StateDict ShardedDatasetImpl::make_state(const Iteration& iteration, int64_t consumed) const {
   StateDict state;
-  state.insert("version", 1);
+  state.insert("version", core::kStateVersion);
   state.insert("seed", seed_);
   state.insert("rank", rank_);
   state.insert("world_size", world_size_);
@@ -516,8 +516,8 @@ StateDict ShardedDatasetImpl::next_epoch_state() const {
 }
 
 void ShardedDatasetImpl::load_state_dict(const StateDict& state) {
-  TORCH_CHECK_VALUE(entry(state, "version") == 1, kWho, ".load_state_dict: unknown state version ",
-                    entry(state, "version"));
+  const std::string version_problem = core::state_version_problem(entry(state, "version"));
+  TORCH_CHECK_VALUE(version_problem.empty(), kWho, ".load_state_dict: ", version_problem);
   // What must not differ, named when it does.
   const StateDict mine = make_state(Iteration{}, 0);
   const std::pair<const char*, const char*> checks[] = {

@@ -6,6 +6,7 @@
 
 #include "core/epoch_layout.h"
 #include "core/errors.h"
+#include "core/resume.h"
 #include "core/stable_hash.h"
 #include "loader/errors.h"
 #include "loader/process_group.h"
@@ -111,7 +112,7 @@ c10::Dict<std::string, int64_t> DistributedSamplerImpl::state_dict(int64_t consu
     }
   }
   c10::Dict<std::string, int64_t> state;
-  state.insert("version", 1);
+  state.insert("version", core::kStateVersion);
   state.insert("epoch", epoch);
   state.insert("seed", seed_);
   state.insert("offset", offset);
@@ -129,7 +130,8 @@ void DistributedSamplerImpl::load_state_dict(const c10::Dict<std::string, int64_
                       "' (is it a DistributedSampler state?)");
     return state.at(key);
   };
-  TORCH_CHECK_VALUE(entry("version") == 1, kWho, ".load_state_dict: unknown state version ", entry("version"));
+  const std::string version_problem = core::state_version_problem(entry("version"));
+  TORCH_CHECK_VALUE(version_problem.empty(), kWho, ".load_state_dict: ", version_problem);
   TORCH_CHECK_VALUE(entry("num_rows") == num_rows_, kWho, ".load_state_dict: the state was taken on a dataset of ",
                     entry("num_rows"), " rows, this one has ", num_rows_);
   TORCH_CHECK_VALUE(

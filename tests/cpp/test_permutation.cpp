@@ -1,20 +1,25 @@
 // FeistelPermutation: a keyed bijection of [0, n) with an exact inverse, for
-// small, odd, power-of-two and huge n.
+// small, odd, power-of-two and huge n. KeyedPermutation: the epoch's block
+// order, a uniformly drawn table up to 2**16 elements, a Feistel network
+// beyond.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <set>
 #include <vector>
 
 #include "permutation.h"
 #include "random.h"
+#include "statistics.h"
 
 namespace torch_shards::core {
 namespace {
 
-std::vector<uint64_t> materialise(const FeistelPermutation& permutation) {
+template <typename Permutation>
+std::vector<uint64_t> materialise(const Permutation& permutation) {
   std::vector<uint64_t> order(permutation.size());
   for (uint64_t x = 0; x < permutation.size(); ++x) order[x] = permutation(x);
   return order;
@@ -110,6 +115,70 @@ TEST(FeistelPermutation, HugeDomainsRoundTripAndStayInRange) {
       images.insert(y);
     }
     EXPECT_EQ(images.size(), 2000u) << "n=" << n;
+  }
+}
+
+// --- KeyedPermutation -------------------------------------------------------
+
+TEST(KeyedPermutation, IsABijectionWithItsInverseOnBothSidesOfTheTableLimit) {
+  const uint64_t limit = KeyedPermutation::kTableLimit;
+  for (uint64_t n : {uint64_t{1}, uint64_t{2}, uint64_t{5}, uint64_t{1000}, limit - 1, limit, limit + 1}) {
+    for (uint64_t key : kKeys) {
+      const KeyedPermutation permutation(n, key);
+      ASSERT_EQ(permutation.size(), n);
+      std::vector<bool> seen(n, false);
+      for (uint64_t x = 0; x < n; ++x) {
+        const uint64_t y = permutation(x);
+        ASSERT_LT(y, n) << "n=" << n << " key=" << key;
+        ASSERT_FALSE(seen[y]) << "n=" << n << " key=" << key << ": " << y << " reached twice";
+        seen[y] = true;
+        ASSERT_EQ(permutation.inverse(y), x) << "n=" << n << " key=" << key;
+      }
+    }
+  }
+  EXPECT_EQ(materialise(KeyedPermutation(limit, 9)), materialise(KeyedPermutation(limit, 9)));
+  EXPECT_NE(materialise(KeyedPermutation(limit, 9)), materialise(KeyedPermutation(limit, 10)));
+  EXPECT_EQ(materialise(KeyedPermutation(limit + 1, 9)), materialise(FeistelPermutation(limit + 1, 9)));
+}
+
+TEST(KeyedPermutation, EveryOrderOfFewElementsIsEquallyLikely) {
+  // A Feistel network over 2 or 3 bits (cycle-walked to n) misses orders and
+  // weights the others unevenly: n = 5 gave chi-square 1193 on 119 degrees of
+  // freedom, the table drawn whole is uniform.
+  for (uint64_t n : {uint64_t{3}, uint64_t{4}, uint64_t{5}}) {
+    const int64_t orders = n == 3 ? 6 : n == 4 ? 24 : 120;
+    std::map<std::vector<uint64_t>, int64_t> counts;
+    for (int64_t draw = 0; draw < 500 * orders; ++draw) {
+      ++counts[materialise(KeyedPermutation(n, derive_key(7, draw, Purpose::kBlockOrder)))];
+    }
+    ASSERT_EQ(static_cast<int64_t>(counts.size()), orders) << "some orders of " << n << " never occur";
+    std::vector<int64_t> observed;
+    for (const auto& [order, count] : counts) observed.push_back(count);
+    EXPECT_LT(stats::chi_square(observed, std::vector<double>(orders, 1.0 / orders)),
+              stats::chi_square_bound(orders - 1))
+        << "n=" << n;
+  }
+}
+
+TEST(KeyedPermutation, NeighboursFollowEachOtherAsOftenAsInAUniformOrder) {
+  // In a uniform order of n elements, x + 1 directly follows x (n - 1) / n
+  // times on average. The Feistel network alone gave 1.30 for n = 8 and 1.29
+  // for n = 31 (z > 15); beyond the table, over 17 bits, it passes.
+  for (uint64_t n : {uint64_t{8}, uint64_t{31}, uint64_t{100}, KeyedPermutation::kTableLimit + 1}) {
+    const int64_t draws = n > 1000 ? 300 : 20000;
+    double sum = 0.0, sum_squares = 0.0;
+    for (int64_t draw = 0; draw < draws; ++draw) {
+      const auto order = materialise(KeyedPermutation(n, derive_key(11, draw, Purpose::kBlockOrder)));
+      int64_t follows = 0;
+      for (uint64_t i = 0; i + 1 < n; ++i) follows += order[i + 1] == order[i] + 1;
+      sum += static_cast<double>(follows);
+      sum_squares += static_cast<double>(follows) * static_cast<double>(follows);
+    }
+    const double mean = sum / static_cast<double>(draws);
+    const double variance = sum_squares / static_cast<double>(draws) - mean * mean;
+    const double expected = static_cast<double>(n - 1) / static_cast<double>(n);
+    EXPECT_LT(std::abs(mean - expected), 5.0 * std::sqrt(variance / static_cast<double>(draws)))
+        << "n=" << n << ": " << mean << " against " << expected;
   }
 }
 
