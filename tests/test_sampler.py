@@ -132,13 +132,25 @@ def test_sampler_reads_rank_from_environment(monkeypatch):
     assert list(sampler) == [2, 6, 0]  # padded to 12 by wrapping, as torch does
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_an_empty_dataset_yields_nothing_as_torchs_sampler_does(drop_last):
+    for rank in range(2):
+        ours = ts.DistributedSampler(Rows(0), 2, rank, drop_last=drop_last)
+        theirs = torch.utils.data.DistributedSampler(Rows(0), 2, rank, drop_last=drop_last)
+        assert list(ours) == list(theirs) == [] and len(ours) == len(theirs) == 0
+        assert list(ours) == [] and ours.state_dict()["epoch"] == 2
+
+
 def test_sampler_rejects_bad_arguments():
     with pytest.raises(ValueError, match=r"Invalid rank 2, rank should be in the interval \[0, 1\]"):
         ts.DistributedSampler(Rows(10), 2, 2)
     with pytest.raises(ValueError, match=r"num_replicas must be in \[1, 2\*\*20\], got 0"):
         ts.DistributedSampler(Rows(10), 0, 0)
-    with pytest.raises(ValueError, match="dataset is empty"):
-        ts.DistributedSampler(Rows(0), 1, 0)
+    with pytest.raises(ValueError, match="dataset is empty .*: a strategy has nothing to draw from"):
+        ts.DistributedSampler(Rows(0), 1, 0, strategy=ts.BlockShuffling(2))
+    for strategy in (ts.Streaming(shuffle=True), ts.CustomStrategy([0, 1, 2], shuffle=True)):
+        with pytest.raises(ValueError, match="shuffle=True permutes rows within the fetches of a ShardedDataset"):
+            ts.DistributedSampler(Rows(10), 1, 0, strategy=strategy)
     with pytest.raises(ValueError, match="weights must have one entry per row"):
         ts.DistributedSampler(Rows(10), 1, 0, strategy=ts.BlockWeightedSampling(np.ones(3)))
     with pytest.raises(TypeError, match="strategy must be a torch_shards strategy"):

@@ -165,3 +165,26 @@ def test_plan_memory_does_not_grow_with_rows_for_block_shuffling():
     assert rows.min() >= 0 and rows.max() < 10**9
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert (after - before) < 200_000  # KiB: far below the 8 GB an index array would need
+
+
+def test_bfloat16_weights_and_labels_are_read_as_the_float32_values_they_hold():
+    weights = torch.tensor([1.0, 2.0, 0.0, 3.0], dtype=torch.bfloat16)
+    plan = ts.BlockWeightedSampling(weights, total_size=50).plan(4, seed=5)
+    assert torch.equal(plan, ts.BlockWeightedSampling(weights.float(), total_size=50).plan(4, seed=5))
+    labels = torch.tensor([0, 1, 1, 2], dtype=torch.bfloat16)
+    plan = ts.ClassBalancedSampling(labels, total_size=50).plan(4, seed=5)
+    assert torch.equal(plan, ts.ClassBalancedSampling(labels.float(), total_size=50).plan(4, seed=5))
+
+
+def test_plan_takes_the_seeds_and_epochs_a_dataset_and_sampler_take():
+    # Unsigned 64-bit seeds wrap around, as the dataset's and sampler's do; epochs stop at 2**62 as theirs.
+    strategy = ts.BlockShuffling(2)
+    sampler = ts.DistributedSampler(range(10), num_replicas=1, rank=0, seed=2**64 - 1, strategy=strategy)
+    assert strategy.plan(10, seed=2**64 - 1).tolist() == list(sampler) == strategy.plan(10, seed=-1).tolist()
+    with pytest.raises(ValueError, match="seed must fit in 64 bits, got 18446744073709551616"):
+        strategy.plan(10, seed=2**64)
+    with pytest.raises(TypeError, match="seed must be an int, got None"):
+        strategy.plan(10, seed=None)
+    with pytest.raises(ValueError, match=r"epoch must be in \[0, 2\*\*62\], got 4611686018427387905"):
+        strategy.plan(10, epoch=2**62 + 1)
+    assert len(strategy.plan(10, epoch=2**62)) == 10

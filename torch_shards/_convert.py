@@ -46,8 +46,17 @@ def optional_seed(name, value):
     return value - 2**64 if value >= 2**63 else value
 
 
+def plan_seed(name, value):
+    """A plan's seed: what a dataset or sampler takes (optional_seed), not None."""
+    if value is None:
+        raise TypeError(f"{name} must be an int, got None")
+    return optional_seed(name, value)
+
+
 def _as_array(name, values):
     if isinstance(values, torch.Tensor):
+        if values.dtype == torch.bfloat16:  # numpy has no bfloat16; every value is a float32 exactly
+            values = values.float()
         return values.detach().cpu().numpy()
     try:
         return np.asarray(values)

@@ -40,7 +40,7 @@ class Strategy(NativeBacked):
 
     def plan(self, num_rows, seed=0, epoch=0):
         """The whole plan of one epoch for a source of ``num_rows`` rows, as an int64 tensor."""
-        num_rows, seed = _convert.check_int("num_rows", num_rows, 1), _convert.check_int("seed", seed)
+        num_rows, seed = _convert.check_int("num_rows", num_rows, 1), _convert.plan_seed("seed", seed)
         return self.native.plan(num_rows, seed, _convert.check_int("epoch", epoch, 0))
 
     def plan_size(self, num_rows):
@@ -256,7 +256,8 @@ class CustomStrategy(Strategy):
 
     def plan(self, num_rows, seed=0, epoch=0):
         strategy = self._for_rows(_convert.check_int("num_rows", num_rows, 1))
-        strategy._provide(num_rows, _convert.check_int("seed", seed), _convert.check_int("epoch", epoch))
+        seed = _convert.plan_seed("seed", seed)
+        strategy._provide(num_rows, seed, _convert.check_int("epoch", epoch))
         return strategy.native.plan(num_rows, seed, epoch)
 
     def plan_size(self, num_rows):

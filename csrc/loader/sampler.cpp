@@ -31,7 +31,10 @@ DistributedSamplerImpl::DistributedSamplerImpl(int64_t num_rows,
       shuffle_(shuffle),
       seed_(seed),
       drop_last_(drop_last) {
-  TORCH_CHECK_VALUE(num_rows >= 1, kWho, ": the dataset is empty (len(dataset) == 0)");
+  TORCH_CHECK_VALUE(num_rows >= 0, kWho, ": len(dataset) must be >= 0, got ", num_rows);
+  // An empty dataset yields nothing, as torch's sampler does; a strategy has nothing to draw from.
+  TORCH_CHECK_VALUE(num_rows >= 1 || !strategy_given_, kWho,
+                    ": the dataset is empty (len(dataset) == 0): a strategy has nothing to draw from");
   if (rank && num_replicas && *num_replicas >= 1) {  // torch's words, which code written for torch's looks for
     TORCH_CHECK_VALUE(*rank >= 0 && *rank < *num_replicas, kWho, ": Invalid rank ", *rank,
                       ", rank should be in the interval [0, ", *num_replicas - 1, "] (num_replicas=", *num_replicas,
@@ -40,10 +43,21 @@ DistributedSamplerImpl::DistributedSamplerImpl(int64_t num_rows,
   const Topology topology = resolve_topology(rank, num_replicas, process_group, kWho, "num_replicas");
   num_replicas_ = topology.world_size;
   rank_ = topology.rank;
+  if (strategy_given_) {
+    // Streaming's and CustomStrategy's shuffle= permutes the rows of a dataset's fetches, which a sampler has none of.
+    const auto& kind = (*strategy)->kind();
+    const auto& ints = std::get<1>((*strategy)->state());
+    TORCH_CHECK_VALUE(
+        !((kind == "Streaming" || kind == "CustomStrategy") && ints.contains("shuffle") && ints.at("shuffle") != 0),
+        kWho, ": ", (*strategy)->describe(),
+        ": shuffle=True permutes rows within the fetches of a ShardedDataset; a sampler has no fetches and would "
+        "yield the plan unshuffled. For a sampler, pass shuffle=True without a strategy (a uniform permutation), "
+        "BlockShuffling(block_size), or this strategy with shuffle=False");
+  }
   strategy_ = strategy_given_ ? *strategy
               : shuffle       ? StrategyImpl::block_shuffling(1, std::nullopt)
                               : StrategyImpl::streaming(false, std::nullopt);
-  plan_size_ = strategy_->plan_size(num_rows);
+  plan_size_ = num_rows == 0 ? 0 : strategy_->plan_size(num_rows);
   TORCH_CHECK_VALUE(plan_size_ <= core::kMaxPlanSize, kWho, ": the strategy's plan has ", plan_size_,
                     " entries, more than 2**62");  // padded to a multiple of num_replicas, it would overflow
   // torch's layout: pad by wrapping around to a multiple of num_replicas, or trim with drop_last.

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/epoch_layout.h"
 #include "core/errors.h"
 #include "core/strategy.h"
 #include "loader/errors.h"
@@ -221,7 +222,7 @@ int64_t StrategyImpl::plan_size(int64_t num_rows) const { return bind(num_rows)-
 
 at::Tensor StrategyImpl::plan(int64_t num_rows, int64_t seed, int64_t epoch) const {
   const auto bound = bind(num_rows);
-  TORCH_CHECK_VALUE(epoch >= 0, "epoch must be >= 0, got ", epoch);
+  TORCH_CHECK_VALUE(epoch >= 0 && epoch <= core::kMaxEpoch, "epoch must be in [0, 2**62], got ", epoch);
   at::Tensor out = at::empty({bound->size()}, at::TensorOptions().dtype(at::kLong));
   bound->fill(static_cast<uint64_t>(seed), epoch, 0, bound->size(), out.data_ptr<int64_t>());
   return out;
@@ -231,7 +232,7 @@ at::Tensor StrategyImpl::strided(int64_t num_rows, int64_t seed, int64_t epoch, 
                                  int64_t count) const {
   TORCH_CHECK_VALUE(start >= 0 && step >= 1 && count >= 0, "strided: need start >= 0, step >= 1, count >= 0, got ",
                     start, ", ", step, ", ", count);
-  TORCH_CHECK_VALUE(epoch >= 0, "epoch must be >= 0, got ", epoch);
+  TORCH_CHECK_VALUE(epoch >= 0 && epoch <= core::kMaxEpoch, "epoch must be in [0, 2**62], got ", epoch);
   const auto bound = bind(num_rows);
   const int64_t size = bound->size();
   at::Tensor out = at::empty({count}, at::TensorOptions().dtype(at::kLong));
