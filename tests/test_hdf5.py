@@ -178,12 +178,16 @@ def test_unsupported_element_types_are_named(tmp_path):
         ts.HDF5Source(path, "scalar")
 
 
-def test_empty_dataset_is_rejected(tmp_path):
+def test_an_empty_dataset_is_a_source_with_no_rows_and_no_dataset(tmp_path):
     path = tmp_path / "empty.h5"
     with h5py.File(path, "w") as f:
         f.create_dataset("x", shape=(0, 3), dtype="f4")
-    with pytest.raises(ValueError, match="has no rows"):
-        ts.HDF5Source(path, "x")
+    source = ts.HDF5Source(path, "x")
+    assert len(source) == 0 and source.read([])["X"].shape == (0, 3)
+    with pytest.raises(ValueError, match=r"row 0 out of range \[0, 0\)"):
+        source.read([0])
+    with pytest.raises(ValueError, match=r"ShardedDataset: the source has no rows \(HDF5Source\(.*empty.h5"):
+        ts.ShardedDataset(source, ts.Streaming(), batch_size=2)
 
 
 def test_filter_hdf5_lacks_is_named_when_the_source_is_made(tmp_path):
