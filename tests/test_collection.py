@@ -203,7 +203,10 @@ def test_files_that_disagree_are_named(tmp_path):
     write_plate(tmp_path / "a.h5ad", 5, 0)
     adata = ad.AnnData(np.zeros((4, 3), np.float32))
     adata.write_h5ad(tmp_path / "b.h5ad")
-    with pytest.raises(ValueError, match=r"Collection: source 1 \(.*b.h5ad.*\) has fields \{X: Float\[3\]\}"):
+    with pytest.raises(
+        ValueError,
+        match=r"Collection: source 1 \(.*b.h5ad.*\) has fields \{X: Float\[3\]\} but source 0 \(.*a.h5ad.*\) has \{",
+    ):
         ts.Collection([ts.AnnDataSource(tmp_path / "a.h5ad"), ts.AnnDataSource(tmp_path / "b.h5ad")])
     with pytest.raises(ValueError, match="Collection: needs at least one source"):
         ts.Collection([])

@@ -350,8 +350,8 @@ CollectionSource::CollectionSource(std::vector<std::shared_ptr<const Source>> pa
       for (const auto& field : fields_) expected += (expected.empty() ? "" : ", ") + field.describe();
       for (const auto& field : fields) got += (got.empty() ? "" : ", ") + field.describe();
       throw core::InvalidArgument(core::concat("Collection: source ", p, " (", parts_[p]->describe(), ") has fields {",
-                                               got, "} but source 0 has {", expected, "}", layout_hint(fields_, fields),
-                                               order_hint(fields_, fields)));
+                                               got, "} but source 0 (", parts_.front()->describe(), ") has {", expected,
+                                               "}", layout_hint(fields_, fields), order_hint(fields_, fields)));
     }
     offsets_.push_back(offsets_.back() + parts_[p]->num_rows());
   }
