@@ -5,6 +5,7 @@ batches in torch's order, never overwritten while held."""
 
 import json
 import os
+import time
 
 import anndata as ad
 import numpy as np
@@ -150,6 +151,38 @@ def test_ts_dataloader_resumes_from_the_loops_count_like_torchs():
             expected = (first, rest)
         else:
             assert (first, rest) == expected
+
+
+def _slow_start(worker_id):
+    time.sleep(1.5)  # the window between iter(loader) and the workers' claim of their epoch
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_state_taken_before_the_workers_claim_their_epoch_is_that_epochs_start(persistent):
+    # ts.DataLoader tells the dataset its workers are starting: a checkpoint at step 0 of epoch 1 is
+    # epoch 1's start, not epoch 0 with nothing consumed (which would replay epoch 0, already trained on).
+    ds = dataset()
+    loader = ts.DataLoader(
+        ds, batch_size=None, num_workers=2, worker_init_fn=_slow_start, persistent_workers=persistent
+    )
+    epoch0 = order(loader)
+    iterator = iter(loader)
+    state = ds.state_dict(consumed_batches=0)
+    assert state["epoch"] == 1
+    if not persistent:  # persistent workers sleep once, at their start: they may have claimed epoch 1 by now
+        assert ds.state_dict()["epoch"] == 1
+        with pytest.raises(ValueError, match="consumed_batches=2 but the DataLoader's workers have not started epoch"):
+            ds.state_dict(consumed_batches=2)
+    epoch1 = [tuple(batch["index"].tolist()) for batch in iterator]
+    resumed = dataset()
+    resumed.load_state_dict(state)
+    assert order(ts.DataLoader(resumed, batch_size=None, num_workers=2)) == epoch1 != epoch0
+
+
+def test_ts_dataloader_warns_that_in_order_false_is_not_applied():
+    with pytest.warns(UserWarning, match="in_order=False is not applied to a ShardedDataset"):
+        loader = ts.DataLoader(dataset(), batch_size=None, num_workers=2, in_order=False)
+    assert sorted(i for b in order(loader) for i in b) == list(range(ROWS))
 
 
 def test_ts_dataloader_endless_stream_keeps_torchs_order():

@@ -11,6 +11,7 @@ num_workers=0, behave as with torch's DataLoader."""
 
 import collections
 import inspect
+import warnings
 
 import torch.utils.data
 from torch.utils.data import get_worker_info
@@ -122,10 +123,19 @@ class DataLoader(torch.utils.data.DataLoader):
         self._whole_units = isinstance(arguments.get("dataset"), ShardedDataset) and arguments.get("num_workers", 0) > 0
         if self._whole_units:
             arguments["worker_init_fn"] = _WholeUnits(arguments.get("worker_init_fn"))
+            if not arguments.get("in_order", True):
+                warnings.warn(
+                    "ts.DataLoader: in_order=False is not applied to a ShardedDataset: its batches come in torch's "
+                    "in-order sequence, which state_dict(consumed_batches=...) counts on to resume exactly once",
+                    UserWarning,
+                    stacklevel=2,
+                )
         super().__init__(*bound.args[1:], **bound.kwargs)
 
     def __iter__(self):
         if not self._whole_units:
             return super().__iter__()
         length = None if self.dataset.cycle else len(self)
+        # Until a worker claims the new epoch, a checkpoint is its start (not the last epoch's, long finished).
+        self.dataset.native.workers_starting()
         return _Batches(super().__iter__(), self.num_workers, length)

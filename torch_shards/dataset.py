@@ -557,8 +557,12 @@ class ShardedDataset(IterableDataset, NativeBacked):
 
         Iterated in this process, the batches the loop consumed are counted.
         With DataLoader workers, pass ``consumed_batches`` (the batches the loop
-        consumed this epoch: it always knows its step), or use torchdata's
-        ``StatefulDataLoader``, which asks each worker for its own state.
+        consumed this epoch: it always knows its step; DataLoader's default
+        ``in_order=True``), or use torchdata's ``StatefulDataLoader``, which
+        asks each worker for its own state. With torch's DataLoader, take it
+        once the epoch's first batch came: until its workers claim the new
+        epoch, the count is the last epoch's (``ts.DataLoader`` says when its
+        workers start, so there a state at step 0 is the new epoch's start).
         Under DDP, ranks step in lockstep: any one rank's state is enough."""
         consumed = _convert.optional_int("ShardedDataset.state_dict: consumed_batches", consumed_batches)
         if self.cycle and consumed is not None:

@@ -161,6 +161,7 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("delivery_counts", &ShardedDatasetImpl::delivery_counts)
       .def("reader_stats", &ShardedDatasetImpl::reader_stats)
       .def("state_dict", &ShardedDatasetImpl::state_dict, "", {torch::arg("consumed_batches") = torch::arg::none()})
+      .def("workers_starting", &ShardedDatasetImpl::workers_starting)
       .def("load_state_dict", &ShardedDatasetImpl::load_state_dict)
       .def_pickle([](const c10::intrusive_ptr<ShardedDatasetImpl>& self) { return self->state(); },
                   [](ShardedDatasetImpl::State state) { return ShardedDatasetImpl::from_state(state); });

@@ -477,6 +477,12 @@ StateDict ShardedDatasetImpl::state_dict(std::optional<int64_t> consumed_batches
                       " but this rank delivers ", current_->iteration->rank_batches, " batches in this epoch");
     return make_state(*current_->iteration, consumed);
   }
+  if (starting_next_ && *starting_next_ == next_epoch()) {
+    // Workers of a new iterator have not claimed their epoch yet: the loop has consumed none of it.
+    TORCH_CHECK_VALUE(consumed_batches.value_or(0) == 0, kWho, ".state_dict: consumed_batches=", *consumed_batches,
+                      " but the DataLoader's workers have not started epoch ", next_epoch(), " yet");
+    return next_epoch_state();
+  }
   if (last < 0 || last_workers == 0 || !consumed_batches) {
     TORCH_CHECK_VALUE(last < 0 || last_workers == 0 || consumed_batches, kWho, ".state_dict: epoch ", last, " ran in ",
                       last_workers,
@@ -503,6 +509,8 @@ StateDict ShardedDatasetImpl::state_dict(std::optional<int64_t> consumed_batches
                     iteration.rank_batches, " batches in epoch ", last);
   return make_state(iteration, *consumed_batches);
 }
+
+void ShardedDatasetImpl::workers_starting() { starting_next_ = next_epoch(); }
 
 StateDict ShardedDatasetImpl::next_epoch_state() const {
   const std::optional<core::ResumeRecord> record = core::load_resume_record(words(shared_state_));

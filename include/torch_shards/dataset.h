@@ -174,6 +174,10 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   // loop consumed this epoch); inside a DataLoader worker (torchdata's
   // StatefulDataLoader asks there) it is that worker's own state.
   StateDict state_dict(std::optional<int64_t> consumed_batches = std::nullopt) const;
+  // A DataLoader iterator is starting workers over this dataset (ts.DataLoader
+  // says so): until one of them claims its epoch, a state taken here is the
+  // start of the next epoch, not the last one's (which the loop finished).
+  void workers_starting();
   // Resumes from a checkpoint, on this dataset's topology (any number of
   // ranks and workers): the next iteration delivers every global batch of
   // the epoch not consumed yet, exactly once across the ranks, then epochs
@@ -213,6 +217,7 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   int64_t world_size_ = 1;
   std::string topology_source_;
   std::string device_warning_;
+  std::optional<int64_t> starting_next_;  // the next epoch when workers_starting() was called
   std::shared_ptr<const core::Planner> planner_;
   at::Tensor shared_state_;
   int64_t local_iterations_ = 0;  // worker iterations started by this process's copy
