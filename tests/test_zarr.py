@@ -302,3 +302,25 @@ def test_a_chunk_whose_codec_records_another_size_is_refused_before_allocating(t
     _rewrite_metadata(path, lambda metadata: metadata["chunk_grid"]["configuration"].update(chunk_shape=[2**40]))
     with pytest.raises(RuntimeError, match=r"c.zarr:/: chunk \(0,\).*zstd data decompresses to 32 bytes"):
         ts.ZarrSource(path).read([0])
+
+
+@pytest.mark.parametrize("layout", ["v2", "v3", "v3 sharded"])
+def test_a_store_deleted_while_open_is_an_error_not_its_fill_value(tmp_path, layout):
+    # A chunk file that is not there reads as never written only while the array's metadata is:
+    # a store deleted (or moved) under a running job was read as zeros, every batch.
+    import shutil
+
+    path = tmp_path / "x.zarr"
+    x = np.arange(1, 401, dtype=np.float32).reshape(100, 4)
+    if layout == "v2":
+        z = zarr.create_array(path, shape=x.shape, chunks=(10, 4), dtype=x.dtype, zarr_format=2)
+    else:
+        shards = (20, 4) if layout == "v3 sharded" else None
+        z = zarr.create_array(path, shape=x.shape, chunks=(10, 4), shards=shards, dtype=x.dtype)
+    z[:] = x
+    source = ts.ZarrSource(path)
+    assert torch.equal(source.read([0, 1])["X"], torch.from_numpy(x[[0, 1]]))
+    shutil.rmtree(path)
+    metadata = ".zarray" if layout == "v2" else "zarr.json"
+    with pytest.raises(RuntimeError, match=rf"No such file or directory: '.*x.zarr/{metadata}'"):
+        source.read([50, 99])

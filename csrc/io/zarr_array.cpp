@@ -24,6 +24,7 @@
 namespace torch_shards::io {
 
 using core::concat;
+using core::FileNotFound;
 using core::ReadError;
 using json = nlohmann::json;
 
@@ -994,20 +995,34 @@ class ZarrChunkDecoder : public ChunkDecoder {
 // ---------------------------------------------------------------------------
 // Chunk stores
 
+// A chunk (or shard) file that does not exist was never written, as long as
+// the array's metadata file is still there: a store deleted or moved while
+// open would otherwise read as its fill value. Throws FileNotFound if gone.
+void check_store_still_there(const std::string& metadata_file) {
+  if (!file_exists(metadata_file)) throw FileNotFound(metadata_file);
+}
+
 // One file per chunk, named by its key.
 class ChunkFiles : public ChunkStore {
  public:
-  ChunkFiles(std::string dir, ChunkKeys keys) : dir_(std::move(dir)), keys_(keys) {}
+  ChunkFiles(std::string dir, ChunkKeys keys, std::string metadata_file)
+      : dir_(std::move(dir)), keys_(keys), metadata_file_(std::move(metadata_file)) {}
 
   std::optional<std::vector<uint8_t>> read_chunk(const std::vector<int64_t>& coords) const override {
     const std::string file = dir_ + "/" + keys_.key(coords);
-    if (!file_exists(file)) return std::nullopt;
+    if (!file_exists(file)) {
+      check_store_still_there(metadata_file_);
+      return std::nullopt;
+    }
     return read_whole_file(file);
   }
   bool can_locate() const override { return true; }
   std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const override {
     const std::string path = dir_ + "/" + keys_.key(coords);
-    if (!file_exists(path)) return std::nullopt;
+    if (!file_exists(path)) {
+      check_store_still_there(metadata_file_);
+      return std::nullopt;
+    }
     auto file = std::make_shared<const File>(path);
     return ChunkLocation{file, 0, file->size()};
   }
@@ -1018,6 +1033,7 @@ class ChunkFiles : public ChunkStore {
  private:
   std::string dir_;
   ChunkKeys keys_;
+  std::string metadata_file_;
 };
 
 // Where each inner chunk of one shard lies in the shard file.
@@ -1034,9 +1050,10 @@ struct ShardIndex {
 class ShardedChunkStore : public ChunkStore {
  public:
   ShardedChunkStore(std::string dir, ChunkKeys keys, std::vector<int64_t> chunks_per_shard,
-                    std::vector<int64_t> shard_grid, ShardLayout layout)
+                    std::vector<int64_t> shard_grid, ShardLayout layout, std::string metadata_file)
       : dir_(std::move(dir)),
         keys_(keys),
+        metadata_file_(std::move(metadata_file)),
         chunks_per_shard_(std::move(chunks_per_shard)),
         shard_grid_(std::move(shard_grid)),
         layout_(std::move(layout)) {
@@ -1150,7 +1167,10 @@ class ShardedChunkStore : public ChunkStore {
   std::shared_ptr<const ShardIndex> load_index(const std::string& key) const {
     auto index = std::make_shared<ShardIndex>();
     const std::string path = dir_ + "/" + key;
-    if (!file_exists(path)) return index;
+    if (!file_exists(path)) {
+      check_store_still_there(metadata_file_);  // throws: the slot stays empty
+      return index;
+    }
     index->shard_exists = true;
     index->file = std::make_shared<const File>(path, File::Access::kMapped);
     const File& file = *index->file;
@@ -1193,6 +1213,7 @@ class ShardedChunkStore : public ChunkStore {
 
   std::string dir_;
   ChunkKeys keys_;
+  std::string metadata_file_;
   std::vector<int64_t> chunks_per_shard_;
   std::vector<int64_t> shard_grid_;  // shards along each dimension
   ShardLayout layout_;
@@ -1203,7 +1224,8 @@ class ShardedChunkStore : public ChunkStore {
 };
 
 std::shared_ptr<const ChunkStore> make_chunk_store(const ZarrMetadata& meta) {
-  if (!meta.sharding) return std::make_shared<ChunkFiles>(meta.dir, meta.keys);
+  const std::string metadata_file = meta.dir + (meta.format == 3 ? "/zarr.json" : "/.zarray");
+  if (!meta.sharding) return std::make_shared<ChunkFiles>(meta.dir, meta.keys, metadata_file);
   std::vector<int64_t> chunks_per_shard(meta.shape.size()), shard_grid(meta.shape.size());
   for (size_t d = 0; d < chunks_per_shard.size(); ++d) {
     chunks_per_shard[d] = meta.chunk_shape[d] / meta.sharding->inner_chunk_shape[d];
@@ -1212,7 +1234,7 @@ std::shared_ptr<const ChunkStore> make_chunk_store(const ZarrMetadata& meta) {
   }
   try {
     return std::make_shared<ShardedChunkStore>(meta.dir, meta.keys, std::move(chunks_per_shard), std::move(shard_grid),
-                                               *meta.sharding);
+                                               *meta.sharding, metadata_file);
   } catch (const std::runtime_error& error) {
     throw ReadError(concat(meta.where, ": ", error.what()));
   }
