@@ -127,5 +127,9 @@ TEST(Sampler, SavesAndLoadsItsPositionInAnArchive) {
 
 TEST(Sampler, BadArgumentsThrowValueErrors) {
   EXPECT_THROW(ts::DistributedSampler(10, {.num_replicas = 2, .rank = 2}), c10::ValueError);
-  EXPECT_THROW(ts::DistributedSampler(0, {.num_replicas = 1, .rank = 0}), c10::ValueError);
+  EXPECT_THROW(ts::DistributedSampler(0, {.num_replicas = 1, .rank = 0, .strategy = ts::BlockShuffling(2)}),
+               c10::ValueError);
+  // An empty dataset yields nothing, as torch's sampler does.
+  ts::DistributedSampler empty(0, {.num_replicas = 2, .rank = 1});
+  EXPECT_FALSE(empty.next(4).has_value());
 }
