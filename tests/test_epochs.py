@@ -5,6 +5,7 @@ spawn and forkserver, persistent or not); plans are pure functions of
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -102,6 +103,63 @@ def test_fixed_dataloader_generator_recreated_each_epoch_still_advances():
         orders.append(tuple(sorted(map(tuple, (b["index"].tolist() for b in loader)))))
     assert len(set(orders)) == 3
     assert dataset.epoch == 2
+
+
+def _worker_1_fails_to_start(worker_id):
+    if worker_id == 1:
+        raise OSError("transient failure in worker_init_fn")
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_an_iteration_under_the_seed_of_one_whose_worker_never_started_is_its_own_epoch(context):
+    # Worker 0 of the failed iteration claimed an epoch, worker 1 never did. The retry, under the same
+    # base seed (torch.manual_seed), took the failed iteration's name: its worker 1 joined that epoch
+    # while its worker 0 claimed a new one (489 of 2000 rows twice, 489 never).
+    dataset = ts.ShardedDataset(rows_source(400), ts.BlockShuffling(4), batch_size=8, seed=3)
+    failing = DataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=2,
+        worker_init_fn=_worker_1_fails_to_start,
+        multiprocessing_context=context,
+    )
+    torch.manual_seed(0)
+    with pytest.raises(OSError, match="transient failure"):
+        for _ in failing:
+            pass
+    torch.manual_seed(0)
+    rows = torch.cat(
+        [b["index"] for b in DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=context)]
+    )
+    assert sorted(rows.tolist()) == list(range(400))
+
+
+def _worker_1_starts_late(worker_id):
+    if worker_id == 1:
+        time.sleep(1.0)
+
+
+def test_two_loaders_with_one_generator_are_two_iterations():
+    # Loader a's worker 1 starts after loader b's workers claimed: under one base seed it joined b's epoch.
+    dataset = shuffled(num_rows=200)
+    loaders = [
+        iter(
+            DataLoader(
+                dataset,
+                batch_size=None,
+                num_workers=2,
+                generator=torch.Generator().manual_seed(0),
+                worker_init_fn=init,
+                multiprocessing_context="fork",
+            )
+        )
+        for init in (_worker_1_starts_late, None)
+    ]
+    rows = [[], []]
+    for a, b in zip(*loaders):
+        rows[0] += a["index"].tolist()
+        rows[1] += b["index"].tolist()
+    assert sorted(rows[0]) == sorted(rows[1]) == list(range(200))
 
 
 def test_same_seed_same_batches_and_different_seeds_differ():

@@ -8,6 +8,7 @@ Python: DataLoader's worker info, Python transforms, interrupt-friendly
 waiting, and carrying the native object's shared state into worker processes.
 """
 
+import multiprocessing
 import numbers
 import sys
 import warnings
@@ -188,6 +189,21 @@ def _native_state(state, who="ShardedDataset.load_state_dict"):
             for rank, count in enumerate(consumed):
                 flat[f"segment.{i}.consumed.{rank}"] = count
     return flat
+
+
+def _generation_name(info):
+    """What every worker of one DataLoader iterator sees alike, and workers of
+    another iterator do not: torch's base seed (info.seed - info.id), which
+    users fix (torch.manual_seed, generator=), mixed with where the iterator's
+    worker processes start in their parent's count of processes (a worker's
+    multiprocessing identity minus its id: torch creates an iterator's workers
+    one after the other, under fork, spawn and forkserver alike). With the
+    base seed alone, a retry after a worker failed to start, or two loaders
+    with one generator, took the same name and mixed their epochs."""
+    identity = multiprocessing.current_process()._identity
+    start = identity[-1] - info.id if identity else 0
+    name = ((info.seed - info.id) ^ (start * 0x9E3779B97F4A7C15)) & (2**64 - 1)
+    return name - 2**64 if name >= 2**63 else name
 
 
 class ShardedDataset(IterableDataset, NativeBacked):
@@ -412,7 +428,7 @@ class ShardedDataset(IterableDataset, NativeBacked):
         if info is None:
             return self._in_process_epochs()
         else:
-            generation = info.seed - info.id
+            generation = _generation_name(info)
             shared = _shares_by_descriptor()
             # Batches cross to the main process packed (transfer.py) when they go from here straight into
             # DataLoader's queue: nothing else (a custom collate_fn, a batch_transform, a dataset wrapping

@@ -9,7 +9,10 @@
 // - in a DataLoader worker: the epoch of its *generation*, the set of K
 //   workers started by one iteration of the DataLoader. A generation is named
 //   by what all its workers see alike: DataLoader's base seed for the
-//   iterator, how many iterations this worker process has started (persistent
+//   iterator mixed with where its worker processes start in the parent's
+//   count of processes (the Python door's _generation_name: the base seed
+//   alone is the user's to fix, and two iterators could share it), how many
+//   iterations this worker process has started (persistent
 //   workers keep the base seed across epochs) and K. The first worker of a
 //   generation claims the next epoch; the others join it. A worker id seen
 //   twice under one name means a new generation (e.g. a DataLoader re-created
