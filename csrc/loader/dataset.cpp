@@ -297,6 +297,7 @@ void ShardedDatasetImpl::set_epoch(int64_t epoch) {
     if (record && record->epoch != epoch) core::store_resume_record(words(shared_state_), std::nullopt);
     core::epoch_state_set_next(words(shared_state_), epoch);
   });
+  starting_next_.reset();  // the next epoch is decided anew: a marker of workers starting before it is stale
 }
 
 int64_t ShardedDatasetImpl::epoch() const { return core::epoch_state_last(words(shared_state_)); }
@@ -601,6 +602,7 @@ void ShardedDatasetImpl::load_state_dict(const StateDict& state) {
         segments.empty() ? std::nullopt : std::optional<core::ResumeRecord>(core::ResumeRecord{epoch, segments}));
     core::epoch_state_set_next(words(shared_state_), epoch);
   });
+  starting_next_.reset();
 }
 
 StateDict ShardedDatasetImpl::merge_state_dicts(const std::vector<StateDict>& states) {

@@ -217,7 +217,8 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   int64_t world_size_ = 1;
   std::string topology_source_;
   std::string device_warning_;
-  std::optional<int64_t> starting_next_;  // the next epoch when workers_starting() was called
+  std::optional<int64_t> starting_next_;  // the next epoch when workers_starting() was called (set_epoch and
+                                          // load_state_dict forget it)
   std::shared_ptr<const core::Planner> planner_;
   at::Tensor shared_state_;
   int64_t local_iterations_ = 0;  // worker iterations started by this process's copy
