@@ -222,6 +222,7 @@ void EpochReader::reader_loop(size_t thread) {
     }
     Slot result;
     result.error = piece.error;
+    bool wake = false;
     const auto start = Clock::now();
     if (!result.error) {
       try {
@@ -247,10 +248,23 @@ void EpochReader::reader_loop(size_t thread) {
       slots_[static_cast<size_t>(piece.item - delivered_)] = std::move(result);
       result = Slot{};
       piece = Piece{};
+      wake = consumer_should_wake();
     }
-    unit_ready_.notify_all();
+    if (wake) unit_ready_.notify_all();
     room_.notify_all();
   }
+}
+
+bool EpochReader::consumer_should_wake() const {
+  if (stopping_ || failed_) return true;
+  size_t ready = 0;  // the pieces the consumer can take in a row
+  while (ready < slots_.size() && slots_[ready].ready) ++ready;
+  if (ready == 0) return false;
+  // Two in a row, unless no other piece is being read (none would follow) or
+  // the readers wait for the room the consumer frees.
+  if (ready >= 2 || in_flight_ == 0) return true;
+  const int64_t out = claimed_ - delivered_;
+  return out >= options_.prefetch || out_bytes_ >= options_.prefetch_bytes;
 }
 
 void EpochReader::check_open() const {

@@ -12,7 +12,10 @@
 // prefetch > 0: num_threads reader threads read up to `prefetch` units ahead
 // and hand them over in order; a unit starts only while the bytes out (read
 // and not yet taken, or being read) stay under prefetch_bytes (one is always
-// allowed). Each thread reads its own unit; a large unit (a few MB and more)
+// allowed). A waiting consumer is woken once two pieces in a row are ready
+// (or nothing more is being read, or the readers wait for the room it frees):
+// woken for each, it took one and slept again, two context switches a piece
+// taken from a reader thread's core. Each thread reads its own unit; a large unit (a few MB and more)
 // is read with the help of num_threads - 1 shared pool threads, so that the
 // copy work of one fetch is spread over every thread. Threads start on the
 // first read (inside iteration, never before a fork) and are joined by
@@ -117,7 +120,9 @@ class EpochReader {
 
   void check_open() const;   // raises after close()
   bool more_pieces() const;  // under mutex_
-  Piece claim();             // under mutex_
+  // Under mutex_, after a piece is read: whether to wake the consumer now.
+  bool consumer_should_wake() const;
+  Piece claim();  // under mutex_
   Unit read_piece(const Piece& piece, core::ThreadPool& pool);
   int64_t estimate_bytes(int64_t rows) const;
   void start_threads();
