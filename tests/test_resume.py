@@ -180,6 +180,40 @@ def test_successive_resumes_in_one_epoch_stay_exact():
         assert real(delivered) == uninterrupted(strategy_name), strategy_name
 
 
+def test_thousands_of_restarts_in_one_epoch_keep_the_state_small():
+    # Each interruption adds a segment; on one topology (in-process, or restarts that consumed nothing)
+    # they merge, where they filled the region workers share and a load raised after ~1,000 restarts.
+    def fresh():
+        return ts.ShardedDataset(rows_source(20_000), ts.BlockShuffling(16), batch_size=2, fetch_factor=1, seed=0)
+
+    consumed, state = [], None
+    for restart in range(1500):
+        dataset = fresh()
+        if state is not None:
+            dataset.load_state_dict(state)
+        steps = restart % 3  # 0: crashed before its first step
+        for step, batch in enumerate(dataset if steps else []):
+            consumed.append(batch["index"])
+            if step + 1 == steps:
+                break
+        state = dataset.state_dict()
+        assert len(state["segments"]) <= 2, (restart, state["segments"])
+    dataset = fresh()
+    dataset.load_state_dict(state)
+    rows = torch.cat(consumed + [batch["index"] for batch in dataset])
+    assert sorted(rows.tolist()) == list(range(20_000))
+
+
+def test_a_state_of_too_many_interruptions_is_refused_saying_why():
+    dataset = ts.ShardedDataset(rows_source(20_000), ts.BlockShuffling(16), batch_size=2, fetch_factor=1, seed=0)
+    state = dataset.state_dict()
+    # 64 ranks each counting its own batches, on topologies alternating: nothing merges.
+    per_rank = [rank % 2 for rank in range(64)]
+    state["segments"] = [[64, 1 + s % 2, *per_rank] for s in range(70)]
+    with pytest.raises(ValueError, match=r"does not fit .* its 70 segments \(one per interruption"):
+        dataset.load_state_dict(state)
+
+
 def test_ranks_not_in_lockstep_resume_from_every_ranks_state():
     ranks = job("BlockShuffling", 3, 0, even_batches=None)
     consumed = [run([rank], steps)[0] for rank, steps in zip(ranks, (1, 4, 2))]

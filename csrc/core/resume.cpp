@@ -201,6 +201,18 @@ std::vector<std::pair<int64_t, int64_t>> delivered_batches(const Dealing& dealin
 
 }  // namespace
 
+namespace {
+
+// A segment of `consumed` per rank; one count when every rank consumed as many.
+ResumeSegment lockstep_segment(int64_t world_size, int64_t num_workers, std::vector<int64_t> consumed) {
+  if (std::all_of(consumed.begin(), consumed.end(), [&](int64_t count) { return count == consumed.front(); })) {
+    consumed.resize(1);
+  }
+  return ResumeSegment{world_size, num_workers, std::move(consumed)};
+}
+
+}  // namespace
+
 Resumption::Resumption(int64_t plan_size, const LoaderOptions& options, const std::vector<ResumeSegment>& segments,
                        int64_t world_size, int64_t num_workers)
     : fresh_(std::make_shared<const EpochLayout>(plan_size, options,
@@ -230,8 +242,15 @@ Resumption::Resumption(int64_t plan_size, const LoaderOptions& options, const st
     world = run_world;
     workers = run_workers;
     skips.assign(static_cast<size_t>(world), std::vector<int64_t>(static_cast<size_t>(workers), 0));
+    // The run's segments merged where one segment leaves every worker where
+    // the two did: `merged` consumed per rank from the workers' places at
+    // its start (`merged_from`).
+    std::vector<int64_t> merged;
+    Skips merged_from;
     size_t end = start;
     for (; end < segments.size() && segments[end].same_topology(world, workers); ++end) {
+      const Skips before = skips;
+      bool mergeable = end > start;
       for (int64_t rank = 0; rank < world; ++rank) {
         std::vector<int64_t> left(static_cast<size_t>(workers));
         int64_t available = 0;
@@ -244,8 +263,22 @@ Resumption::Resumption(int64_t plan_size, const LoaderOptions& options, const st
                        " batches, but had only ", available, " left in that part of the epoch");
         const std::vector<int64_t> taken = split_among_workers(left, consumed);
         for (int64_t w = 0; w < workers; ++w) skips[rank][w] += taken[w];
+        if (!mergeable || consumed == 0) continue;
+        // One loop consuming both from the merged segment's start: the same batches from every worker?
+        std::vector<int64_t> from_start(static_cast<size_t>(workers));
+        for (int64_t w = 0; w < workers; ++w)
+          from_start[w] = base->worker_batches(rank, w, workers) - merged_from[rank][w];
+        const std::vector<int64_t> both = split_among_workers(from_start, merged[rank] + consumed);
+        for (int64_t w = 0; w < workers && mergeable; ++w) mergeable = both[w] == skips[rank][w] - merged_from[rank][w];
       }
+      if (!mergeable) {
+        if (!merged.empty()) compacted_.push_back(lockstep_segment(world, workers, merged));
+        merged.assign(static_cast<size_t>(world), 0);
+        merged_from = before;
+      }
+      for (int64_t rank = 0; rank < world; ++rank) merged[rank] += segments[end].consumed_by(rank);
     }
+    compacted_.push_back(lockstep_segment(world, workers, merged));
     remaining_.remove(delivered_batches(*base, workers, skips, fetch_factor));
     start = end;
   }

@@ -143,6 +143,12 @@ class Resumption {
   int64_t worker_batches(int64_t rank, int64_t worker) const;
   // Global batches not consumed yet, padding aside.
   int64_t remaining() const { return remaining_.size(); }
+  // The segments with consecutive ones on one topology merged wherever one
+  // segment leaves every worker where they did (always with one worker per
+  // rank, and a segment that consumed nothing): resumed from, they deal what
+  // the segments do. Each interruption of an epoch adds a segment, and a
+  // state's segments share a bounded region with DataLoader workers.
+  const std::vector<ResumeSegment>& compacted_segments() const { return compacted_; }
 
  private:
   std::shared_ptr<const EpochLayout> fresh_;  // the epoch on the first segment's topology
@@ -150,6 +156,7 @@ class Resumption {
   BatchSet remaining_;
   std::shared_ptr<const Dealing> dealing_;
   std::vector<std::vector<int64_t>> skips_;  // [rank][worker]; empty: nothing to skip
+  std::vector<ResumeSegment> compacted_;
 };
 
 }  // namespace torch_shards::core

@@ -60,7 +60,10 @@ void store_resume_record(int64_t* words, const std::optional<ResumeRecord>& reco
     }
   }
   check_argument(static_cast<int64_t>(body.size()) < kResumeWords, "a resume state of ", body.size(),
-                 " words does not fit the ", kResumeWords - 1, " words datasets share with their workers");
+                 " words does not fit the ", kResumeWords - 1, " words datasets share with their workers: its ",
+                 record ? record->segments.size() : 0,
+                 " segments (one per interruption of the epoch; those on one topology merge where the workers' "
+                 "order allows) are too many");
   const int64_t version = load(region + kVersion);
   store(region + kVersion, version + 1);  // odd: being written
   for (size_t i = 0; i < body.size(); ++i) store(region + kPresent + static_cast<int64_t>(i), body[i]);

@@ -578,8 +578,9 @@ void ShardedDatasetImpl::load_state_dict(const StateDict& state) {
                       ".load_state_dict: worker ", worker, " of ", iteration.num_workers, " with ",
                       iteration.consumed_before, " batches consumed is not a worker's state");
     const int64_t left = translate_errors([&] {
-      return core::Resumption(planner_->layout(), iteration.prior, world_size_, iteration.num_workers)
-          .worker_batches(rank_, worker);
+      const core::Resumption resumption(planner_->layout(), iteration.prior, world_size_, iteration.num_workers);
+      iteration.prior = resumption.compacted_segments();
+      return resumption.worker_batches(rank_, worker);
     });
     TORCH_CHECK_VALUE(iteration.consumed_before <= left, kWho, ".load_state_dict: worker ", worker, " consumed ",
                       iteration.consumed_before, " batches but delivers only ", left);
@@ -591,7 +592,9 @@ void ShardedDatasetImpl::load_state_dict(const StateDict& state) {
     return;
   }
   // Checked now, not at the next iteration: consumption that does not fit the epoch raises here.
-  rank_batches_after(segments, 1);
+  // Kept compacted (each interruption adds a segment; they share a bounded region with the workers).
+  segments = translate_errors(
+      [&] { return core::Resumption(planner_->layout(), segments, world_size_, 1).compacted_segments(); });
   seed_ = seed;
   seed_fixed_ = true;
   translate_errors([&] {

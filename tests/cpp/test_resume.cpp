@@ -222,6 +222,73 @@ TEST(Resume, WhatARankDeliversDoesNotDependOnItsWorkers) {
   }
 }
 
+// Chains of interruptions on few topologies, often repeated, with per-rank
+// counts and interruptions that consumed nothing: resuming from the compacted
+// segments deals every rank's batches in the same order as from the segments
+// themselves, on any next topology; with one worker per rank a run of one
+// topology becomes one segment.
+TEST(Resume, CompactedSegmentsResumeExactlyAsTheSegments) {
+  std::mt19937_64 random(11);
+  const EvenBatches evens[] = {EvenBatches::kPad, EvenBatches::kDrop, EvenBatches::kNone};
+  int64_t merged_runs_with_workers = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int64_t plan = 1 + static_cast<int64_t>(random() % 300);
+    const LoaderOptions options{1 + static_cast<int64_t>(random() % 5), 1 + static_cast<int64_t>(random() % 4),
+                                random() % 3 == 0, evens[random() % 3]};
+    const auto topology = [&] {
+      return std::pair<int64_t, int64_t>{1 + static_cast<int64_t>(random() % 3),
+                                         1 + static_cast<int64_t>(random() % 3)};
+    };
+    auto [world, workers] = topology();
+    const EpochLayout layout(plan, options, world);
+    std::vector<ResumeSegment> segments;
+    const int interruptions = 1 + static_cast<int>(random() % 8);
+    for (int segment = 0; segment < interruptions; ++segment) {
+      if (segment > 0 && random() % 4 == 0) std::tie(world, workers) = topology();
+      const Resumption resumption(layout, segments, world, workers);
+      std::vector<int64_t> consumed;
+      for (int64_t rank = 0; rank < world; ++rank) {
+        const int64_t left = resumption.rank_batches(rank);
+        consumed.push_back(random() % 3 == 0 || left == 0 ? 0 : static_cast<int64_t>(random() % (left + 1)));
+      }
+      if (random() % 2) consumed.assign(1, *std::min_element(consumed.begin(), consumed.end()));  // lockstep
+      segments.push_back({world, workers, consumed});
+    }
+    const Resumption full(layout, segments, 1, 1);
+    const std::vector<ResumeSegment>& compacted = full.compacted_segments();
+    const auto context = ::testing::Message() << "trial " << trial << ", " << segments.size() << " segments";
+    ASSERT_LE(compacted.size(), segments.size()) << context;
+    size_t runs = 0;
+    for (size_t s = 0; s < segments.size(); ++s) {
+      runs += s == 0 || !segments[s].same_topology(segments[s - 1].world_size, segments[s - 1].num_workers);
+    }
+    if (std::all_of(segments.begin(), segments.end(), [](const ResumeSegment& s) { return s.num_workers == 1; })) {
+      EXPECT_EQ(compacted.size(), runs) << context;
+    }
+    merged_runs_with_workers += compacted.size() < segments.size() && segments.back().num_workers > 1;
+    const auto [next_world, next_workers] = topology();
+    for (const auto& [w, k] : {std::pair<int64_t, int64_t>{next_world, next_workers}, {world, workers}}) {
+      const Resumption a(layout, segments, w, k), b(layout, compacted, w, k);
+      EXPECT_EQ(a.remaining(), b.remaining()) << context;
+      for (int64_t rank = 0; rank < w; ++rank) {
+        EXPECT_EQ(rank_order(a, options.fetch_factor, rank, k), rank_order(b, options.fetch_factor, rank, k))
+            << context << ", resumed on " << w << " ranks of " << k << " workers, rank " << rank;
+      }
+    }
+  }
+  EXPECT_GT(merged_runs_with_workers, 0);  // also merged where workers allow it
+}
+
+TEST(Resume, InterruptionsThatConsumedNothingAddNoSegment) {
+  const EpochLayout layout(1000, LoaderOptions{4, 2, false, EvenBatches::kPad}, 2);
+  std::vector<ResumeSegment> segments{{2, 1, {3}}};
+  for (int restart = 0; restart < 2000; ++restart) segments.push_back({2, 3, {0}});
+  segments.push_back({2, 3, {5}});
+  const std::vector<ResumeSegment> compacted = Resumption(layout, segments, 2, 3).compacted_segments();
+  ASSERT_EQ(compacted.size(), 2u);
+  EXPECT_EQ(compacted[1].consumed, std::vector<int64_t>{5});
+}
+
 TEST(Resume, ConsumingMoreThanARankHasIsAnError) {
   const EpochLayout layout(40, LoaderOptions{4, 2, false, EvenBatches::kPad}, 2);
   EXPECT_THROW(Resumption(layout, {{2, 1, {6}}}, 2, 1), InvalidArgument);
