@@ -212,6 +212,9 @@ class ShardedDataset(IterableDataset, NativeBacked):
 
     Use with ``DataLoader(ds, batch_size=None, num_workers=k)``. Every batch is
     a dict of tensors with an ``"index"`` int64 tensor of global row indices.
+    A native source's batches are views of one recycled storage per fetch: a
+    field kept past the step keeps the whole fetch alive (``.clone()`` what you
+    collect).
 
     Args:
         source: a torch_shards source, or a tensor, numpy array or dict of
