@@ -199,10 +199,6 @@ std::vector<std::pair<int64_t, int64_t>> delivered_batches(const Dealing& dealin
   return out;
 }
 
-}  // namespace
-
-namespace {
-
 // A segment of `consumed` per rank; one count when every rank consumed as many.
 ResumeSegment lockstep_segment(int64_t world_size, int64_t num_workers, std::vector<int64_t> consumed) {
   if (std::all_of(consumed.begin(), consumed.end(), [&](int64_t count) { return count == consumed.front(); })) {
