@@ -16,8 +16,9 @@
 // (or nothing more is being read, or the readers wait for the room it frees):
 // woken for each, it took one and slept again, two context switches a piece
 // taken from a reader thread's core. Each thread reads its own unit; a large
-// unit (a few MB and more) is read with the help of num_threads - 1 shared pool threads, so that the
-// copy work of one fetch is spread over every thread. Threads start on the
+// unit (a few MB and more) is read with the help of num_threads - 1 shared
+// pool threads, so that the copy work of one fetch is spread over every
+// thread. Threads start on the
 // first read (inside iteration, never before a fork) and are joined by
 // close(), whatever ended the iteration. An exception in a reader thread
 // reaches the consumer unchanged.
