@@ -2,7 +2,10 @@
 value by value; and every bad input named precisely."""
 
 import os
+import re
 import shutil
+import subprocess
+import sys
 
 import h5py
 import hdf5plugin
@@ -229,22 +232,51 @@ def test_truncated_file_is_reported_not_crashed(tmp_path):
             ts.HDF5Source(truncated, name).read(range(1000))
 
 
+_SHRINKS_UNDER_WORKERS = """
+import os, sys
+import h5py, numpy as np
+from torch.utils.data import DataLoader
+import torch_shards as ts
+
+path, context = sys.argv[1], sys.argv[2]
+with h5py.File(path, "w") as f:
+    f.create_dataset("X", data=np.ones((20000, 16), np.float32))
+source = ts.HDF5Source(path, "X")
+source.read([0])
+dataset = ts.ShardedDataset(source, ts.Streaming(), batch_size=512, seed=0)
+os.truncate(path, os.path.getsize(path) // 2)
+try:
+    for _ in DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context=context):
+        pass
+except RuntimeError as error:
+    print(str(error).splitlines()[-1])
+"""
+
+
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_a_file_that_shrinks_under_dataloader_workers_is_reported_not_a_bus_error(tmp_path, context):
-    # Mapped before the fork (the source read once), the file then shrinks: the worker's read of the
-    # vanished pages faults. torch's worker replaces the process's SIGBUS handler with one that exits;
-    # the reader installs its own again in each process, so the fault is an error naming the file.
+@pytest.mark.parametrize("checks", ["1", "0"])
+def test_a_file_that_shrinks_under_dataloader_workers_is_reported_not_a_bus_error(tmp_path, context, checks):
+    # Mapped before the fork (the source read once), the file then shrinks. A forked worker opening
+    # it again finds it changed (io/file.h); with that check off (TORCH_SHARDS_CHECK_FILES=0), its read
+    # of the vanished pages faults. torch's worker replaces the process's SIGBUS handler with one that
+    # exits; the reader installs its own again in each process, so the fault is an error naming the
+    # file. Spawned workers open the file anew and find it too short.
+    env = dict(os.environ, TORCH_SHARDS_CHECK_FILES=checks)
     path = tmp_path / "shrinks.h5"
-    with h5py.File(path, "w") as f:
-        f.create_dataset("X", data=np.ones((20000, 16), np.float32))
-    source = ts.HDF5Source(path, "X")
-    source.read([0])
-    dataset = ts.ShardedDataset(source, ts.Streaming(), batch_size=512, seed=0)
-    os.truncate(path, os.path.getsize(path) // 2)
-    loader = DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context=context)
-    with pytest.raises(RuntimeError, match=r"shrinks.h5.*(shrank or its storage failed|past the end|truncated)"):
-        for _ in loader:
-            pass
+    run = subprocess.run(
+        [sys.executable, "-c", _SHRINKS_UNDER_WORKERS, str(path), context],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    expected = (
+        r"shrinks.h5: the file changed since the dataset opened it \(size \d+ -> \d+ bytes\)"
+        if context == "fork" and checks == "1"
+        else r"shrinks.h5.*(shrank or its storage failed|past the end|truncated)"
+    )
+    assert re.search(expected, run.stdout), run.stdout + run.stderr
 
 
 def test_corrupt_chunks_raise_instead_of_returning_wrong_data(tmp_path):

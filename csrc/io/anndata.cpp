@@ -186,6 +186,7 @@ class CategoryCodes : public Array {
       : Array(int64_info(*codes)), codes_(std::move(codes)), column_(std::move(column)) {
     for (const json& category : categories) null_category_.push_back(category.is_null());
   }
+  void open_files(std::vector<const File*>& files) const override { codes_->open_files(files); }
 
  protected:
   void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override {
@@ -225,6 +226,10 @@ class MaskedValues : public Array {
  public:
   MaskedValues(std::shared_ptr<const Array> values, std::shared_ptr<const Array> mask)
       : Array(native_info(*values)), values_(std::move(values)), mask_(std::move(mask)) {}
+  void open_files(std::vector<const File*>& files) const override {
+    values_->open_files(files);
+    mask_->open_files(files);
+  }
 
  protected:
   void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override {
@@ -268,6 +273,8 @@ class DecodedChunkCache : public Array {
         chunks_(static_cast<size_t>((num_rows() + chunk_rows - 1) / chunk_rows)) {}
 
   ~DecodedChunkCache() override { indptr_cache_bytes -= held_bytes_; }
+  // Chunks served from the cache use no file: the inner array's are checked when it is read.
+  void open_files(std::vector<const File*>& files) const override { inner_->open_files(files); }
 
  protected:
   void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override {

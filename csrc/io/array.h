@@ -53,6 +53,10 @@ class Array {
   void read(const std::vector<Segment>& segments, void* out, core::ThreadPool& pool) const;
   // Convenience: rows [begin, end) into a new buffer.
   std::vector<uint8_t> read_range(int64_t begin, int64_t end, core::ThreadPool& pool) const;
+  // Adds the files that reads of this array use and that stay open (in this
+  // process, so far): a reader checks them once a unit is read
+  // (check_files_unchanged). None for arrays in memory.
+  virtual void open_files(std::vector<const File*>& /*files*/) const {}
 
  protected:
   virtual void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const = 0;

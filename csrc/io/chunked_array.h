@@ -43,6 +43,8 @@ class ChunkStore {
   // Bit i set: filter i of the pipeline was not applied to this chunk (HDF5
   // skips optional filters that do not help); 0 for formats without masks.
   virtual uint32_t skipped_filters(const std::vector<int64_t>& /*coords*/) const { return 0; }
+  // The files of this store that stay open (Array::open_files).
+  virtual void open_files(std::vector<const File*>& /*files*/) const {}
 };
 
 class ChunkDecoder {
@@ -95,6 +97,7 @@ class ChunkedArray : public Array {
                std::shared_ptr<const ChunkDecoder> decoder, std::vector<uint8_t> fill_value);
 
   const std::vector<int64_t>& chunk_shape() const { return chunk_shape_; }
+  void open_files(std::vector<const File*>& files) const override { store_->open_files(files); }
 
  protected:
   void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override;

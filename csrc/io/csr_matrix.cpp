@@ -63,6 +63,12 @@ CsrMatrix::CsrMatrix(std::shared_ptr<const Array> indptr, std::shared_ptr<const 
   }
 }
 
+void CsrMatrix::open_files(std::vector<const File*>& files) const {
+  indptr_->open_files(files);
+  indices_->open_files(files);
+  data_->open_files(files);
+}
+
 std::string CsrMatrix::where() const {
   const std::string& path = data_->info().path;
   const size_t slash = path.rfind('/');

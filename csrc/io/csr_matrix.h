@@ -36,6 +36,8 @@ class CsrMatrix {
   DType index_dtype() const { return indices_->info().dtype; }
   const Array& data() const { return *data_; }
   std::string where() const;
+  // Array::open_files of its three arrays.
+  void open_files(std::vector<const File*>& files) const;
 
   // Reads indptr for `rows` (delivery order, duplicates allowed), checks it is
   // monotone and within the arrays, and plans the element reads.

@@ -7,8 +7,10 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -134,7 +136,51 @@ void install_sigbus_handler() {
   sigbus_handler_pid.store(pid, std::memory_order_release);
 }
 
+std::optional<FileStamp> stamp_of(int result, const struct stat& info) {
+  if (result != 0) return std::nullopt;
+  return FileStamp{static_cast<uint64_t>(info.st_dev), static_cast<uint64_t>(info.st_ino),
+                   static_cast<int64_t>(info.st_size),
+                   static_cast<int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec};
+}
+
 }  // namespace
+
+std::optional<FileStamp> FileStamp::of_descriptor(int fd) {
+  struct stat info {};
+  return stamp_of(::fstat(fd, &info), info);
+}
+
+std::optional<FileStamp> FileStamp::of_path(const std::string& path) {
+  struct stat info {};
+  return stamp_of(::stat(path.c_str(), &info), info);
+}
+
+std::string FileStamp::changes_to(const FileStamp& now) const {
+  if (now.device != device || now.inode != inode) {
+    return concat("another file now: inode ", inode, " -> ", now.inode, " (replaced)");
+  }
+  if (now.size != size) return concat("size ", size, " -> ", now.size, " bytes");
+  if (now.modified_ns > modified_ns) {
+    return concat("written ", static_cast<double>(now.modified_ns - modified_ns) / 1e9,
+                  " s after its stamp when opened");
+  }
+  if (now.modified_ns != modified_ns) return "its modification time changed";
+  return "";
+}
+
+bool file_checks_enabled() {
+  static const bool enabled = [] {
+    const char* setting = std::getenv("TORCH_SHARDS_CHECK_FILES");
+    return setting == nullptr || std::strcmp(setting, "0") != 0;
+  }();
+  return enabled;
+}
+
+int64_t use_clock() {
+  struct timespec now {};
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+  return static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+}
 
 int current_process_id() {
   install_fork_handler();
@@ -148,10 +194,33 @@ std::mutex& first_use_mutex() {
 
 File::File(std::string path, Access access)
     : path_(std::move(path)), map_(access == Access::kMapped && mapping_enabled()) {
-  const int fd = descriptor();
-  struct stat info {};
-  if (::fstat(fd, &info) != 0) throw ReadError(concat(path_, ": cannot stat: ", std::strerror(errno)));
-  size_ = static_cast<int64_t>(info.st_size);
+  take_stamp(descriptor());
+}
+
+File::File(std::string path, Access access, int fd)
+    : path_(std::move(path)), map_(access == Access::kMapped && mapping_enabled()) {
+  fd_.store(fd);
+  owner_pid_.store(current_process_id());
+  take_stamp(fd);
+}
+
+void File::take_stamp(int fd) {
+  const std::optional<FileStamp> stamp = FileStamp::of_descriptor(fd);
+  if (!stamp) throw ReadError(concat(path_, ": cannot stat: ", std::strerror(errno)));
+  stamp_ = *stamp;
+  size_ = stamp_.size;
+}
+
+std::shared_ptr<const File> File::open_if_exists(const std::string& path, Access access) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) return nullptr;
+  if (fd < 0) throw ReadError(concat(path, ": cannot open: ", std::strerror(errno)));
+  try {
+    return std::shared_ptr<const File>(new File(path, access, fd));
+  } catch (...) {
+    ::close(fd);  // a constructor that throws runs no destructor
+    throw;
+  }
 }
 
 File::~File() {
@@ -184,11 +253,38 @@ int File::descriptor() const {
   if (owner_pid_.load(std::memory_order_relaxed) != pid) {
     const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw ReadError(concat(path_, ": cannot open: ", std::strerror(errno)));
+    // Opened again in a new process: the same file?
+    if (owner_pid_.load(std::memory_order_relaxed) != 0 && file_checks_enabled()) {
+      const std::optional<FileStamp> now = FileStamp::of_descriptor(fd);
+      const std::string change = now ? stamp_.changes_to(*now) : concat("cannot stat: ", std::strerror(errno));
+      if (!change.empty()) {
+        ::close(fd);
+        throw ReadError(concat(path_, ": the file changed since the dataset opened it (", change,
+                               "); open the dataset again once the file is written"));
+      }
+    }
     const int inherited = fd_.exchange(fd);
     if (inherited >= 0) ::close(inherited);
     owner_pid_.store(pid, std::memory_order_release);
   }
   return fd_.load(std::memory_order_relaxed);
+}
+
+void File::note_use() const {
+  const int64_t now = use_clock();
+  int64_t seen = last_use_.load(std::memory_order_relaxed);
+  while (seen < now && !last_use_.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+  }
+}
+
+void File::check_unchanged() const {
+  if (!file_checks_enabled()) return;
+  const std::optional<FileStamp> now = FileStamp::of_descriptor(descriptor());
+  const std::string change = now ? stamp_.changes_to(*now) : concat("cannot stat: ", std::strerror(errno));
+  if (change.empty()) return;
+  throw ReadError(concat(path_, ": the file changed while being read (", change,
+                         "): rows read from it may mix its old and new contents, so they are not delivered; open "
+                         "the dataset again once the file is written"));
 }
 
 bool File::contains(int64_t offset, size_t bytes) const {
@@ -212,6 +308,7 @@ void File::read_at(int64_t offset, size_t bytes, void* out, const std::string& w
 void File::read_at(int64_t offset, size_t bytes, void* out, core::FunctionRef<std::string()> what,
                    bool streaming) const {
   if (!contains(offset, bytes)) check_range(offset, bytes, what());  // raises
+  note_use();
   if (const uint8_t* mapped = mapping()) {
     if (!guarded_copy(out, mapped + offset, bytes, streaming)) throw mapping_fault(path_, offset, bytes, what());
     return;
@@ -232,6 +329,7 @@ void File::read_at(int64_t offset, size_t bytes, void* out, core::FunctionRef<st
 bool File::use_mapped(int64_t offset, size_t bytes, core::FunctionRef<void(const uint8_t*)> use,
                       core::FunctionRef<std::string()> what) const {
   if (!contains(offset, bytes)) check_range(offset, bytes, what());  // raises; what() only for a message
+  note_use();
   const uint8_t* mapped = mapping();
   if (mapped == nullptr) return false;
   if (!guarded([&] { use(mapped + offset); })) throw mapping_fault(path_, offset, bytes, what());
@@ -243,6 +341,14 @@ std::vector<uint8_t> File::read_at(int64_t offset, size_t bytes, const std::stri
   std::vector<uint8_t> out(bytes);
   read_at(offset, bytes, out.data(), what);
   return out;
+}
+
+void check_files_unchanged(std::vector<const File*>& files, int64_t since) {
+  std::sort(files.begin(), files.end());
+  files.erase(std::unique(files.begin(), files.end()), files.end());
+  for (const File* file : files) {
+    if (file->last_use() >= since) file->check_unchanged();
+  }
 }
 
 std::vector<uint8_t> read_whole_file(const std::string& path) {

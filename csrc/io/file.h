@@ -5,12 +5,22 @@
 // the pages are mapped, which matters for many small random reads. A mapped
 // read that faults (the file shrank, the storage failed) is turned into a
 // ReadError instead of a SIGBUS. TORCH_SHARDS_MMAP=0 turns mapping off.
+//
+// A file rewritten while a job reads it would hand out rows that mix old and
+// new contents: each File keeps the stamp it had when opened (FileStamp), and
+// readers check the files a unit read once it is read (check_unchanged);
+// a process that opens it again (a forked DataLoader worker) checks that it
+// finds the same file. TORCH_SHARDS_CHECK_FILES=0 turns these checks off
+// (file_checks_enabled): for storage whose files are touched (a scratch purge
+// script setting their times) but never rewritten while jobs read them.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,11 +28,37 @@
 
 namespace torch_shards::io {
 
+// What tells one state of a file from another: the file itself (device and
+// inode: a path replaced by a rename has another) and when it last changed
+// (size and modification time: a file written in place).
+struct FileStamp {
+  uint64_t device = 0, inode = 0;
+  int64_t size = 0, modified_ns = 0;
+  // The stamp of an open descriptor / of the file at `path`; nullopt when
+  // it cannot be stat'ed (errno says why).
+  static std::optional<FileStamp> of_descriptor(int fd);
+  static std::optional<FileStamp> of_path(const std::string& path);
+  // How `now` differs from this stamp ("size 120 -> 96 bytes"), or "" when
+  // it does not.
+  std::string changes_to(const FileStamp& now) const;
+};
+
+// False when TORCH_SHARDS_CHECK_FILES=0: stamps are then never compared.
+bool file_checks_enabled();
+
+// A monotonic clock (nanoseconds, coarse: a few ns to read) ordering reads
+// against checks: a read that starts after use_clock() returned t has its
+// file's last_use() >= t.
+int64_t use_clock();
+
 class File {
  public:
   enum class Access { kRead, kMapped };
   // Opens path for reading; throws ReadError naming the file if it cannot.
   explicit File(std::string path, Access access = Access::kRead);
+  // The file at `path`, or null when there is none (ENOENT): one system call
+  // fewer than asking first. Throws ReadError if it cannot be opened otherwise.
+  static std::shared_ptr<const File> open_if_exists(const std::string& path, Access access = Access::kRead);
   ~File();
   File(const File&) = delete;
   File& operator=(const File&) = delete;
@@ -52,11 +88,20 @@ class File {
   bool mapped() const { return mapping() != nullptr; }
   // Throws the ReadError of read_at unless [offset, offset + bytes) lies in the file.
   void check_range(int64_t offset, size_t bytes, const std::string& what) const;
+  // Throws ReadError unless the file is still the one opened, unmodified
+  // (its stamp unchanged): the rows read from it since may mix old and new
+  // contents. One fstat.
+  void check_unchanged() const;
+  // When a read last used this file (use_clock()).
+  int64_t last_use() const { return last_use_.load(std::memory_order_relaxed); }
 
  private:
+  File(std::string path, Access access, int fd);  // adopts fd, opened by this process
+  void take_stamp(int fd);
   bool contains(int64_t offset, size_t bytes) const;  // [offset, offset + bytes) lies in the file
   int descriptor() const;                             // this process's descriptor
   const uint8_t* mapping() const;                     // the mapping (made on first use), or null to use pread
+  void note_use() const;                              // last_use_ = now (never moved back)
 
   std::string path_;
   int64_t size_ = 0;
@@ -65,6 +110,8 @@ class File {
   mutable std::atomic<int> owner_pid_{0};
   mutable std::atomic<const uint8_t*> mapped_{nullptr};
   mutable bool mapping_failed_ = false;
+  FileStamp stamp_;  // when first opened
+  mutable std::atomic<int64_t> last_use_{0};
 };
 
 // This process's id, cached (getpid is a system call) and refreshed after fork.
@@ -76,6 +123,10 @@ int current_process_id();
 // objects themselves could be held by a parent thread that does not exist in
 // the child, and the child's first read would wait forever.
 std::mutex& first_use_mutex();
+
+// Checks (File::check_unchanged) each of `files` (duplicates checked once)
+// that a read used at or after `since` (use_clock()).
+void check_files_unchanged(std::vector<const File*>& files, int64_t since);
 
 // Reads a whole (small) file; throws ReadError naming it.
 std::vector<uint8_t> read_whole_file(const std::string& path);

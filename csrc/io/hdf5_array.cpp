@@ -291,6 +291,8 @@ class Hdf5ChunkStore : public ChunkStore {
     return ChunkLocation{file_, entry->offset, entry->size};
   }
 
+  void open_files(std::vector<const File*>& files) const override { files.push_back(file_.get()); }
+
   uint32_t skipped_filters(const std::vector<int64_t>& coords) const override {
     const ChunkEntry* entry = find_chunk(table_, linear(coords));
     return entry == nullptr ? 0 : entry->skipped_filters;

@@ -995,45 +995,66 @@ class ZarrChunkDecoder : public ChunkDecoder {
 // ---------------------------------------------------------------------------
 // Chunk stores
 
-// A chunk (or shard) file that does not exist was never written, as long as
-// the array's metadata file is still there: a store deleted or moved while
-// open would otherwise read as its fill value. Throws FileNotFound if gone.
-void check_store_still_there(const std::string& metadata_file) {
-  if (!file_exists(metadata_file)) throw FileNotFound(metadata_file);
-}
+// The array's metadata file as the store was opened. A chunk (or shard)
+// file that does not exist was never written, and one opened later belongs
+// to the store that was opened, as long as that file is unchanged: a store
+// deleted or moved while open would otherwise read as its fill value, and a
+// store replaced or rewritten (another metadata file) would mix old and new
+// chunks in one read.
+class MetadataStamp {
+ public:
+  explicit MetadataStamp(std::string path) : path_(std::move(path)), stamp_(FileStamp::of_path(path_)) {}
+  const std::string& path() const { return path_; }
+  // Throws FileNotFound if the file is gone, ReadError if it changed.
+  void check() const {
+    const std::optional<FileStamp> now = FileStamp::of_path(path_);
+    if (!now) throw FileNotFound(path_);
+    const std::string change = stamp_ && file_checks_enabled() ? stamp_->changes_to(*now) : "";
+    if (change.empty()) return;
+    throw ReadError(concat(path_, ": the zarr store changed while being read (", change,
+                           "): chunks read from it may mix its old and new contents, so they are not delivered; "
+                           "open the dataset again once the store is written"));
+  }
+
+ private:
+  std::string path_;
+  std::optional<FileStamp> stamp_;  // nullopt: it could not be stat'ed at open (then only its presence counts)
+};
 
 // One file per chunk, named by its key.
 class ChunkFiles : public ChunkStore {
  public:
   ChunkFiles(std::string dir, ChunkKeys keys, std::string metadata_file)
-      : dir_(std::move(dir)), keys_(keys), metadata_file_(std::move(metadata_file)) {}
+      : dir_(std::move(dir)), keys_(keys), metadata_(std::move(metadata_file)) {}
 
   std::optional<std::vector<uint8_t>> read_chunk(const std::vector<int64_t>& coords) const override {
-    const std::string file = dir_ + "/" + keys_.key(coords);
-    if (!file_exists(file)) {
-      check_store_still_there(metadata_file_);
-      return std::nullopt;
-    }
-    return read_whole_file(file);
+    const std::shared_ptr<const File> file = open_chunk(coords);
+    if (!file) return std::nullopt;
+    return file->read_at(0, static_cast<size_t>(file->size()), "the whole file");
   }
   bool can_locate() const override { return true; }
   std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const override {
-    const std::string path = dir_ + "/" + keys_.key(coords);
-    if (!file_exists(path)) {
-      check_store_still_there(metadata_file_);
-      return std::nullopt;
-    }
-    auto file = std::make_shared<const File>(path);
-    return ChunkLocation{file, 0, file->size()};
+    std::shared_ptr<const File> file = open_chunk(coords);
+    if (!file) return std::nullopt;
+    const int64_t size = file->size();
+    return ChunkLocation{std::move(file), 0, size};
   }
   std::string describe_chunk(const std::vector<int64_t>& coords) const override {
     return concat("chunk ", format_coords(coords), " (", keys_.key(coords), ")");
   }
 
  private:
+  // The chunk's file, opened (each is opened when read, never kept open), or
+  // null if it was never written; either once the store is checked unchanged.
+  std::shared_ptr<const File> open_chunk(const std::vector<int64_t>& coords) const {
+    std::shared_ptr<const File> file = File::open_if_exists(dir_ + "/" + keys_.key(coords));
+    metadata_.check();
+    return file;
+  }
+
   std::string dir_;
   ChunkKeys keys_;
-  std::string metadata_file_;
+  MetadataStamp metadata_;
 };
 
 // Where each inner chunk of one shard lies in the shard file.
@@ -1053,7 +1074,7 @@ class ShardedChunkStore : public ChunkStore {
                     std::vector<int64_t> shard_grid, ShardLayout layout, std::string metadata_file)
       : dir_(std::move(dir)),
         keys_(keys),
-        metadata_file_(std::move(metadata_file)),
+        metadata_(std::move(metadata_file)),
         chunks_per_shard_(std::move(chunks_per_shard)),
         shard_grid_(std::move(shard_grid)),
         layout_(std::move(layout)) {
@@ -1101,6 +1122,12 @@ class ShardedChunkStore : public ChunkStore {
     return concat("inner chunk ", format_coords(coords), " of shard ", keys_.key(shard_of(coords)));
   }
 
+  void open_files(std::vector<const File*>& files) const override {
+    Cache& cache = this->cache();
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    files.insert(files.end(), cache.files.begin(), cache.files.end());
+  }
+
  private:
   static constexpr int64_t kMaxIndexedShards = int64_t{1} << 16;
 
@@ -1113,8 +1140,9 @@ class ShardedChunkStore : public ChunkStore {
   struct Cache {
     explicit Cache(int64_t indexed_shards) : indexed(static_cast<size_t>(std::max<int64_t>(indexed_shards, 0))) {}
     std::vector<Slot> indexed;  // by position in the shard grid (empty: too many shards)
-    std::mutex mutex;           // guards slots
+    std::mutex mutex;           // guards slots and files
     std::map<std::string, std::shared_ptr<Slot>> slots;
+    std::vector<const File*> files;  // of the shards loaded
   };
 
   // This process's cache of shard indexes. A forked child starts its own: a
@@ -1159,6 +1187,10 @@ class ShardedChunkStore : public ChunkStore {
     // A failed load leaves the slot empty: later reads retry.
     if (!slot->index) {
       slot->index = load_index(keys_.key(shard_of(coords)));
+      if (slot->index->file) {
+        std::lock_guard<std::mutex> files_lock(cache.mutex);
+        cache.files.push_back(slot->index->file.get());
+      }
       slot->loaded.store(slot->index.get(), std::memory_order_release);
     }
     return *slot->index;
@@ -1167,12 +1199,12 @@ class ShardedChunkStore : public ChunkStore {
   std::shared_ptr<const ShardIndex> load_index(const std::string& key) const {
     auto index = std::make_shared<ShardIndex>();
     const std::string path = dir_ + "/" + key;
-    if (!file_exists(path)) {
-      check_store_still_there(metadata_file_);  // throws: the slot stays empty
-      return index;
-    }
+    index->file = File::open_if_exists(path, File::Access::kMapped);
+    // Throws (the slot stays empty) unless the shard opened, or found missing, is the store's (the file is
+    // then checked by its own stamp).
+    metadata_.check();
+    if (!index->file) return index;
     index->shard_exists = true;
-    index->file = std::make_shared<const File>(path, File::Access::kMapped);
     const File& file = *index->file;
     const size_t entry_bytes = static_cast<size_t>(inner_chunks_) * 16;
     const size_t index_bytes = entry_bytes + (layout_.index_crc32c ? 4 : 0);
@@ -1213,7 +1245,7 @@ class ShardedChunkStore : public ChunkStore {
 
   std::string dir_;
   ChunkKeys keys_;
-  std::string metadata_file_;
+  MetadataStamp metadata_;
   std::vector<int64_t> chunks_per_shard_;
   std::vector<int64_t> shard_grid_;  // shards along each dimension
   ShardLayout layout_;

@@ -156,6 +156,7 @@ EpochReader::Unit EpochReader::read_piece(const Piece& piece, core::ThreadPool& 
   const std::vector<int64_t>& rows = whole ? *piece.rows : part;
   const int64_t count = static_cast<int64_t>(rows.size());
   sources::ReadContext context{pool, tensors_};
+  const int64_t since = io::use_clock();
   std::unique_ptr<sources::PlannedRead> planned = source_->plan(sources::RowRequest{rows}, context);
   // Every output in one allocation: the fields, the row indices and, for
   // each CSR field, the row offsets of its batches.
@@ -175,6 +176,7 @@ EpochReader::Unit EpochReader::read_piece(const Piece& piece, core::ThreadPool& 
   std::vector<at::Tensor> tensors = tensors_.allocate(specs);
   Unit unit;
   unit.batch = planned->fill(std::vector<at::Tensor>(tensors.begin(), tensors.begin() + num_outputs), context);
+  planned->check_unchanged(since);  // before anything of the unit is delivered
   at::Tensor indexes = tensors[num_outputs];
   if (count > 0) std::memcpy(indexes.data_ptr<int64_t>(), rows.data(), rows.size() * sizeof(int64_t));
   unit.batch.insert("index", indexes);

@@ -1,16 +1,19 @@
 // io::File: pread and mapped reads agree (also for read_span's scattered
 // segments); a mapped file that shrinks is a ReadError, not a SIGBUS; a forked
-// child reads through its own descriptor.
+// child reads through its own descriptor; a file written or replaced after it
+// was opened is found out (check_unchanged, and a forked child's reopen).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "array.h"
@@ -146,6 +149,83 @@ TEST(File, ForkedChildReadsThroughItsOwnDescriptorAndMapping) {
     alarm(10);  // a deadlock ends in SIGALRM
     const bool same = read(plain, 12345, 100) == expected && read(mapped, 12345, 100) == expected;
     _exit(same ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+}
+
+TEST(File, AFileWrittenInPlaceAfterOpeningFailsItsCheckNamingTheChange) {
+  const std::string path = write_file("rewritten.bin", 1 << 16);
+  const File plain(path), mapped(path, File::Access::kMapped);
+  read(mapped, 0, 8);
+  plain.check_unchanged();
+  mapped.check_unchanged();
+  // Past a clock tick: kernels without fine-grained file times (before 6.13) stamp a write in the tick of
+  // the open with the same time.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  {
+    std::fstream out(path, std::ios::binary | std::ios::in | std::ios::out);  // same size, same inode
+    out.seekp(100);
+    out.put('x');
+  }
+  for (const File* file : {&plain, &mapped}) {
+    try {
+      file->check_unchanged();
+      FAIL() << "no ReadError";
+    } catch (const ReadError& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find(path + ": the file changed while being read (written "), std::string::npos) << message;
+      EXPECT_NE(message.find("open the dataset again"), std::string::npos) << message;
+    }
+  }
+  ASSERT_EQ(truncate(path.c_str(), 1000), 0);
+  EXPECT_THROW(
+      {
+        try {
+          plain.check_unchanged();
+        } catch (const ReadError& error) {
+          EXPECT_NE(std::string(error.what()).find("size 65536 -> 1000 bytes"), std::string::npos) << error.what();
+          throw;
+        }
+      },
+      ReadError);
+}
+
+TEST(File, OnlyFilesUsedSinceAReadBeganAreChecked) {
+  const std::string used = write_file("used.bin", 4096), idle = write_file("idle.bin", 4096);
+  const File used_file(used), idle_file(idle);
+  const int64_t since = torch_shards::io::use_clock();
+  read(used_file, 0, 8);
+  EXPECT_GE(used_file.last_use(), since);
+  ASSERT_EQ(truncate(idle.c_str(), 10), 0);  // changed, but not read since: not this read's concern
+  std::vector<const File*> files{&idle_file, &used_file, &used_file};
+  torch_shards::io::check_files_unchanged(files, since);
+  ASSERT_EQ(truncate(used.c_str(), 10), 0);
+  files = {&idle_file, &used_file};
+  EXPECT_THROW(torch_shards::io::check_files_unchanged(files, since), ReadError);
+}
+
+TEST(File, AForkedChildThatFindsAnotherFileUnderThePathRefusesIt) {
+  const std::string path = write_file("replaced.bin", 1 << 16);
+  const File plain(path);
+  read(plain, 0, 8);
+  const std::string other = write_file("replacement.bin", 1 << 16);  // same size and contents
+  ASSERT_EQ(std::rename(other.c_str(), path.c_str()), 0);
+  read(plain, 0, 8);  // this process still reads the file it opened
+  plain.check_unchanged();
+  const pid_t child = fork();
+  if (child == 0) {
+    alarm(10);
+    try {
+      read(plain, 0, 8);  // opens the path again
+    } catch (const ReadError& error) {
+      const std::string message = error.what();
+      _exit(message.find("the file changed since the dataset opened it (another file now: inode ") != std::string::npos
+                ? 0
+                : 2);
+    }
+    _exit(1);
   }
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);

@@ -100,6 +100,15 @@ class AnnDataRead : public PlannedRead {
     return matrix_.csr && !csr_.dense && field == "X" ? &csr_ : nullptr;
   }
 
+  void open_files(std::vector<const io::File*>& files) const override {
+    if (matrix_.csr) matrix_.csr->open_files(files);
+    if (matrix_.dense) matrix_.dense->open_files(files);
+    for (const io::ObsColumn& column : obs_) {
+      column.values->open_files(files);
+      if (column.mask) column.mask->open_files(files);
+    }
+  }
+
  private:
   const io::MatrixData& matrix_;
   const std::vector<io::ObsColumn>& obs_;

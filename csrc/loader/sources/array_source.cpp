@@ -53,6 +53,10 @@ class ArrayRead : public PlannedRead {
     return batch;
   }
 
+  void open_files(std::vector<const io::File*>& files) const override {
+    for (const auto& named : arrays_) named.second->open_files(files);
+  }
+
  private:
   const std::vector<ArraySource::NamedArray>& arrays_;
   std::vector<io::Segment> segments_;

@@ -132,6 +132,7 @@ class SinglePartRead : public PlannedRead {
     return parts_.front().read->fill(tensors, context);
   }
   CsrRead* shared_csr(const std::string& field) override { return parts_.front().read->shared_csr(field); }
+  void open_files(std::vector<const io::File*>& files) const override { parts_.front().read->open_files(files); }
 
  private:
   std::vector<PartRows> parts_;  // one; its rows are referred to by its read
@@ -230,6 +231,10 @@ class CollectionRead : public PlannedRead {
                                                                   arrays[0], arrays[1], arrays[2], context.pool));
     }
     return out;
+  }
+
+  void open_files(std::vector<const io::File*>& files) const override {
+    for (const PartRows& part : parts_) part.read->open_files(files);
   }
 
  private:

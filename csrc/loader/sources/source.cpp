@@ -4,6 +4,8 @@
 
 #include <sstream>
 
+#include "io/file.h"
+
 namespace torch_shards::sources {
 
 std::string FieldSpec::describe() const {
@@ -20,9 +22,18 @@ std::vector<std::string> Source::field_names() const {
   return names;
 }
 
+void PlannedRead::check_unchanged(int64_t since) const {
+  std::vector<const io::File*> files;
+  open_files(files);
+  io::check_files_unchanged(files, since);
+}
+
 Batch Source::read(const std::vector<int64_t>& rows, ReadContext& context) const {
+  const int64_t since = io::use_clock();
   std::unique_ptr<PlannedRead> planned = plan(RowRequest{rows}, context);
-  return planned->fill(context.tensors.allocate(tensor_specs(planned->outputs())), context);
+  Batch batch = planned->fill(context.tensors.allocate(tensor_specs(planned->outputs())), context);
+  planned->check_unchanged(since);
+  return batch;
 }
 
 std::vector<TensorSpec> tensor_specs(const std::vector<OutputSpec>& outputs) {

@@ -28,6 +28,14 @@ using Batch = c10::Dict<std::string, at::Tensor>;
 
 struct CsrRead;  // loader/sources/array_tensors.h
 
+}  // namespace torch_shards::sources
+
+namespace torch_shards::io {
+class File;  // io/file.h
+}  // namespace torch_shards::io
+
+namespace torch_shards::sources {
+
 // What a read runs on: the threads, and where output tensors come from.
 struct ReadContext {
   core::ThreadPool& pool;
@@ -83,6 +91,14 @@ class PlannedRead {
   // its batch and does not touch the tensors of its outputs (they may be
   // undefined): CsrRead::fill_placed() writes it.
   virtual CsrRead* shared_csr(const std::string& /*field*/) { return nullptr; }
+  // Adds the open files this read reads from (io::Array::open_files): once
+  // the read is filled, the caller checks those it used unchanged
+  // (check_unchanged), so that rows of a file rewritten meanwhile are never
+  // delivered.
+  virtual void open_files(std::vector<const io::File*>& /*files*/) const {}
+  // Throws io's ReadError if a file this read used at or after `since`
+  // (io::use_clock(), taken before the read was planned) changed.
+  void check_unchanged(int64_t since) const;
 
  protected:
   std::vector<OutputSpec> outputs_;
