@@ -176,3 +176,19 @@ except RuntimeError as error:
         assert run.returncode == 0, run.stderr
         outputs.append(run.stdout.strip().splitlines()[-1])
     assert outputs == ["refused: True", "[[12.0, 13.0, 14.0, 15.0]]"]
+
+
+def test_the_torchscript_door_refuses_a_rewritten_file_alike(tmp_path):
+    path = tmp_path / "cells.h5ad"
+    old = _matrix(4000, 8, 0)
+    _write_h5ad(path, old)
+    dataset = ts.ShardedDataset(ts.AnnDataSource(path), ts.Streaming(), batch_size=100, fetch_factor=1, prefetch=1)
+    native = dataset.native
+    iterator = native.iter()
+    assert np.array_equal(_dense(iterator.next()).numpy(), old[:100])
+    time.sleep(0.02)
+    _write_h5ad(path, old * 2)
+    with pytest.raises(RuntimeError, match=r"cells.h5ad: the file changed while being read"):
+        for _ in range(40):
+            batch = iterator.next()
+            assert np.array_equal(_dense(batch).numpy(), old[batch["index"].numpy()])
