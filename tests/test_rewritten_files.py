@@ -2,9 +2,10 @@
 
 A file written in place (an .h5ad saved again under its path, a zarr shard rewritten) is found out
 after the read that could have seen it, before its rows are delivered; a store replaced (renamed over)
-is found out when a read opens one of its new files; a forked DataLoader worker that finds another
-file under the path than its parent opened refuses it. What was read before the change is delivered
-as it was read.
+is found out when a read opens one of its new files; a chunk or shard that zarr-python wrote again
+(a new file renamed over the old, the metadata left alone) is found out once read before; a forked
+DataLoader worker that finds another file under the path than its parent opened refuses it. What was
+read before the change is delivered as it was read.
 """
 
 import os
@@ -12,6 +13,7 @@ import shutil
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
@@ -105,6 +107,54 @@ def test_a_sharded_store_replaced_reads_the_shards_it_opened_and_refuses_new_one
         source.read([7, 60])  # shard 1 would come from the new store
 
 
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_chunks_written_again_by_zarr_are_refused_once_read_before(tmp_path, zarr_format):
+    # zarr-python writes each chunk to a new file renamed over the old one and leaves the metadata file
+    # alone: a chunk read before is found changed by its stamp from then (rows 0-9, chunk 0).
+    path = tmp_path / "x.zarr"
+    old = np.arange(400, dtype=np.float32).reshape(100, 4)
+    _zarr_array(path, old, zarr_format=zarr_format)
+    source = ts.ZarrSource(path)
+    assert torch.equal(source.read([0, 1])["X"], torch.from_numpy(old[[0, 1]]))
+    metadata = path / (".zarray" if zarr_format == 2 else "zarr.json")
+    before = metadata.stat().st_mtime_ns
+    zarr.open_array(path, mode="r+")[:] = old + 1000
+    assert metadata.stat().st_mtime_ns == before
+    with pytest.raises(RuntimeError, match=r"x.zarr/(0.0|c/0/0): the zarr chunk changed while being read"):
+        source.read([55, 0])
+
+
+def test_a_shard_opened_after_held_shards_were_written_again_is_refused(tmp_path):
+    path = tmp_path / "x.zarr"
+    old = np.arange(400, dtype=np.float32).reshape(100, 4)
+    _zarr_array(path, old, zarr_format=3, shards=(50, 4))
+    source = ts.ZarrSource(path)
+    assert torch.equal(source.read([3])["X"], torch.from_numpy(old[[3]]))  # holds shard 0
+    zarr.open_array(path, mode="r+")[:] = old + 1000  # every shard a new file
+    assert torch.equal(source.read([7])["X"], torch.from_numpy(old[[7]]))  # the shard held, as it was
+    with pytest.raises(RuntimeError, match=r"c/0/0: the zarr store changed while being read \(another file now"):
+        source.read([7, 60])  # shard 1 would be the new one
+
+
+def test_a_category_code_past_the_categories_of_a_rewritten_file_is_reported_as_the_change(tmp_path):
+    path = tmp_path / "cells.h5ad"
+    x = sp.csr_matrix(_matrix(200, 4, 0))
+
+    def write(codes, categories):
+        obs = pd.DataFrame(
+            {"cat": pd.Categorical.from_codes(codes, categories=categories)}, index=[str(i) for i in range(200)]
+        )
+        anndata.AnnData(X=x, obs=obs).write_h5ad(path)
+
+    write(np.arange(200) % 3, ["a", "b", "c"])
+    source = ts.AnnDataSource(path, obs=["cat"])
+    assert source.read([0, 1, 2])["cat"].tolist() == [0, 1, 2]
+    time.sleep(0.02)
+    write(np.arange(200) % 6, ["a", "b", "c", "d", "e", "f"])
+    with pytest.raises(RuntimeError, match=r"cells.h5ad: the file changed while being read"):
+        source.read([3, 4, 5])
+
+
 def test_a_shard_written_again_in_place_is_refused_even_with_the_same_bytes(tmp_path):
     path = tmp_path / "x.zarr"
     old = np.arange(400, dtype=np.float32).reshape(100, 4)
@@ -192,3 +242,30 @@ def test_the_torchscript_door_refuses_a_rewritten_file_alike(tmp_path):
         for _ in range(40):
             batch = iterator.next()
             assert np.array_equal(_dense(batch).numpy(), old[batch["index"].numpy()])
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_a_spawned_worker_that_finds_another_file_than_the_main_process_opened_refuses_it(tmp_path, context):
+    path = tmp_path / "cells.h5ad"
+    old = _matrix(1000, 8, 0)
+    _write_h5ad(path, old)
+    dataset = ts.ShardedDataset(ts.AnnDataSource(path), ts.Streaming(), batch_size=100)
+    fresh = tmp_path / "fresh.h5ad"
+    _write_h5ad(fresh, old + 1)
+    os.replace(fresh, path)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context=context)
+    with pytest.raises(RuntimeError, match=r"cells.h5ad: the file changed since the dataset opened it in the main"):
+        list(loader)
+
+
+def test_a_source_pickled_for_later_reads_the_files_as_they_are_then(tmp_path):
+    # Only a process being spawned compares its files with the spawning one's: a source pickled and
+    # loaded later (the files rewritten on purpose in between) opens them as they are.
+    import pickle
+
+    path = tmp_path / "cells.h5ad"
+    old = _matrix(100, 8, 0)
+    _write_h5ad(path, old)
+    pickled = pickle.dumps(ts.AnnDataSource(path))
+    _write_h5ad(path, old + 1)
+    assert np.array_equal(_dense(pickle.loads(pickled).read([5])).numpy(), old[[5]] + 1)

@@ -6,6 +6,7 @@ each process, so no handle ever crosses a fork.
 
 import errno
 import json
+import multiprocessing.context
 import os
 import warnings
 
@@ -14,7 +15,7 @@ import torch
 
 from . import _convert
 from ._library import ops
-from ._native import NativeBacked
+from ._native import NativeBacked, native_call
 
 
 class Source(NativeBacked):
@@ -43,6 +44,29 @@ class Source(NativeBacked):
 
     def __repr__(self):
         return self.native.describe()
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        # Pickled for a process being spawned (a DataLoader worker under spawn or forkserver): it opens the
+        # files again, and must find them as this process opened them, or raise (a file replaced or written
+        # in between would hand its rows to that worker alone).
+        if self._native_object is not None and multiprocessing.context.get_spawning_popen() is not None:
+            state["_opened_stamps"] = dict(self._native_object.opened_stamps())
+        else:
+            state.pop("_opened_stamps", None)
+        return state
+
+    @property
+    def native(self):
+        """The native object of this process (checked against the files the spawning process opened)."""
+        if self._native_object is None:
+            native = native_call(type(self).__name__, self._build)
+            stamps = self.__dict__.get("_opened_stamps")
+            if stamps:
+                native.check_same_files(stamps)  # raises again at each use while the files differ
+            self.__dict__.pop("_opened_stamps", None)
+            self._native_object = native
+        return self._native_object
 
 
 class TensorSource(Source):

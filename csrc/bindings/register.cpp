@@ -69,6 +69,8 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("field_specs", &SourceImpl::field_specs)
       .def("describe", &SourceImpl::describe)
       .def("categories_json", &SourceImpl::categories_json)
+      .def("opened_stamps", &SourceImpl::opened_stamps)
+      .def("check_same_files", &SourceImpl::check_same_files)
       .def("read", &SourceImpl::read, "", {torch::arg("rows"), torch::arg("num_threads") = 1})
       .def_pickle([](const c10::intrusive_ptr<SourceImpl>& self) { return self->state(); },
                   [](SourceState state) { return c10::make_intrusive<SourceImpl>(state); });

@@ -187,6 +187,7 @@ class CategoryCodes : public Array {
     for (const json& category : categories) null_category_.push_back(category.is_null());
   }
   void open_files(std::vector<const File*>& files) const override { codes_->open_files(files); }
+  void opened_stamps(FileStamps& stamps) const override { codes_->opened_stamps(stamps); }
 
  protected:
   void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override {
@@ -229,6 +230,10 @@ class MaskedValues : public Array {
   void open_files(std::vector<const File*>& files) const override {
     values_->open_files(files);
     mask_->open_files(files);
+  }
+  void opened_stamps(FileStamps& stamps) const override {
+    values_->opened_stamps(stamps);
+    mask_->opened_stamps(stamps);
   }
 
  protected:
@@ -275,6 +280,7 @@ class DecodedChunkCache : public Array {
   ~DecodedChunkCache() override { indptr_cache_bytes -= held_bytes_; }
   // Chunks served from the cache use no file: the inner array's are checked when it is read.
   void open_files(std::vector<const File*>& files) const override { inner_->open_files(files); }
+  void opened_stamps(FileStamps& stamps) const override { inner_->opened_stamps(stamps); }
 
  protected:
   void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override {

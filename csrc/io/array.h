@@ -57,6 +57,9 @@ class Array {
   // process, so far): a reader checks them once a unit is read
   // (check_files_unchanged). None for arrays in memory.
   virtual void open_files(std::vector<const File*>& /*files*/) const {}
+  // Adds the files this array's reads rest on, stamped when the array was
+  // opened (a zarr array's metadata file, an HDF5 file).
+  virtual void opened_stamps(FileStamps& /*stamps*/) const {}
 
  protected:
   virtual void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const = 0;

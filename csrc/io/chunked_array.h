@@ -45,6 +45,8 @@ class ChunkStore {
   virtual uint32_t skipped_filters(const std::vector<int64_t>& /*coords*/) const { return 0; }
   // The files of this store that stay open (Array::open_files).
   virtual void open_files(std::vector<const File*>& /*files*/) const {}
+  // Array::opened_stamps.
+  virtual void opened_stamps(FileStamps& /*stamps*/) const {}
 };
 
 class ChunkDecoder {
@@ -98,6 +100,7 @@ class ChunkedArray : public Array {
 
   const std::vector<int64_t>& chunk_shape() const { return chunk_shape_; }
   void open_files(std::vector<const File*>& files) const override { store_->open_files(files); }
+  void opened_stamps(FileStamps& stamps) const override { store_->opened_stamps(stamps); }
 
  protected:
   void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override;

@@ -69,6 +69,12 @@ void CsrMatrix::open_files(std::vector<const File*>& files) const {
   data_->open_files(files);
 }
 
+void CsrMatrix::opened_stamps(FileStamps& stamps) const {
+  indptr_->opened_stamps(stamps);
+  indices_->opened_stamps(stamps);
+  data_->opened_stamps(stamps);
+}
+
 std::string CsrMatrix::where() const {
   const std::string& path = data_->info().path;
   const size_t slash = path.rfind('/');

@@ -38,6 +38,8 @@ class CsrMatrix {
   std::string where() const;
   // Array::open_files of its three arrays.
   void open_files(std::vector<const File*>& files) const;
+  // Array::opened_stamps of its three arrays.
+  void opened_stamps(FileStamps& stamps) const;
 
   // Reads indptr for `rows` (delivery order, duplicates allowed), checks it is
   // monotone and within the arrays, and plans the element reads.

@@ -16,6 +16,7 @@
 #include <new>
 
 #include "../core/errors.h"
+#include "../core/random.h"
 #include "../core/streaming_copy.h"
 
 namespace torch_shards::io {
@@ -174,6 +175,14 @@ bool file_checks_enabled() {
     return setting == nullptr || std::strcmp(setting, "0") != 0;
   }();
   return enabled;
+}
+
+uint64_t FileStamp::digest() const {
+  uint64_t h = core::mix64(device + 0x9e3779b97f4a7c15ULL);
+  h = core::mix64(h ^ inode);
+  h = core::mix64(h ^ static_cast<uint64_t>(size));
+  h = core::mix64(h ^ static_cast<uint64_t>(modified_ns));
+  return h == 0 ? 1 : h;
 }
 
 int64_t use_clock() {

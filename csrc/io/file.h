@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -41,6 +42,8 @@ struct FileStamp {
   // How `now` differs from this stamp ("size 120 -> 96 bytes"), or "" when
   // it does not.
   std::string changes_to(const FileStamp& now) const;
+  // The stamp in one word (never 0), for tables of many files.
+  uint64_t digest() const;
 };
 
 // False when TORCH_SHARDS_CHECK_FILES=0: stamps are then never compared.
@@ -92,6 +95,8 @@ class File {
   // (its stamp unchanged): the rows read from it since may mix old and new
   // contents. One fstat.
   void check_unchanged() const;
+  // The stamp the file had when opened.
+  const FileStamp& stamp() const { return stamp_; }
   // When a read last used this file (use_clock()).
   int64_t last_use() const { return last_use_.load(std::memory_order_relaxed); }
 
@@ -123,6 +128,10 @@ int current_process_id();
 // objects themselves could be held by a parent thread that does not exist in
 // the child, and the child's first read would wait forever.
 std::mutex& first_use_mutex();
+
+// Files by path, each with its stamp's digest when opened: what a process
+// that opens a dataset again compares with the one that opened it first.
+using FileStamps = std::map<std::string, uint64_t>;
 
 // Checks (File::check_unchanged) each of `files` (duplicates checked once)
 // that a read used at or after `since` (use_clock()).

@@ -292,6 +292,7 @@ class Hdf5ChunkStore : public ChunkStore {
   }
 
   void open_files(std::vector<const File*>& files) const override { files.push_back(file_.get()); }
+  void opened_stamps(FileStamps& stamps) const override { stamps[file_->path()] = file_->stamp().digest(); }
 
   uint32_t skipped_filters(const std::vector<int64_t>& coords) const override {
     const ChunkEntry* entry = find_chunk(table_, linear(coords));

@@ -1005,6 +1005,7 @@ class MetadataStamp {
  public:
   explicit MetadataStamp(std::string path) : path_(std::move(path)), stamp_(FileStamp::of_path(path_)) {}
   const std::string& path() const { return path_; }
+  uint64_t digest() const { return stamp_ ? stamp_->digest() : 0; }
   // Throws FileNotFound if the file is gone, ReadError if it changed.
   void check() const {
     const std::optional<FileStamp> now = FileStamp::of_path(path_);
@@ -1021,11 +1022,22 @@ class MetadataStamp {
   std::optional<FileStamp> stamp_;  // nullopt: it could not be stat'ed at open (then only its presence counts)
 };
 
-// One file per chunk, named by its key.
+// One file per chunk, named by its key. A chunk file is opened for each
+// read, so each chunk's stamp from its first read in the job (this process
+// or the one it was forked from) is kept in a table: a chunk written again
+// since (zarr-python writes a chunk to a new file renamed over the old one,
+// leaving the metadata file as it was) is refused, not mixed with chunks read
+// before. Arrays of more than kMaxStampedChunks chunks keep no table.
 class ChunkFiles : public ChunkStore {
  public:
-  ChunkFiles(std::string dir, ChunkKeys keys, std::string metadata_file)
-      : dir_(std::move(dir)), keys_(keys), metadata_(std::move(metadata_file)) {}
+  ChunkFiles(std::string dir, ChunkKeys keys, std::string metadata_file, std::vector<int64_t> grid)
+      : dir_(std::move(dir)), keys_(keys), metadata_(std::move(metadata_file)), grid_(std::move(grid)) {
+    chunks_ = 1;
+    for (const int64_t extent : grid_) {
+      chunks_ = extent > kMaxStampedChunks ? kMaxStampedChunks + 1 : std::min(chunks_ * extent, kMaxStampedChunks + 1);
+    }
+  }
+  ~ChunkFiles() override { delete[] stamps_.load(); }
 
   std::optional<std::vector<uint8_t>> read_chunk(const std::vector<int64_t>& coords) const override {
     const std::shared_ptr<const File> file = open_chunk(coords);
@@ -1042,19 +1054,55 @@ class ChunkFiles : public ChunkStore {
   std::string describe_chunk(const std::vector<int64_t>& coords) const override {
     return concat("chunk ", format_coords(coords), " (", keys_.key(coords), ")");
   }
+  void opened_stamps(FileStamps& stamps) const override { stamps[metadata_.path()] = metadata_.digest(); }
 
  private:
+  static constexpr int64_t kMaxStampedChunks = int64_t{1} << 22;  // 32 MiB of stamps
+
   // The chunk's file, opened (each is opened when read, never kept open), or
-  // null if it was never written; either once the store is checked unchanged.
+  // null if it was never written; either once the store and the chunk are
+  // checked unchanged.
   std::shared_ptr<const File> open_chunk(const std::vector<int64_t>& coords) const {
     std::shared_ptr<const File> file = File::open_if_exists(dir_ + "/" + keys_.key(coords));
     metadata_.check();
+    if (file) check_chunk(coords, *file);
     return file;
+  }
+
+  void check_chunk(const std::vector<int64_t>& coords, const File& file) const {
+    if (!file_checks_enabled() || chunks_ > kMaxStampedChunks || coords.size() != grid_.size()) return;
+    int64_t chunk = 0;
+    for (size_t d = 0; d < coords.size(); ++d) {
+      if (coords[d] < 0 || coords[d] >= grid_[d]) return;
+      chunk = chunk * grid_[d] + coords[d];
+    }
+    std::atomic<uint64_t>& slot = stamps()[chunk];
+    const uint64_t now = file.stamp().digest();
+    uint64_t first = 0;
+    if (slot.compare_exchange_strong(first, now, std::memory_order_relaxed) || first == now) return;
+    throw ReadError(concat(file.path(),
+                           ": the zarr chunk changed while being read (written again since it was first "
+                           "read, the array's metadata as it was): rows read from it may mix its old and "
+                           "new contents, so they are not delivered; open the dataset again once the "
+                           "store is written"));
+  }
+
+  // The table of first stamps (0: not read yet), made on first use.
+  std::atomic<uint64_t>* stamps() const {
+    if (std::atomic<uint64_t>* table = stamps_.load(std::memory_order_acquire)) return table;
+    std::lock_guard<std::mutex> lock(first_use_mutex());
+    if (stamps_.load(std::memory_order_relaxed) == nullptr) {
+      stamps_.store(new std::atomic<uint64_t>[static_cast<size_t>(chunks_)](), std::memory_order_release);
+    }
+    return stamps_.load(std::memory_order_relaxed);
   }
 
   std::string dir_;
   ChunkKeys keys_;
   MetadataStamp metadata_;
+  std::vector<int64_t> grid_;  // chunks along each dimension
+  int64_t chunks_ = 0;         // in all (kMaxStampedChunks + 1: more)
+  mutable std::atomic<std::atomic<uint64_t>*> stamps_{nullptr};
 };
 
 // Where each inner chunk of one shard lies in the shard file.
@@ -1122,6 +1170,8 @@ class ShardedChunkStore : public ChunkStore {
     return concat("inner chunk ", format_coords(coords), " of shard ", keys_.key(shard_of(coords)));
   }
 
+  void opened_stamps(FileStamps& stamps) const override { stamps[metadata_.path()] = metadata_.digest(); }
+
   void open_files(std::vector<const File*>& files) const override {
     Cache& cache = this->cache();
     std::lock_guard<std::mutex> lock(cache.mutex);
@@ -1130,6 +1180,7 @@ class ShardedChunkStore : public ChunkStore {
 
  private:
   static constexpr int64_t kMaxIndexedShards = int64_t{1} << 16;
+  static constexpr size_t kMaxRecheckedShards = 256;
 
   struct Slot {
     std::mutex mutex;  // held while the index loads, so each loads once
@@ -1186,14 +1237,39 @@ class ShardedChunkStore : public ChunkStore {
     std::lock_guard<std::mutex> lock(slot->mutex);
     // A failed load leaves the slot empty: later reads retry.
     if (!slot->index) {
-      slot->index = load_index(keys_.key(shard_of(coords)));
-      if (slot->index->file) {
+      std::shared_ptr<const ShardIndex> index = load_index(keys_.key(shard_of(coords)));
+      check_held_shards(cache);
+      if (index->file) {
         std::lock_guard<std::mutex> files_lock(cache.mutex);
-        cache.files.push_back(slot->index->file.get());
+        cache.files.push_back(index->file.get());
       }
+      slot->index = std::move(index);
       slot->loaded.store(slot->index.get(), std::memory_order_release);
     }
     return *slot->index;
+  }
+
+  // A shard opened now must come from the store whose shards this process
+  // holds: each held shard's path (the newest kMaxRecheckedShards) must still
+  // lead to the file held. zarr-python writes a shard to a new file renamed
+  // over the old one, the metadata file left as it was: without this, rows of
+  // held (old) and new shards would mix.
+  void check_held_shards(Cache& cache) const {
+    if (!file_checks_enabled()) return;
+    std::vector<const File*> held;
+    {
+      std::lock_guard<std::mutex> lock(cache.mutex);
+      const size_t first = cache.files.size() > kMaxRecheckedShards ? cache.files.size() - kMaxRecheckedShards : 0;
+      held.assign(cache.files.begin() + static_cast<std::ptrdiff_t>(first), cache.files.end());
+    }
+    for (const File* file : held) {
+      const std::optional<FileStamp> now = FileStamp::of_path(file->path());
+      if (now && now->device == file->stamp().device && now->inode == file->stamp().inode) continue;
+      throw ReadError(concat(file->path(), ": the zarr store changed while being read (",
+                             now ? file->stamp().changes_to(*now) : std::string("this shard is gone"),
+                             ", found opening another shard): rows read from its shards may mix old and new contents, "
+                             "so they are not delivered; open the dataset again once the store is written"));
+    }
   }
 
   std::shared_ptr<const ShardIndex> load_index(const std::string& key) const {
@@ -1257,12 +1333,16 @@ class ShardedChunkStore : public ChunkStore {
 
 std::shared_ptr<const ChunkStore> make_chunk_store(const ZarrMetadata& meta) {
   const std::string metadata_file = meta.dir + (meta.format == 3 ? "/zarr.json" : "/.zarray");
-  if (!meta.sharding) return std::make_shared<ChunkFiles>(meta.dir, meta.keys, metadata_file);
-  std::vector<int64_t> chunks_per_shard(meta.shape.size()), shard_grid(meta.shape.size());
+  // Chunks (shards when sharded) along each dimension, rounded up without overflow: a shape may be as large
+  // as 2^63 - 1.
+  std::vector<int64_t> grid(meta.shape.size());
+  for (size_t d = 0; d < grid.size(); ++d) {
+    grid[d] = meta.shape[d] / meta.chunk_shape[d] + (meta.shape[d] % meta.chunk_shape[d] != 0 ? 1 : 0);
+  }
+  if (!meta.sharding) return std::make_shared<ChunkFiles>(meta.dir, meta.keys, metadata_file, std::move(grid));
+  std::vector<int64_t> chunks_per_shard(meta.shape.size()), shard_grid = std::move(grid);
   for (size_t d = 0; d < chunks_per_shard.size(); ++d) {
     chunks_per_shard[d] = meta.chunk_shape[d] / meta.sharding->inner_chunk_shape[d];
-    // Rounded up without overflow: a shape may be as large as 2^63 - 1.
-    shard_grid[d] = meta.shape[d] / meta.chunk_shape[d] + (meta.shape[d] % meta.chunk_shape[d] != 0 ? 1 : 0);
   }
   try {
     return std::make_shared<ShardedChunkStore>(meta.dir, meta.keys, std::move(chunks_per_shard), std::move(shard_grid),

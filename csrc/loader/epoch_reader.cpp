@@ -175,8 +175,9 @@ EpochReader::Unit EpochReader::read_piece(const Piece& piece, core::ThreadPool& 
   }
   std::vector<at::Tensor> tensors = tensors_.allocate(specs);
   Unit unit;
-  unit.batch = planned->fill(std::vector<at::Tensor>(tensors.begin(), tensors.begin() + num_outputs), context);
-  planned->check_unchanged(since);  // before anything of the unit is delivered
+  // Checked before anything of the unit is delivered.
+  unit.batch =
+      planned->fill_checked(std::vector<at::Tensor>(tensors.begin(), tensors.begin() + num_outputs), context, since);
   at::Tensor indexes = tensors[num_outputs];
   if (count > 0) std::memcpy(indexes.data_ptr<int64_t>(), rows.data(), rows.size() * sizeof(int64_t));
   unit.batch.insert("index", indexes);

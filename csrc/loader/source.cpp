@@ -164,6 +164,20 @@ std::vector<std::string> SourceImpl::field_specs() const {
 
 std::string SourceImpl::describe() const { return source_->describe(); }
 
+c10::Dict<std::string, int64_t> SourceImpl::opened_stamps() const {
+  io::FileStamps stamps;
+  source_->opened_stamps(stamps);
+  c10::Dict<std::string, int64_t> out;
+  for (const auto& [path, digest] : stamps) out.insert(path, static_cast<int64_t>(digest));
+  return out;
+}
+
+void SourceImpl::check_same_files(const c10::Dict<std::string, int64_t>& stamps) const {
+  io::FileStamps first;
+  for (const auto& entry : stamps) first[entry.key()] = static_cast<uint64_t>(entry.value());
+  translate_errors([&] { source_->check_same_files(first); });
+}
+
 std::string SourceImpl::categories_json(const std::string& column) const {
   return translate_errors([&] {
     const auto* collection = dynamic_cast<const sources::CollectionSource*>(source_.get());

@@ -82,6 +82,12 @@ class TORCH_SHARDS_API SourceImpl : public torch::CustomClassHolder {
   // mean, as a JSON array (Collection::categories_json). ValueError for
   // another kind of source.
   std::string categories_json(const std::string& column) const;
+  // The files its reads rest on, each with its stamp's digest (as int64)
+  // from when this process opened them; check_same_files(stamps) raises if
+  // this object's differ: a process that opens the source again (a spawned
+  // DataLoader worker) checks it reads the files the first one opened.
+  c10::Dict<std::string, int64_t> opened_stamps() const;
+  void check_same_files(const c10::Dict<std::string, int64_t>& stamps) const;
   // The rows (1-D int64; any order, repeats allowed), read with num_threads threads.
   Batch read(const at::Tensor& rows, int64_t num_threads) const;
 

@@ -122,6 +122,15 @@ std::unique_ptr<PlannedRead> AnnDataSource::plan(const RowRequest& request, Read
   return std::make_unique<AnnDataRead>(matrix_, obs_, dense_, request, context.pool);
 }
 
+void AnnDataSource::opened_stamps(io::FileStamps& stamps) const {
+  if (matrix_.csr) matrix_.csr->opened_stamps(stamps);
+  if (matrix_.dense) matrix_.dense->opened_stamps(stamps);
+  for (const io::ObsColumn& column : obs_) {
+    column.values->opened_stamps(stamps);
+    if (column.mask) column.mask->opened_stamps(stamps);
+  }
+}
+
 std::string AnnDataSource::describe() const {
   const io::Group& root = store_->root();
   std::string text =

@@ -23,6 +23,7 @@ class AnnDataSource : public Source {
   std::vector<FieldSpec> fields() const override;
   std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const override;
   std::string describe() const override;
+  void opened_stamps(io::FileStamps& stamps) const override;
 
   const io::AnnDataStore& store() const { return *store_; }
   const std::vector<io::ObsColumn>& obs() const { return obs_; }

@@ -24,6 +24,9 @@ class ArraySource : public Source {
   std::vector<FieldSpec> fields() const override;
   std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const override;
   std::string describe() const override;
+  void opened_stamps(io::FileStamps& stamps) const override {
+    for (const auto& named : arrays_) named.second->opened_stamps(stamps);
+  }
 
   const std::vector<NamedArray>& arrays() const { return arrays_; }
 

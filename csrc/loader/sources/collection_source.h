@@ -23,6 +23,9 @@ class CollectionSource : public Source {
   std::vector<FieldSpec> fields() const override { return fields_; }
   std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const override;
   std::string describe() const override;
+  void opened_stamps(io::FileStamps& stamps) const override {
+    for (const auto& part : parts_) part->opened_stamps(stamps);
+  }
 
   const std::vector<std::shared_ptr<const Source>>& parts() const { return parts_; }
   // What the codes of categorical or string obs column `column` mean: the

@@ -4,6 +4,7 @@
 
 #include <sstream>
 
+#include "core/errors.h"
 #include "io/file.h"
 
 namespace torch_shards::sources {
@@ -28,12 +29,35 @@ void PlannedRead::check_unchanged(int64_t since) const {
   io::check_files_unchanged(files, since);
 }
 
+Batch PlannedRead::fill_checked(const std::vector<at::Tensor>& tensors, ReadContext& context, int64_t since) {
+  Batch batch;
+  try {
+    batch = fill(tensors, context);
+  } catch (const std::exception&) {
+    check_unchanged(since);
+    throw;
+  }
+  check_unchanged(since);
+  return batch;
+}
+
+void Source::check_same_files(const io::FileStamps& first) const {
+  io::FileStamps mine;
+  opened_stamps(mine);
+  for (const auto& [path, digest] : first) {
+    const auto found = mine.find(path);
+    if (found == mine.end() || found->second == digest) continue;
+    throw core::ReadError(core::concat(path,
+                                       ": the file changed since the dataset opened it in the main process "
+                                       "(replaced or written since): this process would read other contents "
+                                       "than the others; open the dataset again once the file is written"));
+  }
+}
+
 Batch Source::read(const std::vector<int64_t>& rows, ReadContext& context) const {
   const int64_t since = io::use_clock();
   std::unique_ptr<PlannedRead> planned = plan(RowRequest{rows}, context);
-  Batch batch = planned->fill(context.tensors.allocate(tensor_specs(planned->outputs())), context);
-  planned->check_unchanged(since);
-  return batch;
+  return planned->fill_checked(context.tensors.allocate(tensor_specs(planned->outputs())), context, since);
 }
 
 std::vector<TensorSpec> tensor_specs(const std::vector<OutputSpec>& outputs) {

@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,7 @@ struct CsrRead;  // loader/sources/array_tensors.h
 
 namespace torch_shards::io {
 class File;  // io/file.h
+using FileStamps = std::map<std::string, uint64_t>;
 }  // namespace torch_shards::io
 
 namespace torch_shards::sources {
@@ -99,6 +101,11 @@ class PlannedRead {
   // Throws io's ReadError if a file this read used at or after `since`
   // (io::use_clock(), taken before the read was planned) changed.
   void check_unchanged(int64_t since) const;
+  // fill(), then check_unchanged(since): how readers fill. A fill that
+  // throws is checked first (a file changed mid-read may fail a check of
+  // what was read, e.g. a category code out of range: the change is what to
+  // report).
+  Batch fill_checked(const std::vector<at::Tensor>& tensors, ReadContext& context, int64_t since);
 
  protected:
   std::vector<OutputSpec> outputs_;
@@ -114,6 +121,14 @@ class Source {
   virtual std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const = 0;
   // Canonical description (type, files and their sizes, fields, shapes).
   virtual std::string describe() const = 0;
+  // The files its reads rest on, with their stamps from when it opened them
+  // (io::Array::opened_stamps): a process that opens the source again (a
+  // spawned DataLoader worker) compares its own with the first process's
+  // (check_same_files).
+  virtual void opened_stamps(io::FileStamps& /*stamps*/) const {}
+  // Throws io's ReadError naming the first file whose stamp differs from
+  // `first` (another process's opened_stamps of this source).
+  void check_same_files(const io::FileStamps& first) const;
 
   // One tensor per field, row i of each holding source row rows[i]: plan,
   // one allocation from the context's TensorPool, fill.
