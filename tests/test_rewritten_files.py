@@ -71,6 +71,15 @@ def _zarr_array(path, x, *, zarr_format, shards=None):
     z[:] = x
 
 
+def _opened_after_a_read(path, *, zarr_format=3, shards=None, rows=(3,)):
+    """A zarr array of 100 x 4 written, opened and read once (its first chunk, or shard, opened)."""
+    old = np.arange(400, dtype=np.float32).reshape(100, 4)
+    _zarr_array(path, old, zarr_format=zarr_format, shards=shards)
+    source = ts.ZarrSource(path)
+    assert torch.equal(source.read(list(rows))["X"], torch.from_numpy(old[list(rows)]))
+    return source, old
+
+
 def _replace(path, tmp_path, write):
     """A new store written beside `path`, renamed over it; the old store kept (moved aside)."""
     fresh = tmp_path / "fresh.zarr"
@@ -82,10 +91,7 @@ def _replace(path, tmp_path, write):
 @pytest.mark.parametrize("zarr_format", [2, 3])
 def test_a_zarr_store_replaced_by_a_rename_is_refused_when_its_new_chunks_would_be_read(tmp_path, zarr_format):
     path = tmp_path / "x.zarr"
-    old = np.arange(400, dtype=np.float32).reshape(100, 4)
-    _zarr_array(path, old, zarr_format=zarr_format)
-    source = ts.ZarrSource(path)
-    assert torch.equal(source.read([0, 1])["X"], torch.from_numpy(old[[0, 1]]))
+    source, old = _opened_after_a_read(path, zarr_format=zarr_format, rows=(0, 1))
     _replace(path, tmp_path, lambda fresh: _zarr_array(fresh, old + 1000, zarr_format=zarr_format))
     metadata = ".zarray" if zarr_format == 2 else "zarr.json"
     with pytest.raises(
@@ -96,10 +102,7 @@ def test_a_zarr_store_replaced_by_a_rename_is_refused_when_its_new_chunks_would_
 
 def test_a_sharded_store_replaced_reads_the_shards_it_opened_and_refuses_new_ones(tmp_path):
     path = tmp_path / "x.zarr"
-    old = np.arange(400, dtype=np.float32).reshape(100, 4)
-    _zarr_array(path, old, zarr_format=3, shards=(50, 4))
-    source = ts.ZarrSource(path)
-    assert torch.equal(source.read([3])["X"], torch.from_numpy(old[[3]]))  # opens shard 0
+    source, old = _opened_after_a_read(path, shards=(50, 4))  # shard 0 opened
     _replace(path, tmp_path, lambda fresh: _zarr_array(fresh, old + 1000, zarr_format=3, shards=(50, 4)))
     # Shard 0 is the file opened (still there, moved aside): its rows read as they were.
     assert torch.equal(source.read([7, 3])["X"], torch.from_numpy(old[[7, 3]]))
@@ -112,10 +115,7 @@ def test_chunks_written_again_by_zarr_are_refused_once_read_before(tmp_path, zar
     # zarr-python writes each chunk to a new file renamed over the old one and leaves the metadata file
     # alone: a chunk read before is found changed by its stamp from then (rows 0-9, chunk 0).
     path = tmp_path / "x.zarr"
-    old = np.arange(400, dtype=np.float32).reshape(100, 4)
-    _zarr_array(path, old, zarr_format=zarr_format)
-    source = ts.ZarrSource(path)
-    assert torch.equal(source.read([0, 1])["X"], torch.from_numpy(old[[0, 1]]))
+    source, old = _opened_after_a_read(path, zarr_format=zarr_format, rows=(0, 1))
     metadata = path / (".zarray" if zarr_format == 2 else "zarr.json")
     before = metadata.stat().st_mtime_ns
     zarr.open_array(path, mode="r+")[:] = old + 1000
@@ -126,10 +126,7 @@ def test_chunks_written_again_by_zarr_are_refused_once_read_before(tmp_path, zar
 
 def test_a_shard_opened_after_held_shards_were_written_again_is_refused(tmp_path):
     path = tmp_path / "x.zarr"
-    old = np.arange(400, dtype=np.float32).reshape(100, 4)
-    _zarr_array(path, old, zarr_format=3, shards=(50, 4))
-    source = ts.ZarrSource(path)
-    assert torch.equal(source.read([3])["X"], torch.from_numpy(old[[3]]))  # holds shard 0
+    source, old = _opened_after_a_read(path, shards=(50, 4))  # holds shard 0
     zarr.open_array(path, mode="r+")[:] = old + 1000  # every shard a new file
     assert torch.equal(source.read([7])["X"], torch.from_numpy(old[[7]]))  # the shard held, as it was
     with pytest.raises(RuntimeError, match=r"c/0/0: the zarr store changed while being read \(another file now"):
