@@ -151,15 +151,18 @@ bool ChunkedArray::use_mapped_chunk(const std::vector<int64_t>& coords,
       [&] { return store_->describe_chunk(coords); });
 }
 
+int64_t chunk_count_capped(const std::vector<int64_t>& grid, int64_t cap) {
+  int64_t chunks = 1;
+  for (const int64_t extent : grid) chunks = extent > cap ? cap + 1 : std::min(chunks * extent, cap + 1);
+  return chunks;
+}
+
 std::atomic<uint64_t>* ChunkedArray::checked_chunks() const {
   const int pid = current_process_id();
   if (checked_pid_.load(std::memory_order_acquire) != pid) {
     std::lock_guard<std::mutex> lock(first_use_mutex());
     if (checked_pid_.load(std::memory_order_relaxed) != pid) {
-      int64_t chunks = 1;
-      for (const int64_t extent : grid_) {
-        chunks = extent > kMaxCheckedChunks ? kMaxCheckedChunks + 1 : std::min(chunks * extent, kMaxCheckedChunks + 1);
-      }
+      const int64_t chunks = chunk_count_capped(grid_, kMaxCheckedChunks);
       checked_chunks_.reset(
           chunks > kMaxCheckedChunks ? nullptr : new std::atomic<uint64_t>[static_cast<size_t>(chunks + 63) / 64]());
       checked_pid_.store(pid, std::memory_order_release);

@@ -92,6 +92,10 @@ class ChunkDecoder {
                              uint32_t /*skipped_filters*/) const {}
 };
 
+// The number of chunks of a grid (chunks along each dimension), or cap + 1
+// when there are more (no overflow): for tables kept per chunk.
+int64_t chunk_count_capped(const std::vector<int64_t>& grid, int64_t cap);
+
 class ChunkedArray : public Array {
  public:
   // fill_value: the bytes of one element (stored byte order) for missing chunks.

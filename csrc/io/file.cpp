@@ -264,8 +264,7 @@ int File::descriptor() const {
     if (fd < 0) throw ReadError(concat(path_, ": cannot open: ", std::strerror(errno)));
     // Opened again in a new process: the same file?
     if (owner_pid_.load(std::memory_order_relaxed) != 0 && file_checks_enabled()) {
-      const std::optional<FileStamp> now = FileStamp::of_descriptor(fd);
-      const std::string change = now ? stamp_.changes_to(*now) : concat("cannot stat: ", std::strerror(errno));
+      const std::string change = change_since_opened(fd);
       if (!change.empty()) {
         ::close(fd);
         throw ReadError(concat(path_, ": the file changed since the dataset opened it (", change,
@@ -286,10 +285,14 @@ void File::note_use() const {
   }
 }
 
+std::string File::change_since_opened(int fd) const {
+  const std::optional<FileStamp> now = FileStamp::of_descriptor(fd);
+  return now ? stamp_.changes_to(*now) : concat("cannot stat: ", std::strerror(errno));
+}
+
 void File::check_unchanged() const {
   if (!file_checks_enabled()) return;
-  const std::optional<FileStamp> now = FileStamp::of_descriptor(descriptor());
-  const std::string change = now ? stamp_.changes_to(*now) : concat("cannot stat: ", std::strerror(errno));
+  const std::string change = change_since_opened(descriptor());
   if (change.empty()) return;
   throw ReadError(concat(path_, ": the file changed while being read (", change,
                          "): rows read from it may mix its old and new contents, so they are not delivered; open "

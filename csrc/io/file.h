@@ -103,6 +103,7 @@ class File {
  private:
   File(std::string path, Access access, int fd);  // adopts fd, opened by this process
   void take_stamp(int fd);
+  std::string change_since_opened(int fd) const;      // FileStamp::changes_to of fd's stamp now
   bool contains(int64_t offset, size_t bytes) const;  // [offset, offset + bytes) lies in the file
   int descriptor() const;                             // this process's descriptor
   const uint8_t* mapping() const;                     // the mapping (made on first use), or null to use pread

@@ -1031,12 +1031,11 @@ class MetadataStamp {
 class ChunkFiles : public ChunkStore {
  public:
   ChunkFiles(std::string dir, ChunkKeys keys, std::string metadata_file, std::vector<int64_t> grid)
-      : dir_(std::move(dir)), keys_(keys), metadata_(std::move(metadata_file)), grid_(std::move(grid)) {
-    chunks_ = 1;
-    for (const int64_t extent : grid_) {
-      chunks_ = extent > kMaxStampedChunks ? kMaxStampedChunks + 1 : std::min(chunks_ * extent, kMaxStampedChunks + 1);
-    }
-  }
+      : dir_(std::move(dir)),
+        keys_(keys),
+        metadata_(std::move(metadata_file)),
+        grid_(std::move(grid)),
+        chunks_(chunk_count_capped(grid_, kMaxStampedChunks)) {}
   ~ChunkFiles() override { delete[] stamps_.load(); }
 
   std::optional<std::vector<uint8_t>> read_chunk(const std::vector<int64_t>& coords) const override {

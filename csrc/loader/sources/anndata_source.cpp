@@ -49,6 +49,19 @@ std::vector<FieldSpec> AnnDataSource::fields() const {
 
 namespace {
 
+// Runs visit on what an AnnData source reads: its matrix (a CsrMatrix or an
+// Array) and each obs column's arrays (both kinds have open_files and
+// opened_stamps).
+template <typename Visit>
+void visit_read_arrays(const io::MatrixData& matrix, const std::vector<io::ObsColumn>& obs, const Visit& visit) {
+  if (matrix.csr) visit(*matrix.csr);
+  if (matrix.dense) visit(*matrix.dense);
+  for (const io::ObsColumn& column : obs) {
+    visit(*column.values);
+    if (column.mask) visit(*column.mask);
+  }
+}
+
 class AnnDataRead : public PlannedRead {
  public:
   AnnDataRead(const io::MatrixData& matrix, const std::vector<io::ObsColumn>& obs, bool dense,
@@ -101,12 +114,7 @@ class AnnDataRead : public PlannedRead {
   }
 
   void open_files(std::vector<const io::File*>& files) const override {
-    if (matrix_.csr) matrix_.csr->open_files(files);
-    if (matrix_.dense) matrix_.dense->open_files(files);
-    for (const io::ObsColumn& column : obs_) {
-      column.values->open_files(files);
-      if (column.mask) column.mask->open_files(files);
-    }
+    visit_read_arrays(matrix_, obs_, [&](const auto& read) { read.open_files(files); });
   }
 
  private:
@@ -123,12 +131,7 @@ std::unique_ptr<PlannedRead> AnnDataSource::plan(const RowRequest& request, Read
 }
 
 void AnnDataSource::opened_stamps(io::FileStamps& stamps) const {
-  if (matrix_.csr) matrix_.csr->opened_stamps(stamps);
-  if (matrix_.dense) matrix_.dense->opened_stamps(stamps);
-  for (const io::ObsColumn& column : obs_) {
-    column.values->opened_stamps(stamps);
-    if (column.mask) column.mask->opened_stamps(stamps);
-  }
+  visit_read_arrays(matrix_, obs_, [&](const auto& read) { read.opened_stamps(stamps); });
 }
 
 std::string AnnDataSource::describe() const {
