@@ -356,6 +356,42 @@ def test_stateful_dataloader_resumes_twice_in_one_epoch(context):
     assert collections.Counter(tuple(b["index"].tolist()) for b in last) == uninterrupted("BlockShuffling", epoch=1)
 
 
+@pytest.mark.parametrize("seed", [None, 5])
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+def test_a_state_taken_in_the_main_process_after_a_stateful_dataloader_restore_resumes_exactly(num_workers, seed):
+    # StatefulDataLoader hands each worker its own state; the main process's dataset sees none of them. It
+    # must still report and checkpoint the restored seed and position: a later dataset.state_dict(
+    # consumed_batches=...) there resumed with other rows (seed=None: the main process kept its own draw).
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    workers = dict(num_workers=num_workers, multiprocessing_context="fork") if num_workers else {}
+
+    def fresh():
+        return make("BlockShuffling", seed=seed, prefetch=None)
+
+    first = fresh()
+    loader = stateful.StatefulDataLoader(first, batch_size=None, **workers)
+    iterator = iter(loader)
+    taken = [tuple(next(iterator)["index"].tolist()) for _ in range(4)]
+    state = loader.state_dict()
+    del iterator
+    restored = fresh()
+    loader = stateful.StatefulDataLoader(restored, batch_size=None, **workers)
+    loader.load_state_dict(state)
+    iterator = iter(loader)
+    taken += [tuple(next(iterator)["index"].tolist()) for _ in range(3)]
+    assert restored.seed == first.seed
+    checkpoint = restored.state_dict(consumed_batches=3)
+    del iterator
+    assert checkpoint["seed"] == first.seed
+    for resume_workers in sorted({num_workers, 2}):
+        resumed = fresh()
+        resumed.load_state_dict(checkpoint)
+        more = dict(num_workers=resume_workers, multiprocessing_context="fork") if resume_workers else {}
+        rest = [tuple(batch["index"].tolist()) for batch in DataLoader(resumed, batch_size=None, **more)]
+        every_row = collections.Counter(row for batch in taken + rest for row in batch)
+        assert every_row == collections.Counter(range(ROWS)), (resume_workers, every_row)
+
+
 def test_a_workers_state_on_another_topology_points_at_the_datasets_checkpoint():
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
     loader = stateful.StatefulDataLoader(

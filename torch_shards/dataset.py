@@ -337,7 +337,7 @@ class ShardedDataset(IterableDataset, NativeBacked):
         self.fetch_factor = _convert.check_int("ShardedDataset: fetch_factor", fetch_factor)
         self.drop_last = drop_last
         self.even_batches = even_batches
-        self.seed = _convert.optional_seed("ShardedDataset: seed", seed)
+        self._seed = _convert.optional_seed("ShardedDataset: seed", seed)
         rank, world_size = rank_from_dist_info("ShardedDataset", dist_info, rank, world_size)
         self.rank = _convert.optional_int("ShardedDataset: rank", rank)
         self.world_size = _convert.optional_int("ShardedDataset: world_size", world_size)
@@ -366,7 +366,7 @@ class ShardedDataset(IterableDataset, NativeBacked):
         self.rank, self.world_size = native.rank(), native.world_size()
         # The seed the ranks agreed on; with seed=None and no process group yet, this process's
         # draw, which the first iteration replaces by the ranks' agreed one (or refuses, see __iter__).
-        self.seed = native.seed()
+        self._seed = native.seed()
         self._shared_state = native.shared_state()
         if pin_memory and not native.pin_memory():
             warnings.warn(
@@ -386,7 +386,7 @@ class ShardedDataset(IterableDataset, NativeBacked):
             fetch_factor=self.fetch_factor,
             drop_last=self.drop_last,
             even_batches=self.even_batches,
-            seed=self.seed,
+            seed=self._seed,
             rank=self.rank,
             world_size=self.world_size,
             process_group=boxed(process_group),
@@ -410,6 +410,13 @@ class ShardedDataset(IterableDataset, NativeBacked):
     def batches_per_epoch(self):
         """Batches this rank yields per epoch (also with cycle=True)."""
         return self.native.num_batches()
+
+    @property
+    def seed(self):
+        """The seed every process reading this dataset uses: the one given, the ranks' agreed one, or
+        the one of a loaded checkpoint (loaded here, or in DataLoader workers by torchdata's
+        StatefulDataLoader)."""
+        return self.native.seed()
 
     @property
     def epoch(self):
@@ -464,7 +471,6 @@ class ShardedDataset(IterableDataset, NativeBacked):
             group = resolve_group(None)
             if group is not None:
                 self.native.synchronize(boxed(group))
-                self.seed = self.native.seed()
 
         def start(stream_start):
             return self.native.iter()
@@ -606,7 +612,6 @@ class ShardedDataset(IterableDataset, NativeBacked):
         else:
             native = _native_state(state)
         self.native.load_state_dict(native)
-        self.seed = self.native.seed()  # copies rebuilt in worker processes use it
 
     def reader_stats(self):
         """Counters of this process's active iterations, one dict each: units,

@@ -98,4 +98,35 @@ std::optional<ResumeRecord> load_resume_record(const int64_t* words) {
   }
 }
 
+namespace {
+enum RestoredWord : int64_t { kRestoredEpoch = 0, kRestoredWorkers, kRestoredConsumed };
+}  // namespace
+
+void record_worker_restored(int64_t* words, int64_t epoch, int64_t num_workers, int64_t worker, int64_t consumed) {
+  check_argument(num_workers >= 1 && num_workers <= kMaxWorkers && worker >= 0 && worker < num_workers, "worker ",
+                 worker, " of ", num_workers, " out of range");
+  int64_t* region = words + kRestoredOffset;
+  // Every worker of one restore writes the same epoch and number; a slot is written by its worker only
+  // (consumed + 1: 0 means not recorded).
+  store(region + kRestoredEpoch, epoch + 1);
+  store(region + kRestoredWorkers, num_workers);
+  store(region + kRestoredConsumed + worker, consumed + 1);
+}
+
+void clear_workers_restored(int64_t* words) {
+  for (int64_t i = 0; i < kRestoredWords; ++i) store(words + kRestoredOffset + i, 0);
+}
+
+std::optional<std::vector<int64_t>> workers_restored(const int64_t* words, int64_t epoch, int64_t num_workers) {
+  const int64_t* region = words + kRestoredOffset;
+  if (load(region + kRestoredEpoch) != epoch + 1 || load(region + kRestoredWorkers) != num_workers) return std::nullopt;
+  std::vector<int64_t> consumed;
+  for (int64_t w = 0; w < num_workers; ++w) {
+    const int64_t value = load(region + kRestoredConsumed + w);
+    if (value == 0) return std::nullopt;
+    consumed.push_back(value - 1);
+  }
+  return consumed;
+}
+
 }  // namespace torch_shards::core

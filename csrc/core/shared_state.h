@@ -24,7 +24,11 @@ constexpr int64_t kAgreedWord = kSeedWord + 1;          // 1: every rank uses th
 constexpr int64_t kSynchronizedWord = kAgreedWord + 1;  // 1: the ranks checked their claims over a process group
 constexpr int64_t kResumeOffset = kSynchronizedWord + 1;
 constexpr int64_t kResumeWords = 4096;
-constexpr int64_t kSharedStateWords = kResumeOffset + kResumeWords;
+// Where DataLoader workers that restored their own states (StatefulDataLoader) resumed: the epoch (+1; 0:
+// none), their number, then each one's batches consumed before.
+constexpr int64_t kRestoredOffset = kResumeOffset + kResumeWords;
+constexpr int64_t kRestoredWords = 2 + kMaxWorkers;
+constexpr int64_t kSharedStateWords = kRestoredOffset + kRestoredWords;
 
 // Called once on a new array.
 void shared_state_init(int64_t* words);
@@ -54,5 +58,15 @@ struct ResumeRecord {
 // Stores the record (nullopt clears it); throws InvalidArgument if it does not fit.
 void store_resume_record(int64_t* words, const std::optional<ResumeRecord>& record);
 std::optional<ResumeRecord> load_resume_record(const int64_t* words);
+
+// DataLoader workers restoring their own states (torchdata's StatefulDataLoader hands each worker its
+// state; the main process sees none of them): each records the batches it had delivered of `epoch`,
+// resumed by `num_workers` workers, so that the main process knows where the epoch resumed (its loop
+// then counts the batches it takes from there).
+void record_worker_restored(int64_t* words, int64_t epoch, int64_t num_workers, int64_t worker, int64_t consumed);
+void clear_workers_restored(int64_t* words);
+// The batches each of `num_workers` workers had delivered of `epoch` when they restored their states,
+// or nullopt if they did not (or not all of them recorded it).
+std::optional<std::vector<int64_t>> workers_restored(const int64_t* words, int64_t epoch, int64_t num_workers);
 
 }  // namespace torch_shards::core

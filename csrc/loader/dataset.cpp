@@ -114,13 +114,11 @@ ShardedDatasetImpl::ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c1
   if (shared_state) {
     // A copy in a DataLoader worker: the main process's seed (a checkpoint may have changed it).
     shared_state_ = checked_shared_state(*shared_state);
-    seed_ = core::shared_seed(words(shared_state_));
     return;
   }
   shared_state_ = new_shared_state();
   seed_fixed_ = options.seed.has_value();
-  seed_ = options.seed ? *options.seed : draw_seed();
-  core::set_shared_seed(words(shared_state_), seed_);
+  core::set_shared_seed(words(shared_state_), options.seed ? *options.seed : draw_seed());
   core::set_flag(words(shared_state_), core::kAgreedWord, seed_fixed_ || world_size_ == 1);
   // With a process group the ranks agree on the seed and check what they read, once, now.
   if (options.process_group) synchronize(options.process_group);
@@ -129,13 +127,17 @@ ShardedDatasetImpl::ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c1
 
 void ShardedDatasetImpl::synchronize(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
   TORCH_CHECK_VALUE(group, kWho, ".synchronize: process_group is null");
-  Claim claim{rank_, world_size_, seed_, seed_fixed_, fingerprint()};
-  seed_ = agree_over_group(*group, claim, kWho);
+  // A seed loaded from a checkpoint (here or in a DataLoader worker) is given, as one passed is.
+  const bool given = seed_fixed_ || (world_size_ > 1 && core::flag(words(shared_state_), core::kAgreedWord));
+  Claim claim{rank_, world_size_, seed(), given, fingerprint()};
+  const int64_t agreed = agree_over_group(*group, claim, kWho);
   seed_fixed_ = true;
-  core::set_shared_seed(words(shared_state_), seed_);
+  core::set_shared_seed(words(shared_state_), agreed);
   core::set_flag(words(shared_state_), core::kAgreedWord, true);
   core::set_flag(words(shared_state_), core::kSynchronizedWord, true);
 }
+
+int64_t ShardedDatasetImpl::seed() const { return core::shared_seed(words(shared_state_)); }
 
 bool ShardedDatasetImpl::synchronized() const { return core::flag(words(shared_state_), core::kSynchronizedWord); }
 
@@ -157,6 +159,7 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter() {
   Iteration iteration;
   iteration.epoch = translate_errors([&] { return core::epoch_state_claim_main(words(shared_state_)); });
   core::set_last_workers(words(shared_state_), 0);
+  core::clear_workers_restored(words(shared_state_));
   iteration.prior = prior_segments(iteration.epoch);
   return start(std::move(iteration), core::kMainSlot,
                options_.pin_memory ? sources::Memory::kPinned : sources::Memory::kPageable);
@@ -181,12 +184,14 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_worker(int64_t wo
     worker_resume_.reset();
     ++local_iterations_;
     translate_errors([&] { core::epoch_state_resume(words(shared_state_), iteration.epoch); });
+    core::set_last_workers(words(shared_state_), num_workers);
   } else {
     iteration.epoch = translate_errors([&] {
       return core::epoch_state_claim_worker(words(shared_state_), generation_seed, local_iterations_++, num_workers,
                                             worker);
     });
     core::set_last_workers(words(shared_state_), num_workers);
+    core::clear_workers_restored(words(shared_state_));
     iteration.prior = prior_segments(iteration.epoch);
   }
   TORCH_CHECK_VALUE(!stream_start || *stream_start >= 0, kWho, ": stream_start must be >= 0, got ",
@@ -212,7 +217,6 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_epoch(int64_t epo
 }
 
 std::vector<core::ResumeSegment> ShardedDatasetImpl::prior_segments(int64_t epoch) {
-  seed_ = core::shared_seed(words(shared_state_));  // a worker made before load_state_dict learns its seed here
   const std::optional<core::ResumeRecord> record = core::load_resume_record(words(shared_state_));
   if (!record || record->epoch != epoch) return {};
   return record->segments;
@@ -270,7 +274,7 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
       iteration.rank_batches += worker_left(w);
       iteration.worker_batches.push_back(w == worker ? batches : worker_left(w));
     }
-    core::UnitCursor cursor(planner_, std::move(dealing), static_cast<uint64_t>(seed_), epoch, rank_, worker,
+    core::UnitCursor cursor(planner_, std::move(dealing), static_cast<uint64_t>(seed()), epoch, rank_, worker,
                             num_workers, skip);
     auto progress = std::make_shared<IterationProgress>();
     progress->iteration = std::make_shared<const Iteration>(std::move(iteration));
@@ -295,6 +299,7 @@ void ShardedDatasetImpl::set_epoch(int64_t epoch) {
     // (loops that call set_epoch(epoch) every epoch resume as they should).
     const std::optional<core::ResumeRecord> record = core::load_resume_record(words(shared_state_));
     if (record && record->epoch != epoch) core::store_resume_record(words(shared_state_), std::nullopt);
+    core::clear_workers_restored(words(shared_state_));
     core::epoch_state_set_next(words(shared_state_), epoch);
   });
   starting_next_.reset();  // the next epoch is decided anew: a marker of workers starting before it is stale
@@ -343,7 +348,7 @@ at::Tensor ShardedDatasetImpl::fetch_rows(int64_t epoch, int64_t fetch) const {
                     fetch);
   TORCH_CHECK_VALUE(epoch >= 0, kWho, ": epoch must be >= 0, got ", epoch);
   std::vector<int64_t> rows;
-  planner_->fetch_rows(static_cast<uint64_t>(seed_), epoch, fetch, rows);
+  planner_->fetch_rows(static_cast<uint64_t>(seed()), epoch, fetch, rows);
   at::Tensor out = at::empty({static_cast<int64_t>(rows.size())}, at::TensorOptions().dtype(at::kLong));
   if (!rows.empty()) std::memcpy(out.data_ptr<int64_t>(), rows.data(), rows.size() * sizeof(int64_t));
   return out;
@@ -421,7 +426,7 @@ void put_segments(StateDict& state, const std::vector<core::ResumeSegment>& segm
 StateDict ShardedDatasetImpl::make_state(const Iteration& iteration, int64_t consumed) const {
   StateDict state;
   state.insert("version", core::kStateVersion);
-  state.insert("seed", seed_);
+  state.insert("seed", seed());
   state.insert("rank", rank_);
   state.insert("world_size", world_size_);
   state.insert("num_workers", iteration.num_workers);
@@ -505,10 +510,40 @@ StateDict ShardedDatasetImpl::state_dict(std::optional<int64_t> consumed_batches
   iteration.num_workers = last_workers;
   if (record && record->epoch == last) iteration.prior = record->segments;
   iteration.rank_batches = rank_batches_after(iteration.prior, last_workers);
-  TORCH_CHECK_VALUE(*consumed_batches <= iteration.rank_batches, kWho,
+  // Workers that restored their own states (StatefulDataLoader) went on from where they had been: the
+  // loop's count starts after the batches they had delivered.
+  const int64_t restored = restored_before(iteration);
+  TORCH_CHECK_VALUE(*consumed_batches <= iteration.rank_batches - restored, kWho,
                     ".state_dict: consumed_batches=", *consumed_batches, " but this rank delivers ",
-                    iteration.rank_batches, " batches in epoch ", last);
-  return make_state(iteration, *consumed_batches);
+                    iteration.rank_batches - restored, " batches in epoch ", last,
+                    restored > 0 ? c10::str(" after the ", restored,
+                                            " its DataLoader workers had delivered before "
+                                            "they restored their states")
+                                 : std::string());
+  return make_state(iteration, restored + *consumed_batches);
+}
+
+int64_t ShardedDatasetImpl::restored_before(const Iteration& iteration) const {
+  const std::optional<std::vector<int64_t>> restored =
+      core::workers_restored(words(shared_state_), iteration.epoch, iteration.num_workers);
+  if (!restored) return 0;
+  return translate_errors([&] {
+    const core::Resumption resumption(planner_->layout(), iteration.prior, world_size_, iteration.num_workers);
+    std::vector<int64_t> left;
+    int64_t total = 0;
+    for (int64_t w = 0; w < iteration.num_workers; ++w) {
+      left.push_back(resumption.worker_batches(rank_, w));
+      total += (*restored)[static_cast<size_t>(w)];
+    }
+    // The workers' states come from one point of DataLoader's loop (torch's in-order round robin): the
+    // batches each had delivered are what a loop that took `total` of them took from each.
+    core::check_argument(core::split_among_workers(left, total) == *restored, "the states its ", iteration.num_workers,
+                         " DataLoader workers restored (StatefulDataLoader) are not of one point of the loop "
+                         "(the batches each had delivered do not follow DataLoader's order); take the state "
+                         "where all of them are: dataset.state_dict(consumed_batches=...) needs in_order=True "
+                         "and a snapshot at every step (snapshot_every_n_steps=1)");
+    return total;
+  });
 }
 
 void ShardedDatasetImpl::workers_starting() { starting_next_ = next_epoch(); }
@@ -584,10 +619,22 @@ void ShardedDatasetImpl::load_state_dict(const StateDict& state) {
     });
     TORCH_CHECK_VALUE(iteration.consumed_before <= left, kWho, ".load_state_dict: worker ", worker, " consumed ",
                       iteration.consumed_before, " batches but delivers only ", left);
-    seed_ = seed;
     seed_fixed_ = true;
-    core::set_shared_seed(words(shared_state_), seed);
-    core::set_flag(words(shared_state_), core::kAgreedWord, true);
+    translate_errors([&] {
+      core::set_shared_seed(words(shared_state_), seed);
+      core::set_flag(words(shared_state_), core::kAgreedWord, true);
+      // What the main process needs to checkpoint the resumed epoch (state_dict(consumed_batches=...)
+      // there): its segments (the same in every worker's state: the first worker writes them) and where
+      // each worker resumed.
+      if (worker == 0) {
+        core::store_resume_record(words(shared_state_),
+                                  iteration.prior.empty()
+                                      ? std::nullopt
+                                      : std::optional<core::ResumeRecord>(core::ResumeRecord{epoch, iteration.prior}));
+      }
+      core::record_worker_restored(words(shared_state_), epoch, iteration.num_workers, worker,
+                                   iteration.consumed_before);
+    });
     worker_resume_ = std::make_shared<const Iteration>(std::move(iteration));
     return;
   }
@@ -595,9 +642,9 @@ void ShardedDatasetImpl::load_state_dict(const StateDict& state) {
   // Kept compacted (each interruption adds a segment; they share a bounded region with the workers).
   segments = translate_errors(
       [&] { return core::Resumption(planner_->layout(), segments, world_size_, 1).compacted_segments(); });
-  seed_ = seed;
   seed_fixed_ = true;
   translate_errors([&] {
+    core::clear_workers_restored(words(shared_state_));
     core::set_shared_seed(words(shared_state_), seed);
     core::set_flag(words(shared_state_), core::kAgreedWord, true);
     core::store_resume_record(
@@ -745,7 +792,7 @@ ShardedDatasetImpl::State ShardedDatasetImpl::state() const {
   ints.insert("batch_size", options_.batch_size);
   ints.insert("fetch_factor", options_.fetch_factor);
   ints.insert("drop_last", options_.drop_last);
-  ints.insert("seed", seed_);
+  ints.insert("seed", seed());
   if (options_.rank) ints.insert("rank", *options_.rank);
   if (options_.world_size) ints.insert("world_size", *options_.world_size);
   if (options_.num_threads) ints.insert("num_threads", *options_.num_threads);

@@ -128,7 +128,9 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   // Batches this rank delivers per epoch, all workers together (exact).
   int64_t num_batches() const;
   int64_t worker_batches(int64_t worker, int64_t num_workers) const;
-  int64_t seed() const { return seed_; }
+  // The seed every process reading this dataset uses: the one given, agreed over the group, or loaded from
+  // a checkpoint (in this process, or in a DataLoader worker: StatefulDataLoader restores states there).
+  int64_t seed() const;
   int64_t rank() const { return rank_; }
   int64_t world_size() const { return world_size_; }
   int64_t batch_size() const { return options_.batch_size; }
@@ -207,11 +209,13 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   // The state at the start of the next epoch (a loaded checkpoint's position, if it is that epoch's).
   StateDict next_epoch_state() const;
   int64_t rank_batches_after(const std::vector<core::ResumeSegment>& prior, int64_t num_workers) const;
+  // The batches the rank had consumed of `iteration` before its DataLoader workers restored their own
+  // states (StatefulDataLoader), or 0 if they did not.
+  int64_t restored_before(const Iteration& iteration) const;
 
   c10::intrusive_ptr<SourceImpl> source_;
   c10::intrusive_ptr<StrategyImpl> strategy_;
-  DatasetOptions options_;  // as given (process_group dropped after construction)
-  int64_t seed_ = 0;
+  DatasetOptions options_;   // as given (process_group dropped after construction)
   bool seed_fixed_ = false;  // given, agreed over a group, or from a checkpoint: not this process's own draw
   int64_t rank_ = 0;
   int64_t world_size_ = 1;
