@@ -908,6 +908,13 @@ std::optional<Batch> BatchIteratorImpl::next() {
   });
 }
 
+bool BatchIteratorImpl::has_next() {
+  return translate_errors([&] {
+    TORCH_CHECK(unit_rows_ < 0, "BatchIterator: push_unit() must follow next_unit() before next()");
+    return refill();
+  });
+}
+
 bool BatchIteratorImpl::wait(int64_t timeout_ms) {
   return translate_errors([&] { return next_pending_ < pending_.size() || reader_->wait(timeout_ms); });
 }
@@ -1014,14 +1021,27 @@ c10::Dict<std::string, int64_t> BatchIteratorImpl::stats() const {
   return out;
 }
 
-BatchIterator::BatchIterator(c10::intrusive_ptr<BatchIteratorImpl> impl) : impl_(std::move(impl)) {
-  current_ = impl_->next();
-  if (!current_) impl_->close();
+bool BatchIterator::at_end() const {
+  if (!impl_ || ended_) return true;
+  if (current_) return false;
+  if (impl_->has_next()) return false;
+  ended_ = true;
+  impl_->close();
+  return true;
+}
+
+const Batch& BatchIterator::take() const {
+  if (!current_) {
+    TORCH_CHECK(!at_end(), "BatchIterator: dereferenced at the end of the epoch");
+    current_ = impl_->next();
+  }
+  return *current_;
 }
 
 BatchIterator& BatchIterator::operator++() {
-  current_ = impl_->next();
-  if (!current_) impl_->close();
+  TORCH_CHECK(!at_end(), "BatchIterator: incremented at the end of the epoch");
+  take();  // a batch passed over without being looked at is taken too
+  current_.reset();
   return *this;
 }
 

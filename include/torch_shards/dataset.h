@@ -248,6 +248,8 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
 
   // The next batch, or nullopt at the end of the epoch.
   std::optional<Batch> next();
+  // Whether next() has a batch to return (waits until it is read, or the epoch ends), without taking it.
+  bool has_next();
   // Waits at most timeout_ms; true once next() will not block (a batch, the end, or an error is ready).
   bool wait(int64_t timeout_ms);
   // The next batch if one is ready within timeout_ms, else nullopt: the end
@@ -315,6 +317,21 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
 };
 
 // An input iterator over one epoch's batches (a range-for over ShardedDataset).
+//
+// A batch counts as consumed (what state_dict() records, in-process) once
+// the loop takes it: dereferenced (*it, it->) for the first time, or passed
+// over by ++it without being looked at. Comparing with end() waits for the
+// next batch but takes nothing. So a checkpoint counts the batches the loop
+// has in hand or behind it, whichever way the loop is written:
+//
+//   for (const auto& batch : dataset) { step(batch); save(dataset->state_dict()); }   // counts this batch
+//   for (auto it = dataset.begin(); it != dataset.end(); ++it) {
+//     save(dataset->state_dict());   // counts the batches before *it: this one is not taken yet
+//     step(*it);
+//   }
+//   auto batches = dataset->iter();   // the next epoch; batches->next() takes (and counts) one batch
+//
+// Or pass the loop's own count: dataset->state_dict(consumed_batches), as in Python.
 class TORCH_SHARDS_API BatchIterator {
  public:
   using iterator_category = std::input_iterator_tag;
@@ -324,20 +341,24 @@ class TORCH_SHARDS_API BatchIterator {
   using reference = const Batch&;
 
   BatchIterator() = default;  // the end
-  explicit BatchIterator(c10::intrusive_ptr<BatchIteratorImpl> impl);
+  explicit BatchIterator(c10::intrusive_ptr<BatchIteratorImpl> impl) : impl_(std::move(impl)) {}
 
-  const Batch& operator*() const { return *current_; }
-  const Batch* operator->() const { return &*current_; }
+  const Batch& operator*() const { return take(); }
+  const Batch* operator->() const { return &take(); }
   BatchIterator& operator++();
   bool operator==(const BatchIterator& other) const { return at_end() && other.at_end(); }
   bool operator!=(const BatchIterator& other) const { return !(*this == other); }
   const c10::intrusive_ptr<BatchIteratorImpl>& native() const { return impl_; }
 
  private:
-  bool at_end() const { return !current_.has_value(); }
+  // Whether no batch is left (waits for the next one to be read, without taking it).
+  bool at_end() const;
+  // The current batch, taken from the epoch the first time.
+  const Batch& take() const;
 
   c10::intrusive_ptr<BatchIteratorImpl> impl_;
-  std::optional<Batch> current_;
+  mutable std::optional<Batch> current_;  // taken, until ++
+  mutable bool ended_ = false;
 };
 
 class TORCH_SHARDS_API ShardedDataset : public Handle<ShardedDatasetImpl> {

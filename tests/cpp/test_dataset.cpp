@@ -448,3 +448,107 @@ TEST(Dataset, CheckpointsResumeExactlyOnceOnAnotherTopology) {
             "ShardedDataset.load_state_dict: the state was taken on another dataset: its batch_size is 4, this "
             "dataset's is 5");
 }
+
+namespace {
+
+// Runs one epoch of `dataset` through `loop`, which calls checkpoint() once, somewhere; then resumes a
+// fresh dataset from that checkpoint and returns every row the two runs delivered, in order.
+template <typename Loop>
+std::vector<int64_t> rows_around_a_checkpoint(const Loop& loop) {
+  const auto make = [] {
+    return ts::ShardedDataset(rows_source(61), ts::BlockShuffling(3), {.batch_size = 4, .fetch_factor = 3, .seed = 9});
+  };
+  auto dataset = make();
+  std::vector<int64_t> rows;
+  ts::StateDict state;
+  const auto use = [&](const ts::Batch& batch) {
+    const at::Tensor index = batch.at("index");
+    rows.insert(rows.end(), index.data_ptr<int64_t>(), index.data_ptr<int64_t>() + index.numel());
+  };
+  loop(dataset, use, [&] { state = dataset->state_dict(); });
+  // The loop stops at its checkpoint: resume the rest.
+  auto resumed = make();
+  resumed->load_state_dict(state);
+  for (const auto& batch : resumed) use(batch);
+  return rows;
+}
+
+}  // namespace
+
+TEST(Dataset, ACheckpointCountsTheBatchesTheLoopTookWhicheverWayItIsWritten) {
+  const std::vector<int64_t> every_row = iota(61);
+  const auto once = [&](std::vector<int64_t> rows) {
+    std::sort(rows.begin(), rows.end());
+    return rows == every_row;
+  };
+  // A range-for, checkpointing after using its 5th batch.
+  EXPECT_TRUE(once(rows_around_a_checkpoint([](ts::ShardedDataset& dataset, auto&& use, auto&& checkpoint) {
+    int64_t step = 0;
+    for (const auto& batch : dataset) {
+      use(batch);
+      if (++step == 5) {
+        checkpoint();
+        break;
+      }
+    }
+  })));
+  // An explicit iterator, checkpointing right after ++it, before the batch it reached is used.
+  EXPECT_TRUE(once(rows_around_a_checkpoint([](ts::ShardedDataset& dataset, auto&& use, auto&& checkpoint) {
+    int64_t step = 0;
+    for (auto it = dataset.begin(); it != dataset.end(); ++it) {
+      if (step++ == 5) {
+        checkpoint();
+        break;
+      }
+      use(*it);
+    }
+  })));
+  // ++it over batches never looked at: they are taken (passed over), so not delivered again.
+  std::vector<int64_t> skipped;
+  std::vector<int64_t> rows = rows_around_a_checkpoint([&](ts::ShardedDataset& dataset, auto&& use, auto&& checkpoint) {
+    auto it = dataset.begin();
+    for (int i = 0; i < 2; ++i) {
+      const at::Tensor index = it->at("index");
+      skipped.insert(skipped.end(), index.data_ptr<int64_t>(), index.data_ptr<int64_t>() + index.numel());
+      ++it;
+    }
+    ++it;  // never looked at
+    use(*it);
+    ++it;
+    checkpoint();
+  });
+  EXPECT_EQ(rows.size() + skipped.size() + 4, every_row.size());  // the batch passed over unseen: 4 rows
+  // next() on the native iterator: each batch it returns is taken.
+  EXPECT_TRUE(once(rows_around_a_checkpoint([](ts::ShardedDataset& dataset, auto&& use, auto&& checkpoint) {
+    auto batches = dataset->iter();
+    for (int step = 0; step < 5; ++step) use(*batches->next());
+    ASSERT_TRUE(batches->has_next());  // waits for the 6th, takes nothing
+    checkpoint();
+  })));
+  // Dereferencing past the end is refused.
+  auto dataset = ts::ShardedDataset(rows_source(8), ts::Streaming(), {.batch_size = 8});
+  auto it = dataset.begin();
+  ++it;
+  EXPECT_TRUE(it == dataset.end());
+  EXPECT_NE(error_of<c10::Error>([&] { *it; }).find("dereferenced at the end of the epoch"), std::string::npos);
+}
+
+TEST(Dataset, AWorkerCopysLoadedStateGivesTheMainObjectItsSeed) {
+  // torchdata's StatefulDataLoader restores each DataLoader worker's own state in that worker: the main
+  // process's object shares its words and must report and checkpoint the loaded seed.
+  const auto options = [](std::optional<int64_t> seed) {
+    return ts::DatasetOptions{.batch_size = 4, .fetch_factor = 3, .seed = seed};
+  };
+  auto taken =
+      c10::make_intrusive<ts::ShardedDatasetImpl>(rows_source(61).native(), ts::BlockShuffling(3).native(), options(5));
+  auto iterator = taken->iter_worker(0, 2, 1, false);
+  iterator->next();
+  const ts::StateDict worker_state = taken->state_dict();
+  auto main = c10::make_intrusive<ts::ShardedDatasetImpl>(rows_source(61).native(), ts::BlockShuffling(3).native(),
+                                                          options(std::nullopt));
+  auto worker = c10::make_intrusive<ts::ShardedDatasetImpl>(rows_source(61).native(), ts::BlockShuffling(3).native(),
+                                                            options(std::nullopt), main->shared_state());
+  worker->load_state_dict(worker_state);
+  EXPECT_EQ(main->seed(), 5);
+  EXPECT_EQ(main->state_dict().at("seed"), 5);
+}
