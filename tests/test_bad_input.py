@@ -442,3 +442,34 @@ def test_misused_entry_points_say_what_is_wrong():
         ts.DistributedSampler(list(range(4)), num_replicas=1, rank=0, seed=None)
     with pytest.raises(ValueError, match=r"load_state_dict: the state's 'segments' must be a list .* got 'none'"):
         dataset().load_state_dict({"epoch": 0})
+
+
+@pytest.mark.parametrize("path", ["cells.h5ad", b"cells.h5ad", __import__("pathlib").Path("data/cells.h5ad")])
+def test_a_path_where_a_source_is_expected_points_at_torch_shards_open(path):
+    # A str has len() and indexing: it was read as a collection of its characters (len(ds) == 3 for
+    # "cells.h5ad" at batch 4), and failed later in numpy.
+    with pytest.raises(TypeError, match=r"source is a path .*did you mean torch_shards\.open\(path\)"):
+        ts.ShardedDataset(path, ts.Streaming(), batch_size=4)
+    with pytest.raises(TypeError, match=r"sources\[1\] is a path .*did you mean torch_shards\.open\(paths\)"):
+        ts.Collection([SOURCE, path])
+    with pytest.raises(TypeError, match=r"did you mean torch_shards\.open\(path\)"):
+        ts.TensorSource(path)
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"X": np.zeros((5, 2)), "y": [1, 2, 3, 4, 5]}, "'y' is a list"),
+        ({"X": np.zeros((5, 2)), "y": 3}, "'y' is a int"),
+        ({"X": [[1, 2], [3, 4]]}, "'X' is a list"),
+    ],
+)
+def test_a_dict_source_of_other_values_than_arrays_is_refused_naming_the_key(fields, message):
+    # A dict with a list in it was taken as a collection of len(dict) rows (its keys).
+    with pytest.raises(TypeError, match=f"source is a dict of fields.*{message}"):
+        ts.ShardedDataset(fields, ts.Streaming(), batch_size=2)
+
+
+def test_a_dict_source_of_arrays_of_different_lengths_is_refused_naming_the_key():
+    with pytest.raises(ValueError, match="field 'y' has 4 but the first field has 5"):
+        ts.ShardedDataset({"X": np.zeros((5, 2)), "y": torch.zeros(4)}, ts.Streaming(), batch_size=2)

@@ -10,6 +10,7 @@ waiting, and carrying the native object's shared state into worker processes.
 
 import multiprocessing
 import numbers
+import os
 import sys
 import warnings
 
@@ -100,10 +101,23 @@ def _native_source(source, fetch_callback, batch_callback):
                 "batch_transform"
             )
         return source, None
+    if isinstance(source, (str, bytes, os.PathLike)):
+        # Else a str is a collection of its characters (len() and indexing): "cells.h5ad" read as 10 rows.
+        raise TypeError(
+            f"ShardedDataset: source is a path ({source!r}), not a source: did you mean torch_shards.open(path)? "
+            f"e.g. ShardedDataset(torch_shards.open({os.fsdecode(source)!r}), strategy, batch_size=...)"
+        )
     callbacks = fetch_callback is not None or batch_callback is not None
-    if not callbacks and (
-        _is_array_like(source) or (isinstance(source, dict) and all(map(_is_array_like, source.values())))
-    ):
+    if not callbacks and isinstance(source, dict):
+        # A dict is read as fields (name -> rows); as a collection its len() would be its number of keys.
+        for key, value in source.items():
+            if not _is_array_like(value):
+                raise TypeError(
+                    f"ShardedDataset: source is a dict of fields, whose values must be tensors or numpy arrays with "
+                    f"one row per sample (all of one length), but {key!r} is a {type(value).__name__}: pass "
+                    f"np.asarray(...) or torch.as_tensor(...) of it, or give a fetch_callback that reads the dict"
+                )
+    if not callbacks and (_is_array_like(source) or isinstance(source, dict)):
         return TensorSource(source), None
     if not hasattr(source, "__getitem__") or not hasattr(source, "__len__"):
         raise TypeError(

@@ -79,6 +79,11 @@ class TensorSource(Source):
     def __init__(self, tensors):
         if isinstance(tensors, (torch.Tensor, np.ndarray)):
             tensors = {"X": tensors}
+        if isinstance(tensors, (str, bytes, os.PathLike)):
+            raise TypeError(
+                f"TensorSource: expected a tensor, a numpy array or a dict of them, got a path ({tensors!r}): did you "
+                "mean torch_shards.open(path)?"
+            )
         if not isinstance(tensors, dict):
             raise TypeError(
                 f"TensorSource: expected a tensor, a numpy array or a dict of them, got {type(tensors).__name__}"
@@ -291,6 +296,11 @@ class Collection(Source):
         if not sources:
             raise ValueError("Collection: needs at least one source")
         for i, source in enumerate(sources):
+            if isinstance(source, (str, bytes, os.PathLike)):
+                raise TypeError(
+                    f"Collection: sources[{i}] is a path ({source!r}), not a source: did you mean "
+                    "torch_shards.open(paths), which opens a list of paths as one Collection?"
+                )
             if not isinstance(source, Source):
                 raise TypeError(f"Collection: sources[{i}] must be a torch_shards source, got {type(source).__name__}")
         self.sources = sources
