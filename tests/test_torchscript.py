@@ -183,6 +183,30 @@ def test_every_source_pickles_and_reads_the_same_rows(files, kind):
         assert torch.equal(value, got[key]), key
 
 
+@pytest.mark.parametrize("kind", ["hdf5", "zarr", "anndata", "collection"])
+def test_a_module_saved_with_relative_paths_loads_from_another_directory(files, kind, tmp_path, monkeypatch):
+    # Paths are stored absolute when a source is made: a saved module opened its files relative to the
+    # directory it was loaded in.
+    monkeypatch.chdir(files)
+    relative = {
+        "hdf5": lambda: ts.HDF5Source("x.h5", "/x"),
+        "zarr": lambda: ts.ZarrSource("./x.zarr"),
+        "anndata": lambda: ts.AnnDataSource("cells.h5ad", obs=["n"]),
+        "collection": lambda: ts.open(["cells.h5ad", "../" + files.name + "/cells.h5ad"]),
+    }[kind]()
+    dataset = ts.ShardedDataset(relative, ts.BlockShuffling(4), batch_size=8, seed=3)
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(Holder(dataset.native)), buffer)
+    monkeypatch.chdir(tmp_path)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer).value
+    assert str(files) in loaded.describe() and loaded.describe() == dataset.native.describe()
+    batches = loaded.iter()
+    expected = iter(dataset)
+    while (batch := batches.next()) is not None:
+        assert torch.equal(batch["index"], next(expected)["index"])
+
+
 def test_anndata_object_pickles(files):
     source = ts.AnnDataSource(files / "cells.h5ad")
     loaded = save_and_load(source.anndata)

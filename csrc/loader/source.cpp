@@ -31,6 +31,17 @@ namespace {
 using nlohmann::json;
 using NoTensors = c10::Dict<std::string, at::Tensor>;
 
+// A path as the sources store it: absolute, resolved against the working directory when the source is
+// made, so that a source pickled (a saved TorchScript module) opens the same files wherever it is loaded.
+// Lexically normalised, as Python's os.path.abspath does.
+std::string absolute_path(const std::string& path) {
+  if (path.empty() || std::filesystem::path(path).is_absolute()) return path;
+  std::error_code error;
+  const std::filesystem::path cwd = std::filesystem::current_path(error);
+  TORCH_CHECK(!error, path, ": cannot make it absolute: the working directory is unknown (", error.message(), ")");
+  return (cwd / path).lexically_normal().string();
+}
+
 std::shared_ptr<const io::Group> open_group(const std::string& path) {
   if (io::is_directory(path)) {
     if (!io::is_zarr_group(path)) throw core::ReadError(path + ": not a zarr group (no .zgroup or zarr.json)");
@@ -131,19 +142,19 @@ c10::intrusive_ptr<SourceImpl> SourceImpl::rows_source(int64_t num_rows, const s
 
 c10::intrusive_ptr<SourceImpl> SourceImpl::hdf5_source(const std::string& path,
                                                        const c10::Dict<std::string, std::string>& datasets) {
-  const json params{{"path", path}, {"arrays", field_map(datasets)}};
+  const json params{{"path", absolute_path(path)}, {"arrays", field_map(datasets)}};
   return c10::make_intrusive<SourceImpl>(SourceState{"HDF5Source", params.dump(), NoTensors(), {}});
 }
 
 c10::intrusive_ptr<SourceImpl> SourceImpl::zarr_source(const std::string& path,
                                                        const c10::Dict<std::string, std::string>& arrays) {
-  const json params{{"path", path}, {"arrays", field_map(arrays)}};
+  const json params{{"path", absolute_path(path)}, {"arrays", field_map(arrays)}};
   return c10::make_intrusive<SourceImpl>(SourceState{"ZarrSource", params.dump(), NoTensors(), {}});
 }
 
 c10::intrusive_ptr<SourceImpl> SourceImpl::anndata_source(const std::string& path, const std::vector<std::string>& obs,
                                                           const std::optional<std::string>& layer, bool dense) {
-  const json params = anndata_params(path, obs, layer, dense);
+  const json params = anndata_params(absolute_path(path), obs, layer, dense);
   return c10::make_intrusive<SourceImpl>(SourceState{"AnnDataSource", params.dump(), NoTensors(), {}});
 }
 
@@ -209,8 +220,9 @@ Batch SourceImpl::read(const at::Tensor& rows, int64_t num_threads) const {
   });
 }
 
-AnnDataImpl::AnnDataImpl(const std::string& path) : path_(path) {
-  store_ = translate_errors([&] { return open_anndata(path); });
+AnnDataImpl::AnnDataImpl(const std::string& path) {
+  path_ = absolute_path(path);
+  store_ = translate_errors([&] { return open_anndata(path_); });
 }
 
 int64_t AnnDataImpl::n_obs() const { return store_->n_obs(); }
