@@ -5,6 +5,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstring>
+
 #include "errors.h"
 
 namespace torch_shards::core {
@@ -22,6 +25,25 @@ static_assert(kSlots >= 8, "the epoch state needs room for recent generations");
 int64_t load(const int64_t* word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
 void store(int64_t* word, int64_t value) { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
 
+// Whether process `pid` has ended: gone, or a zombie. A DataLoader worker
+// killed (SIGKILL) stays a zombie until its parent, the main process, reaps
+// it; kill(pid, 0) still finds it, and a main process waiting for the lock
+// the worker held would never reap it.
+bool process_ended(pid_t pid) {
+  if (kill(pid, 0) == -1) return errno == ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  std::FILE* file = std::fopen(path, "r");
+  if (file == nullptr) return errno == ENOENT;
+  char text[512];
+  const size_t length = std::fread(text, 1, sizeof(text) - 1, file);
+  std::fclose(file);
+  text[length] = '\0';
+  // "pid (comm) state ...": comm may hold spaces and parentheses, so the state follows the last ')'.
+  const char* close = std::strrchr(text, ')');
+  return close != nullptr && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
+}
+
 // A spin lock in shared memory holding the owner's pid. The critical sections
 // are a few dozen instructions; if an owner died inside one (kill -9), its
 // lock is taken over instead of hanging every other process.
@@ -33,7 +55,7 @@ class StateLock {
       int64_t expected = 0;
       if (__atomic_compare_exchange_n(word_, &expected, self, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) return;
       if (spins % 1024 == 1023) {
-        if (expected != self && kill(static_cast<pid_t>(expected), 0) == -1 && errno == ESRCH &&
+        if (expected != self && process_ended(static_cast<pid_t>(expected)) &&
             __atomic_compare_exchange_n(word_, &expected, self, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
           return;
         }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -318,6 +319,28 @@ TEST(EpochStateAcrossProcesses, LockLeftByAKilledProcessIsTakenOver) {
   expect_children_succeed(children);
   EXPECT_EQ(epoch_state_next(shared->state), 1);
   EXPECT_EQ(load(&shared->state[1]), 0) << "the lock was not released";
+}
+
+TEST(EpochStateAcrossProcesses, LockLeftByAKilledChildNotYetReapedIsTakenOver) {
+  // A DataLoader worker SIGKILLed inside the lock stays a zombie until the main process reaps it; the main
+  // process waiting for that lock never did (kill(pid, 0) still finds a zombie): it waited forever.
+  SharedMapping mapping;
+  SharedRegion* shared = mapping.get();
+  ASSERT_NE(shared, nullptr);
+  epoch_state_init(shared->state);
+  const auto children = fork_children(1, [&](int) {
+    const pid_t worker = fork();
+    if (worker == 0) {
+      store(&shared->state[1], getpid());  // word 1: the lock's owner (it dies holding it)
+      raise(SIGKILL);
+    }
+    while (load(&shared->state[1]) != worker) sched_yield();
+    // Not reaped: a zombie of this process, which now needs the lock.
+    const int64_t epoch = epoch_state_claim_main(shared->state);
+    return epoch == 0 && load(&shared->state[1]) == 0 ? 0 : 1;
+  });
+  expect_children_succeed(children);
+  EXPECT_EQ(epoch_state_next(shared->state), 1);
 }
 
 }  // namespace
