@@ -217,15 +217,16 @@ class AnnDataSource(Source):
         AnnDataSource(path, fields={"counts": "layers/counts", "pca": "obsm/X_pca"}, obs=["cell_type"])
         # batch: {"X": ..., "counts": ..., "pca": ..., "cell_type": ..., "index": ...}
 
-    ``"X"`` comes first, then ``fields`` in their order, then the obs columns. ``X`` stays a field
-    unless ``fields`` names one ``"X"`` or maps one to the element ``"X"`` (``fields={"raw":
-    "X"}`` delivers X as ``"raw"`` only); ``layer=`` with such ``fields`` is refused as ambiguous,
-    and with any other ``fields`` says what ``"X"`` reads. Refused with a ``ValueError`` naming the
-    file, the element and its encoding: elements that do not exist (those of its group are listed),
-    CSC matrices, dataframes and awkward arrays (``obsm`` can hold them), arrays whose first
-    dimension is not ``n_obs``, paths outside those above (``var``, ``varm``, ``varp`` and ``uns``
-    have no per-cell rows), and field names that clash with each other, with ``obs`` columns (or
-    their ``_mask`` fields) or with ``"index"``.
+    ``source.elements`` is that mapping. ``"X"`` comes first, then ``fields`` in their order, then
+    the obs columns. ``X`` stays a field unless ``fields`` names one ``"X"`` or maps one to the
+    element ``"X"`` (``fields={"raw": "X"}`` delivers X as ``"raw"`` only); ``layer=`` with such
+    ``fields`` is refused as ambiguous, and with any other ``fields`` says what ``"X"`` reads.
+    Refused with a ``ValueError`` naming the file, the element and its encoding: elements that do
+    not exist (those of its group are listed), CSC matrices, dataframes and awkward arrays
+    (``obsm`` can hold them), arrays of strings, arrays whose first dimension is not ``n_obs``,
+    paths outside those above (``var``, ``varm``, ``varp`` and ``uns`` have no per-cell rows), and
+    field names that clash with each other, with ``obs`` columns (or their ``_mask`` fields) or
+    with ``"index"``.
 
     The ``obs`` columns:
 
