@@ -2,6 +2,8 @@ import collections
 
 import anndata as ad
 import numpy as np
+import pandas as pd
+import scipy.sparse as sp
 import torch
 from torch.utils.data import DataLoader
 
@@ -110,3 +112,84 @@ def values_of(dtype, shape, seed=0):
         return rng.standard_normal(shape).astype(dtype)
     info = np.iinfo(dtype)
     return rng.integers(info.min, info.max, size=shape, dtype=dtype.newbyteorder("="), endpoint=True).astype(dtype)
+
+
+# ---- AnnData files with every kind of per-cell element (AnnDataSource(fields=...)) ----------------
+
+# Field name -> element of the files per_cell_anndata writes: CSR and dense layers, obsm dense (2-D and
+# 3-D) and CSR, obsp CSR and dense, raw/X (with more columns than X).
+PER_CELL_FIELDS = {
+    "counts": "layers/counts",
+    "scaled": "layers/scaled",
+    "pca": "obsm/X_pca",
+    "cube": "obsm/cube",
+    "topics": "obsm/topics",
+    "connectivities": "obsp/connectivities",
+    "distances": "obsp/distances",
+    "raw": "raw/X",
+}
+# The ones whose row shape does not depend on the number of cells (obsp's does): parts of a Collection.
+PER_CELL_FIELDS_ACROSS_FILES = {name: element for name, element in PER_CELL_FIELDS.items() if "obsp" not in element}
+
+
+def per_cell_anndata(n_obs, seed, n_vars=11):
+    """An AnnData holding every kind of element in PER_CELL_FIELDS, a categorical obs column
+    (cell_type, the same categories in every file) and a nullable one (age)."""
+    rng = np.random.default_rng(seed)
+    x = sp.random(n_obs, n_vars, density=0.3, format="csr", dtype=np.float32, random_state=rng)
+    obs = pd.DataFrame(
+        {
+            "cell_type": pd.Categorical(rng.choice(["T", "B", "NK"], size=n_obs), categories=["T", "B", "NK"]),
+            "age": pd.array([None if i % 7 == 3 else i for i in range(n_obs)], dtype="Int64"),
+        },
+        index=[f"s{seed}c{i}" for i in range(n_obs)],
+    )
+    adata = ad.AnnData(x, obs=obs, var=pd.DataFrame(index=[f"g{j}" for j in range(n_vars)]))
+    adata.layers["counts"] = sp.csr_matrix(rng.poisson(0.7, (n_obs, n_vars)).astype(np.int64))
+    adata.layers["scaled"] = rng.standard_normal((n_obs, n_vars))
+    adata.obsm["X_pca"] = rng.standard_normal((n_obs, 5)).astype(np.float32)
+    adata.obsm["cube"] = rng.integers(-100, 100, (n_obs, 2, 3)).astype(np.int16)
+    adata.obsm["topics"] = sp.random(n_obs, 4, density=0.4, format="csr", dtype=np.float32, random_state=rng)
+    adata.obsp["connectivities"] = sp.random(n_obs, n_obs, density=0.2, format="csr", random_state=rng)
+    adata.obsp["distances"] = rng.random((n_obs, n_obs)).astype(np.float32)
+    raw_x = sp.random(n_obs, n_vars + 3, density=0.3, format="csr", dtype=np.float32, random_state=rng)
+    adata.raw = ad.AnnData(raw_x, obs=obs[[]], var=pd.DataFrame(index=[f"r{j}" for j in range(n_vars + 3)]))
+    return adata
+
+
+def write_anndata(adata, path):
+    """Writes adata at path: .h5ad, or a zarr store (zarr v2 for *.zarr2.zarr, else v3)."""
+    path = str(path)
+    if path.endswith(".h5ad"):
+        adata.write_h5ad(path)
+    else:
+        with ad.settings.override(zarr_write_format=2 if path.endswith(".zarr2.zarr") else 3):
+            adata.write_zarr(path)
+    return path
+
+
+def read_anndata(path):
+    path = str(path)
+    return ad.read_h5ad(path) if path.endswith(".h5ad") else ad.read_zarr(path)
+
+
+def element_of(adata, element):
+    """What anndata reads for an element path, as a dense numpy array (one row per cell)."""
+    if element == "X":
+        value = adata.X
+    elif element == "raw/X":
+        value = adata.raw.X
+    else:
+        group, name = element.split("/")
+        value = getattr(adata, group)[name]
+    return value.toarray() if sp.issparse(value) else np.asarray(value)
+
+
+def assert_field_rows(batch, name, expected, rows):
+    """batch[name] (dense, or a sparse CSR tensor) holds rows `rows` of `expected` (numpy), exactly."""
+    got = batch[name]
+    if got.layout == torch.sparse_csr:
+        got = got.to_dense()
+    want = torch.from_numpy(np.ascontiguousarray(expected[np.asarray(rows, dtype=np.int64)]))
+    assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
+    assert torch.equal(got, want), name

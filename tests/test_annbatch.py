@@ -119,3 +119,18 @@ def test_collection_without_datasets_and_plain_groups_are_named(tmp_path):
         ts.open(plain)
     with pytest.raises(ValueError, match="neither an HDF5 file nor a zarr store"):
         ts.open(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["collection.zarr", "collection-h5ad"])
+def test_fields_over_annbatchs_own_collection(name):
+    """annbatch's add_adatas keeps layers, obsm and obsp (its writer shards them along the cells); the
+    fixture's input had none, so its groups are empty: X read under another name, and an obsm element
+    refused listing what obsm holds. Every kind of element over collections: test_collection.py."""
+    path, _, expected = expected_collection(name)
+    collection = ts.open(path, fields={"expression": "X"}, obs=["cell_type"])
+    assert collection.fields == ["expression", "cell_type"]
+    rows = np.random.default_rng(1).permutation(len(collection)).tolist()
+    x = np.concatenate([e["X"] for e in expected])
+    assert torch.equal(collection.read(rows)["expression"].to_dense(), torch.from_numpy(x[rows]))
+    with pytest.raises(ValueError, match=r"dataset_0(\.h5ad)?:/obsm/X_pca: no such element \(obsm: none\)"):
+        ts.open(path, fields={"pca": "obsm/X_pca"})

@@ -1,6 +1,8 @@
 """AnnDataSource against files written by anndata (.h5ad and zarr stores):
 dense and CSR X, layers, obs columns, names and categories; CSR validation."""
 
+import os
+
 import anndata as ad
 import h5py
 import numcodecs
@@ -10,6 +12,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 import zarr
+from conftest import PER_CELL_FIELDS, assert_field_rows, element_of, per_cell_anndata, read_anndata, write_anndata
 from torch.utils.data import DataLoader
 
 import torch_shards as ts
@@ -396,3 +399,201 @@ def test_x_wider_than_var_is_refused(tmp_path):
         f["X"].attrs["shape"] = np.array([6, 2**40])
     with pytest.raises(RuntimeError, match=r"/X: has 1099511627776 columns but var has 4 rows"):
         ts.AnnDataSource(path)
+
+
+# ---- fields: every per-cell element in one batch --------------------------------------------------
+
+FIELD_KINDS = ["h5ad", "zarr2", "zarr3"]
+FIELD_SUFFIX = {"h5ad": ".h5ad", "zarr2": ".zarr2.zarr", "zarr3": ".zarr"}
+
+
+def fields_file(tmp_path, kind, n_obs=40, seed=0):
+    """A file with every kind of per-cell element, and what anndata reads for each field."""
+    path = write_anndata(per_cell_anndata(n_obs, seed), tmp_path / f"cells{seed}{FIELD_SUFFIX[kind]}")
+    adata = read_anndata(path)
+    expected = {name: element_of(adata, element) for name, element in PER_CELL_FIELDS.items()}
+    expected["X"] = element_of(adata, "X")
+    expected["cell_type"] = adata.obs["cell_type"].cat.codes.to_numpy().astype(np.int64)
+    expected["age"] = adata.obs["age"].fillna(0).to_numpy().astype(np.int64)
+    expected["age_mask"] = adata.obs["age"].isna().to_numpy()
+    return path, expected
+
+
+@pytest.mark.parametrize("kind", FIELD_KINDS)
+@pytest.mark.parametrize("dense", [False, True])
+def test_every_field_holds_the_rows_anndata_reads(tmp_path, kind, dense):
+    path, expected = fields_file(tmp_path, kind)
+    source = ts.AnnDataSource(path, fields=PER_CELL_FIELDS, obs=["cell_type", "age"], dense=dense)
+    assert source.fields == ["X", *PER_CELL_FIELDS, "cell_type", "age", "age_mask"]
+    assert source.elements == PER_CELL_FIELDS
+    sparse = {"X", "counts", "topics", "connectivities", "raw"}
+    for rows in ([7, 0, 5, 39, 7, 20, 21, 22], list(range(40)), np.random.default_rng(1).permutation(40).tolist()):
+        batch = source.read(rows, num_threads=2)
+        assert list(batch) == source.fields
+        for name in source.fields:
+            assert (batch[name].layout == torch.sparse_csr) == (name in sparse and not dense), name
+            assert_field_rows(batch, name, expected[name], rows)
+    # Row shapes past the first dimension, dtypes as stored.
+    assert batch["cube"].shape == (40, 2, 3) and batch["cube"].dtype == torch.int16
+    assert batch["connectivities"].shape == (40, 40) and batch["raw"].shape == (40, 14)
+
+
+def test_fields_through_a_sharded_dataset_and_dataloader_workers(tmp_path):
+    path, expected = fields_file(tmp_path, "h5ad", n_obs=57)
+    fields = {"counts": "layers/counts", "pca": "obsm/X_pca", "topics": "obsm/topics", "raw": "raw/X"}
+    source = ts.AnnDataSource(path, fields=fields, obs=["cell_type"])
+    dataset = ts.ShardedDataset(source, ts.BlockShuffling(4), batch_size=8, fetch_factor=2, seed=5)
+    for workers, context in ((0, None), (2, "fork"), (2, "spawn")):
+        seen = []
+        loader = DataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context=context)
+        for batch in loader:
+            assert list(batch) == ["X", *fields, "cell_type", "index"]
+            index = batch["index"].numpy()
+            for name in ["X", *fields, "cell_type"]:
+                assert_field_rows(batch, name, expected[name], index)
+            seen.extend(index.tolist())
+        assert sorted(seen) == list(range(57)), workers
+
+
+def test_x_under_another_name_is_delivered_only_there(tmp_path):
+    path, expected = fields_file(tmp_path, "h5ad")
+    # An obs column may then be named "X".
+    source = ts.AnnDataSource(path, fields={"expression": "X", "pca": "obsm/X_pca"})
+    assert source.fields == ["expression", "pca"]
+    batch = source.read([3, 1])
+    assert_field_rows(batch, "expression", expected["X"], [3, 1])
+    # A field named "X" is the X field: layers/counts, as layer="counts" reads it.
+    renamed = ts.AnnDataSource(path, fields={"pca": "obsm/X_pca", "X": "/layers/counts"})
+    assert renamed.fields == ["pca", "X"]
+    assert torch.equal(
+        renamed.read([4, 2])["X"].to_dense(), ts.AnnDataSource(path, layer="counts").read([4, 2])["X"].to_dense()
+    )
+
+
+def test_layer_with_fields_reads_the_layer_as_x_and_ambiguous_combinations_are_refused(tmp_path):
+    path, expected = fields_file(tmp_path, "h5ad")
+    source = ts.AnnDataSource(path, layer="scaled", fields={"pca": "obsm/X_pca", "counts": "layers/counts"})
+    assert source.fields == ["X", "pca", "counts"]
+    batch = source.read([9, 0])
+    for name, want in (("X", expected["scaled"]), ("pca", expected["pca"]), ("counts", expected["counts"])):
+        assert_field_rows(batch, name, want, [9, 0])
+    for fields in ({"X": "obsm/X_pca"}, {"expression": "X"}):
+        with pytest.raises(
+            ValueError, match=r"cells0.h5ad\): layer='scaled' and fields \{'\w+': '[\w/]+'\} are ambiguous"
+        ):
+            ts.AnnDataSource(path, layer="scaled", fields=fields)
+
+
+def test_describe_names_the_fields_and_is_unchanged_without_them(tmp_path):
+    path, _ = fields_file(tmp_path, "h5ad")
+    size = os.path.getsize(path)
+    # A checkpoint's source_hash hashes describe(): without fields= it stays as it always was.
+    assert repr(ts.AnnDataSource(path, obs=["cell_type"])) == (
+        f"AnnDataSource({path} [{size} bytes], X=X 40x11 csr, obs=[cell_type])"
+    )
+    assert repr(ts.AnnDataSource(path, layer="scaled", dense=True)) == (
+        f"AnnDataSource({path} [{size} bytes], X=layers/scaled 40x11 dense, obs=[])"
+    )
+    assert repr(ts.AnnDataSource(path, fields={"pca": "obsm/X_pca", "cube": "obsm/cube", "t": "obsm/topics"})) == (
+        f"AnnDataSource({path} [{size} bytes], X=X 40x11 csr, fields=[pca=obsm/X_pca 40x5 dense, "
+        "cube=obsm/cube 40x2x3 dense, t=obsm/topics 40x4 csr], obs=[])"
+    )
+    assert repr(ts.AnnDataSource(path, fields={"x": "X"}, dense=True)) == (
+        f"AnnDataSource({path} [{size} bytes], 40x11, fields=[x=X 40x11 csr->dense], obs=[])"
+    )
+
+
+def test_fields_pickle_and_sources_pickled_without_them_load(tmp_path):
+    import pickle
+
+    path, expected = fields_file(tmp_path, "zarr3")
+    source = ts.AnnDataSource(path, fields={"pca": "obsm/X_pca"}, obs=["cell_type"])
+    loaded = pickle.loads(pickle.dumps(source))
+    assert loaded.fields == ["X", "pca", "cell_type"] and repr(loaded) == repr(source)
+    assert_field_rows(loaded.read([6, 1]), "pca", expected["pca"], [6, 1])
+    # A source pickled before fields= existed has no `elements`: it reads X and its obs columns.
+    old = ts.AnnDataSource(path, obs=["cell_type"])
+    state = old.__getstate__()
+    del state["elements"]
+    restored = ts.AnnDataSource.__new__(ts.AnnDataSource)
+    restored.__dict__.update(state)
+    assert restored.fields == ["X", "cell_type"] and repr(restored) == repr(old)
+
+
+def test_open_passes_fields(tmp_path):
+    path, expected = fields_file(tmp_path, "zarr2")
+    source = ts.open(path, fields={"pca": "obsm/X_pca"})
+    assert isinstance(source, ts.AnnDataSource) and source.fields == ["X", "pca"]
+    assert_field_rows(source.read([2]), "pca", expected["pca"], [2])
+
+
+def test_field_elements_that_are_not_read_are_refused_naming_file_element_and_encoding(tmp_path):
+    adata = per_cell_anndata(12, 0)
+    adata.layers["csc"] = sp.csc_matrix(adata.layers["counts"])
+    adata.obsm["csc"] = sp.csc_matrix(adata.obsm["topics"])
+    adata.obsm["frame"] = pd.DataFrame({"a": np.arange(12)}, index=adata.obs_names)
+    adata.varm["loadings"] = np.zeros((11, 3))
+    adata.uns["scalar"] = np.arange(4)
+    path = write_anndata(adata, tmp_path / "bad.h5ad")
+    with h5py.File(path, "r+") as f:
+        # An awkward array as anndata writes one (a group of buffers), and an obsm array of another length.
+        group = f["obsm"].create_group("ragged")
+        group.attrs.update({"encoding-type": "awkward-array", "encoding-version": "0.1.0", "length": 12})
+        group["node0-offsets"] = np.arange(13)
+        f["obsm/short"] = np.zeros((5, 2), np.float32)
+        f["obsm/short"].attrs.update({"encoding-type": "array", "encoding-version": "0.2.0"})
+        f["obsm/names"] = np.array([b"a"] * 12, dtype="S1")
+    where = r"bad\.h5ad:/"
+    cases = {
+        "layers/spliced": where + r"layers/spliced: no such element \(layers: counts, csc, scaled\)",
+        "obsm/X_umap": where
+        + r"obsm/X_umap: no such element \(obsm: X_pca, csc, cube, frame, names, ragged, short, topics\)",
+        "layers/csc": where
+        + r"layers/csc: is a CSC .*encoding-type 'csc_matrix'.*adata.layers\['csc'\] = adata.layers\['csc'\].tocsr\(\)",
+        "obsm/csc": where + r"obsm/csc: is a CSC .*adata.obsm\['csc'\] = adata.obsm\['csc'\].tocsr\(\)",
+        "obsm/frame": where + r"obsm/frame: unsupported matrix encoding-type 'dataframe'",
+        "obsm/ragged": where + r"obsm/ragged: unsupported matrix encoding-type 'awkward-array'",
+        "obsm/short": where + r"obsm/short: a dense array \(encoding-type 'array'\) of shape \[5, 2\] whose first "
+        r"dimension is not n_obs \(12\)",
+        "obsm/names": where + r"obsm/names: is an array of strings",
+        "varm/loadings": r"bad\.h5ad: fields cannot read element 'varm/loadings' \(var, varm, varp, uns",
+        "uns/scalar": r"bad\.h5ad: fields cannot read element 'uns/scalar' \(var, varm",
+        "var": r"bad\.h5ad: fields cannot read element 'var' \(var, varm",
+        "raw/var": r"fields cannot read element 'raw/var'",
+        "obs/cell_type": r"fields cannot read element 'obs/cell_type' \(obs columns are read with obs=\)",
+        "layers/a/b": r"element 'layers/a/b'; they read X, layers/<name>, obsm/<name>, obsp/<name> or raw/X",
+    }
+    for element, message in cases.items():
+        with pytest.raises(ValueError, match=message):
+            ts.AnnDataSource(path, fields={"f": element})
+    # raw/X where the file has no raw.
+    del adata.raw
+    no_raw = write_anndata(adata, tmp_path / "no_raw.zarr")
+    with pytest.raises(ValueError, match=r"no_raw.zarr:/raw/X: no such element \(the AnnData has no raw group\)"):
+        ts.AnnDataSource(no_raw, fields={"f": "raw/X"})
+    with pytest.raises(TypeError, match="fields must be a dict of field name -> element path"):
+        ts.AnnDataSource(path, fields=["obsm/X_pca"])
+
+
+def test_field_names_that_clash_are_refused(tmp_path):
+    path, _ = fields_file(tmp_path, "h5ad")
+    cases = [
+        (
+            {"fields": {"index": "obsm/X_pca"}},
+            r"field 'index' \(element 'obsm/X_pca'\) clashes with the batch's \"index\"",
+        ),
+        (
+            {"fields": {"cell_type": "obsm/X_pca"}, "obs": ["cell_type"]},
+            r"obs column 'cell_type' clashes with a field name \(X, cell_type, index\)",
+        ),
+        (
+            {"fields": {"age_mask": "obsm/X_pca"}, "obs": ["age"]},
+            r"the mask field 'age_mask' of nullable obs column 'age' clashes",
+        ),
+        ({"fields": {"": "obsm/X_pca"}}, r"the field reading 'obsm/X_pca' has an empty name"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=r"AnnDataSource\(.*cells0\.h5ad\): " + message):
+            ts.AnnDataSource(path, **kwargs)
+    # Fields named like obs columns not asked for are fine; so is X read twice under two names.
+    assert ts.AnnDataSource(path, fields={"cell_type": "X", "again": "X"}).fields == ["cell_type", "again"]

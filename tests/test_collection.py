@@ -8,6 +8,14 @@ import pytest
 import scipy.sparse as sp
 import torch
 import zarr
+from conftest import (
+    PER_CELL_FIELDS_ACROSS_FILES,
+    assert_field_rows,
+    element_of,
+    per_cell_anndata,
+    read_anndata,
+    write_anndata,
+)
 from torch.utils.data import DataLoader
 
 import torch_shards as ts
@@ -285,3 +293,98 @@ def test_the_same_fields_in_another_order_are_named_as_such():
         ValueError, match=r"has fields \{y: Long\[\], X: Float\[1\]\} .*: the same fields in another order"
     ):
         ts.Collection([first, second])
+
+
+# ---- fields: every per-cell element of every part -------------------------------------------------
+
+
+def fields_parts(tmp_path):
+    """Parts that differ: sizes (one of a single row), formats (h5ad, zarr v3, zarr v2) and the dtype their
+    CSR fields store column indices in (uint16, int32, int64), with what anndata reads of each field."""
+    layout = [(13, "h5ad", np.uint16), (40, "zarr", None), (1, "zarr2.zarr", None), (27, "h5ad", np.int64)]
+    paths, adatas = [], []
+    for seed, (rows, fmt, index_dtype) in enumerate(layout):
+        path = write_anndata(per_cell_anndata(rows, seed), tmp_path / f"part{seed}.{fmt}")
+        if index_dtype is not None:
+            with h5py.File(path, "r+") as f:
+                for element in ("X", "layers/counts", "obsm/topics", "raw/X"):
+                    indices = f[element + "/indices"][...]
+                    del f[element + "/indices"]
+                    f[element + "/indices"] = indices.astype(index_dtype)
+        paths.append(path)
+        adatas.append(read_anndata(path))
+    expected = {
+        name: np.concatenate([element_of(adata, element) for adata in adatas])
+        for name, element in {"X": "X", **PER_CELL_FIELDS_ACROSS_FILES}.items()
+    }
+    expected["cell_type"] = np.concatenate([a.obs["cell_type"].cat.codes.to_numpy().astype(np.int64) for a in adatas])
+    return paths, expected
+
+
+def test_every_field_of_differing_parts_lands_in_its_rows(tmp_path):
+    """Each CSR field of every part is written straight into the collection's arrays for that field; dense
+    fields (and dense=True) into their rows. Rows shuffled, repeated, all in order, from one part only."""
+    paths, expected = fields_parts(tmp_path)
+    fields = PER_CELL_FIELDS_ACROSS_FILES
+    rng = np.random.default_rng(4)
+    everything = list(range(81))
+    for dense in (False, True):
+        flat = ts.open(paths, fields=fields, obs=["cell_type"], dense=dense)
+        parts = [ts.AnnDataSource(p, fields=fields, obs=["cell_type"], dense=dense) for p in paths]
+        nested = ts.Collection([ts.Collection(parts[:2]), parts[2], ts.Collection(parts[3:])])
+        assert flat.fields == nested.fields == ["X", *fields, "cell_type"]
+        for rows in (
+            rng.permutation(everything).tolist(),
+            rng.permutation(everything + everything[10:60]).tolist(),
+            everything,
+            [20, 14, 52, 14],  # part 1 only
+        ):
+            for collection in (flat, nested):
+                batch = collection.read(rows, num_threads=2)
+                assert list(batch) == collection.fields
+                for name in collection.fields:
+                    assert (batch[name].layout == torch.sparse_csr) == (
+                        not dense and name in ("X", "counts", "topics", "raw")
+                    ), name
+                    assert_field_rows(batch, name, expected[name], rows)
+
+
+def test_every_field_of_every_row_once_through_workers(tmp_path):
+    paths, expected = fields_parts(tmp_path)
+    fields = {"counts": "layers/counts", "pca": "obsm/X_pca", "cube": "obsm/cube", "raw": "raw/X"}
+    dataset = ts.ShardedDataset(
+        ts.open(paths, fields=fields, obs=["cell_type"]), ts.BlockShuffling(4), batch_size=6, fetch_factor=2, seed=3
+    )
+    seen = []
+    for batch in DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="fork"):
+        index = batch["index"].numpy()
+        for name in ["X", *fields, "cell_type"]:
+            assert_field_rows(batch, name, expected[name], index)
+        seen.extend(index.tolist())
+    assert sorted(seen) == list(range(81))
+
+
+@pytest.mark.parametrize("layout", ["zarr", "h5ad"])
+def test_fields_over_an_annbatch_collection(tmp_path, layout):
+    """A DatasetCollection as annbatch lays it out (datasets dataset_<i> in a zarr group marked
+    annbatch-preshuffled, or dataset_<i>.h5ad files in a directory), each dataset written by anndata."""
+    adatas = [per_cell_anndata(rows, seed) for seed, rows in enumerate((17, 30, 8))]
+    if layout == "zarr":
+        path = tmp_path / "collection.zarr"
+        group = zarr.open_group(path, mode="w", zarr_format=3)
+        group.attrs.update({"encoding-type": "annbatch-preshuffled", "encoding-version": "0.1.0"})
+        for i, adata in enumerate(adatas):
+            ad.io.write_elem(group, f"dataset_{i}", adata)
+        adatas = [ad.io.read_elem(zarr.open_group(path, mode="r")[f"dataset_{i}"]) for i in range(3)]
+    else:
+        path = tmp_path / "collection"
+        path.mkdir()
+        adatas = [read_anndata(write_anndata(adata, path / f"dataset_{i}.h5ad")) for i, adata in enumerate(adatas)]
+    fields = {"expression": "X", **PER_CELL_FIELDS_ACROSS_FILES}
+    collection = ts.open(path, fields=fields, obs=["cell_type"])
+    assert isinstance(collection, ts.Collection) and len(collection.sources) == 3
+    assert collection.fields == [*fields, "cell_type"]
+    rows = np.random.default_rng(0).permutation(len(collection)).tolist()
+    batch = collection.read(rows, num_threads=2)
+    for name, element in fields.items():
+        assert_field_rows(batch, name, np.concatenate([element_of(a, element) for a in adatas]), rows)

@@ -1,6 +1,7 @@
 """The C++ package from a user's side: find_package(TorchShards) from clean
-build directories, the C++ training example run as 2 gloo ranks, and
-TorchScript modules saved from Python run by a C++ program."""
+build directories, the C++ training example run as 2 gloo ranks,
+TorchScript modules saved from Python run by a C++ program, and AnnData
+fields read through the C++ options."""
 
 import os
 import re
@@ -8,9 +9,18 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
-from conftest import rows_source
+from conftest import (
+    PER_CELL_FIELDS,
+    PER_CELL_FIELDS_ACROSS_FILES,
+    element_of,
+    per_cell_anndata,
+    read_anndata,
+    rows_source,
+    write_anndata,
+)
 
 import torch_shards as ts
 
@@ -42,10 +52,15 @@ def example(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def loader(tmp_path_factory):
+def package(tmp_path_factory):
     build = tmp_path_factory.mktemp("package_build")
     cmake_build(os.path.join(HERE, "cpp_package"), build)
-    return build / "load_scripted"
+    return build
+
+
+@pytest.fixture(scope="module")
+def loader(package):
+    return package / "load_scripted"
 
 
 @pytest.mark.timeout(1200)
@@ -167,3 +182,58 @@ def test_a_missing_file_fails_the_cpp_load_naming_it(loader, tmp_path):
     done = subprocess.run([str(loader), str(saved), "1"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert str(path) in done.stderr
+
+
+def cpp_rows(program, path, obs, fields):
+    """{(row, field): values} of one epoch read_fields printed, each row of each field once."""
+    arguments = [str(program), str(path), *obs, *(f"{name}={element}" for name, element in fields.items())]
+    done = subprocess.run(arguments, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = {}
+    for line in done.stdout.splitlines():
+        row, field, *values = line.split()
+        assert (int(row), field) not in rows, line
+        rows[int(row), field] = np.array([float(v) for v in values])
+    return rows
+
+
+def expected_rows(adatas, obs, fields):
+    """The same, from what anndata reads of each file (rows numbered across them, in order)."""
+    rows, offset = {}, 0
+    for adata in adatas:
+        arrays = {name: element_of(adata, element) for name, element in fields.items()}
+        arrays.update({column: adata.obs[column].cat.codes.to_numpy() for column in obs})
+        for name, array in arrays.items():
+            for row in range(adata.n_obs):
+                rows[offset + row, name] = array[row].astype(np.float64).reshape(-1)
+        offset += adata.n_obs
+    return rows
+
+
+def assert_same_rows(got, want):
+    assert got.keys() == want.keys()
+    for key, values in want.items():
+        np.testing.assert_array_equal(got[key], values, err_msg=str(key))
+
+
+def test_cpp_options_read_every_field_of_a_file_and_of_an_annbatch_collection(package, tmp_path):
+    import anndata as ad
+    import zarr
+
+    program = package / "read_fields"
+    path = write_anndata(per_cell_anndata(23, 0), tmp_path / "cells.h5ad")
+    fields = {"X": "X", **PER_CELL_FIELDS}
+    assert_same_rows(
+        cpp_rows(program, path, ["cell_type"], fields), expected_rows([read_anndata(path)], ["cell_type"], fields)
+    )
+    # An annbatch DatasetCollection's layout (a zarr group marked annbatch-preshuffled, datasets dataset_<i>):
+    # AnnbatchCollection(path, {.obs, .fields}).
+    collection = tmp_path / "collection.zarr"
+    group = zarr.open_group(collection, mode="w", zarr_format=3)
+    group.attrs.update({"encoding-type": "annbatch-preshuffled", "encoding-version": "0.1.0"})
+    parts = [per_cell_anndata(rows, seed) for seed, rows in enumerate((9, 14), start=1)]
+    for i, part in enumerate(parts):
+        ad.io.write_elem(group, f"dataset_{i}", part)
+    read_back = [ad.io.read_elem(zarr.open_group(collection, mode="r")[f"dataset_{i}"]) for i in range(2)]
+    fields = {"expression": "X", **PER_CELL_FIELDS_ACROSS_FILES}
+    assert_same_rows(cpp_rows(program, collection, [], fields), expected_rows(read_back, [], fields))

@@ -154,7 +154,10 @@ def files(tmp_path_factory):
     zarr.create_array(root / "x.zarr", shape=data.shape, chunks=(16, 3), dtype=data.dtype)[:] = data
     x = sp.random(40, 6, density=0.4, format="csr", dtype=np.float32, random_state=0)
     obs = {"n": np.arange(40), "kind": pd.Categorical(np.array(["b", "a"])[np.arange(40) % 2], categories=["b", "a"])}
-    ad.AnnData(x, obs=obs).write_h5ad(root / "cells.h5ad")
+    adata = ad.AnnData(x, obs=obs)
+    adata.layers["counts"] = sp.random(40, 6, density=0.3, format="csr", dtype=np.float64, random_state=1)
+    adata.obsm["X_pca"] = np.arange(40 * 4, dtype=np.float32).reshape(40, 4)
+    adata.write_h5ad(root / "cells.h5ad")
     return root
 
 
@@ -165,11 +168,26 @@ def sources(files):
         "zarr": lambda: ts.ZarrSource(files / "x.zarr"),
         "anndata": lambda: ts.AnnDataSource(files / "cells.h5ad", obs=["n"]),
         "anndata-dense": lambda: ts.AnnDataSource(files / "cells.h5ad", dense=True),
+        "anndata-fields": lambda: ts.AnnDataSource(files / "cells.h5ad", fields=FIELDS, obs=["n"]),
+        "collection-fields": lambda: ts.Collection([ts.AnnDataSource(files / "cells.h5ad", fields=FIELDS)] * 2),
         "collection": lambda: ts.Collection([ts.HDF5Source(files / "x.h5", "/x"), ts.ZarrSource(files / "x.zarr")]),
     }
 
 
-@pytest.mark.parametrize("kind", ["tensor", "hdf5", "zarr", "anndata", "anndata-dense", "collection"])
+FIELDS = {"counts": "layers/counts", "pca": "obsm/X_pca"}
+SOURCE_KINDS = [
+    "tensor",
+    "hdf5",
+    "zarr",
+    "anndata",
+    "anndata-dense",
+    "anndata-fields",
+    "collection-fields",
+    "collection",
+]
+
+
+@pytest.mark.parametrize("kind", SOURCE_KINDS)
 def test_every_source_pickles_and_reads_the_same_rows(files, kind):
     source = sources(files)[kind]()
     loaded = save_and_load(source.native)
@@ -205,6 +223,37 @@ def test_a_module_saved_with_relative_paths_loads_from_another_directory(files, 
     expected = iter(dataset)
     while (batch := batches.next()) is not None:
         assert torch.equal(batch["index"], next(expected)["index"])
+
+
+def test_anndata_source_states_keep_fields_and_stay_as_they_were_without_them(files):
+    path = str(files / "cells.h5ad")
+    with_fields = json.loads(ts.AnnDataSource(path, fields=FIELDS, obs=["n"]).native.__getstate__()[0][1])
+    assert with_fields["fields"] == [["counts", "layers/counts"], ["pca", "obsm/X_pca"]]
+    # A state without fields is the state every release before fields= wrote, and loads as one.
+    without = ts.AnnDataSource(path, obs=["n"], layer="counts").native
+    assert json.loads(without.__getstate__()[0][1]) == {"path": path, "obs": ["n"], "layer": "counts", "dense": False}
+    assert save_and_load(without).field_names() == ["X", "n"]
+
+
+def test_the_op_and_a_scripted_function_read_fields(files):
+    path = str(files / "cells.h5ad")
+    expected = ts.AnnDataSource(path, fields=FIELDS, obs=["n"], dense=True).read([3, 0, 3])
+
+    @torch.jit.script
+    def read(path: str, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        fields = {"counts": "layers/counts", "pca": "obsm/X_pca"}
+        source = torch.ops.torch_shards.anndata_source(path, ["n"], None, True, fields)
+        return source.read(rows, 2)
+
+    got = read(path, torch.tensor([3, 0, 3]))
+    assert list(got) == ["X", "counts", "pca", "n"] == list(expected)
+    for name, value in expected.items():
+        assert torch.equal(got[name], value), name
+    # The AnnData class makes them too, and refuses what the Python door refuses.
+    anndata = torch.ops.torch_shards.anndata(path)
+    assert anndata.source(["n"], None, False, {"expression": "X"}).field_names() == ["expression", "n"]
+    with pytest.raises(ValueError, match=r"cells.h5ad:/obsm/X_umap: no such element \(obsm: X_pca\)"):
+        torch.ops.torch_shards.anndata_source(path, None, None, False, {"umap": "obsm/X_umap"})
 
 
 def test_anndata_object_pickles(files):
@@ -305,7 +354,7 @@ def op_arguments(files):
         "hdf5_source": (str(files / "x.h5"), {"X": "/x"}),
         "zarr_source": (str(files / "x.zarr"), {"X": "/"}),
         "anndata": (str(files / "cells.h5ad"),),
-        "anndata_source": (str(files / "cells.h5ad"), ["n"], None, True),
+        "anndata_source": (str(files / "cells.h5ad"), ["n"], None, True, {"pca": "obsm/X_pca"}),
         "collection": ([source, ts.TensorSource(torch.ones(2, 1)).native],),
         "probe": (str(files / "x.h5"),),
         "annbatch_datasets": (str(ANNBATCH_COLLECTION),),

@@ -212,8 +212,28 @@ class AnnDataSource(Source):
     store (v2 or v3, sharded or not).
 
     Each batch holds ``"X"`` (or ``layers/<layer>``) as a dense tensor or, for a CSR matrix, a
-    ``torch.sparse_csr_tensor`` (``dense=True`` densifies it natively), plus the ``obs`` columns
-    asked for:
+    ``torch.sparse_csr_tensor`` (``dense=True`` densifies every CSR matrix natively), the
+    per-cell elements named in ``fields``, and the ``obs`` columns asked for.
+
+    ``fields`` maps field names to elements whose rows are the cells: ``"layers/<name>"``,
+    ``"obsm/<name>"``, ``"obsp/<name>"``, ``"raw/X"`` or ``"X"``, each a dense array of any number
+    of dimensions (a row is the rest of its shape) or a CSR matrix::
+
+        AnnDataSource(path, fields={"counts": "layers/counts", "pca": "obsm/X_pca"}, obs=["cell_type"])
+        # batch: {"X": ..., "counts": ..., "pca": ..., "cell_type": ..., "index": ...}
+
+    ``source.elements`` is that mapping. ``"X"`` comes first, then ``fields`` in their order, then
+    the obs columns. ``X`` stays a field unless ``fields`` names one ``"X"`` or maps one to the
+    element ``"X"`` (``fields={"raw": "X"}`` delivers X as ``"raw"`` only); ``layer=`` with such
+    ``fields`` is refused as ambiguous, and with any other ``fields`` says what ``"X"`` reads.
+    Refused with a ``ValueError`` naming the file, the element and its encoding: elements that do
+    not exist (those of its group are listed), CSC matrices, dataframes and awkward arrays
+    (``obsm`` can hold them), arrays of strings, arrays whose first dimension is not ``n_obs``,
+    paths outside those above (``var``, ``varm``, ``varp`` and ``uns`` have no per-cell rows), and
+    field names that clash with each other, with ``obs`` columns (or their ``_mask`` fields) or
+    with ``"index"``.
+
+    The ``obs`` columns:
 
     - numeric and boolean columns as they are stored;
     - categorical columns as int64 codes into ``categories(column)`` (-1: missing); codes
@@ -228,7 +248,9 @@ class AnnDataSource(Source):
     encoding.
     """
 
-    def __init__(self, path, obs=None, layer=None, *, dense=False):
+    elements = None  # the fields= of this source (sources pickled before fields= existed have none)
+
+    def __init__(self, path, obs=None, layer=None, *, dense=False, fields=None):
         self.path = _path("AnnDataSource", path)
         if isinstance(obs, str):
             obs = [obs]
@@ -239,6 +261,7 @@ class AnnDataSource(Source):
             raise TypeError(f"AnnDataSource: layer must be a str, got {layer!r}")
         self.layer = layer
         self.dense = _convert.check_bool("AnnDataSource: dense", dense)
+        self.elements = _elements(fields)
         self._anndata = None
         self._build_now()
 
@@ -250,7 +273,7 @@ class AnnDataSource(Source):
         return self._anndata
 
     def _build(self):
-        return self.anndata.source(self.obs, self.layer, self.dense)
+        return self.anndata.source(self.obs, self.layer, self.dense, self.elements or None)
 
     @property
     def n_obs(self):
@@ -282,6 +305,25 @@ class AnnDataSource(Source):
         state = super().__getstate__()
         state["_anndata"] = None
         return state
+
+
+def _elements(fields):
+    """An AnnDataSource's fields= as {field name: element path}, in its order."""
+    if fields is None:
+        return {}
+    if not isinstance(fields, dict):
+        raise TypeError(
+            f"AnnDataSource: fields must be a dict of field name -> element path (e.g. {{'pca': 'obsm/X_pca'}}), "
+            f"got {type(fields).__name__}"
+        )
+    for name, element in fields.items():
+        if not isinstance(name, str) or not isinstance(element, str):
+            raise TypeError(
+                f"AnnDataSource: fields must map field names to element paths (str), got {name!r}: {element!r}"
+            )
+        _no_nul("AnnDataSource", f"field name {name!r}", name)
+        _no_nul("AnnDataSource", f"element of field {name!r}", element)
+    return dict(fields)
 
 
 class Collection(Source):

@@ -49,6 +49,15 @@ c10::intrusive_ptr<DistributedSamplerImpl> make_sampler(int64_t num_rows, std::o
                                                      process_group.value_or(nullptr));
 }
 
+// An AnnData source's fields from a TorchScript dict (its order kept).
+AnnDataFields anndata_fields(const std::optional<c10::Dict<std::string, std::string>>& fields) {
+  AnnDataFields out;
+  if (fields) {
+    for (const auto& item : *fields) out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(torch_shards, m) {
@@ -83,8 +92,15 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("var_names", &AnnDataImpl::var_names)
       .def("obs_columns", &AnnDataImpl::obs_columns)
       .def("categories_json", &AnnDataImpl::categories_json)
-      .def("source", &AnnDataImpl::source, "",
-           {torch::arg("obs"), torch::arg("layer") = torch::arg::none(), torch::arg("dense") = false})
+      .def("source",
+           [](const c10::intrusive_ptr<AnnDataImpl>& self, const std::vector<std::string>& obs,
+              const std::optional<std::string>& layer, bool dense,
+              const std::optional<c10::Dict<std::string, std::string>>& fields) {
+             return self->source(obs, layer, dense, anndata_fields(fields));
+           },
+           "",
+           {torch::arg("obs"), torch::arg("layer") = torch::arg::none(), torch::arg("dense") = false,
+            torch::arg("fields") = torch::arg::none()})
       .def_pickle([](const c10::intrusive_ptr<AnnDataImpl>& self) { return self->path(); },
                   [](std::string path) { return c10::make_intrusive<AnnDataImpl>(path); });
 
@@ -228,11 +244,13 @@ TORCH_LIBRARY(torch_shards, m) {
   m.def("zarr_source(str path, Dict(str, str) arrays) -> __torch__.torch.classes.torch_shards.Source",
         &SourceImpl::zarr_source);
   m.def(
-      "anndata_source(str path, str[]? obs=None, str? layer=None, bool dense=False) -> "
+      "anndata_source(str path, str[]? obs=None, str? layer=None, bool dense=False, Dict(str, str)? fields=None) -> "
       "__torch__.torch.classes.torch_shards.Source",
       [](const std::string& path, const std::optional<std::vector<std::string>>& obs,
-         const std::optional<std::string>& layer, bool dense) {
-        return SourceImpl::anndata_source(path, obs.value_or(std::vector<std::string>()), layer, dense);
+         const std::optional<std::string>& layer, bool dense,
+         const std::optional<c10::Dict<std::string, std::string>>& fields) {
+        return SourceImpl::anndata_source(path, obs.value_or(std::vector<std::string>()), layer, dense,
+                                          anndata_fields(fields));
       });
   m.def("anndata(str path) -> __torch__.torch.classes.torch_shards.AnnData",
         [](const std::string& path) { return c10::make_intrusive<AnnDataImpl>(path); });

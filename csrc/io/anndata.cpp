@@ -387,6 +387,12 @@ bool ordered_attribute(const json& attributes) {
   return ordered->is_number() && ordered->get<double>() != 0;
 }
 
+// How Python converts adata.<group>[name] to CSR, for the message refusing a CSC matrix.
+std::string layer_conversion(const std::string& group, const std::string& name) {
+  const std::string element = concat("adata.", group, "['", name, "']");
+  return concat(element, " = ", element, ".tocsr()");
+}
+
 }  // namespace
 
 AnnDataStore::AnnDataStore(std::shared_ptr<const Group> root) : root_(std::move(root)) {
@@ -401,29 +407,34 @@ AnnDataStore::AnnDataStore(std::shared_ptr<const Group> root) : root_(std::move(
                            ": obs is a compound dataset (AnnData < 0.7 layout); re-save the file "
                            "with a recent anndata"));
   }
-  n_obs_ = static_cast<int64_t>(index_of("obs").size());
-  n_vars_ = root_->has_group("var") ? static_cast<int64_t>(index_of("var").size()) : matrix(std::nullopt).cols;
+  n_obs_ = static_cast<int64_t>(index_of(*root_->group("obs")).size());
+  n_vars_ =
+      root_->has_group("var") ? static_cast<int64_t>(index_of(*root_->group("var")).size()) : matrix(std::nullopt).cols;
 }
 
-std::vector<std::string> AnnDataStore::index_of(const std::string& dataframe) const {
-  auto frame = root_->group(dataframe);
-  const json attributes = frame->attributes();
+std::vector<int64_t> MatrixData::row_shape() const {
+  if (csr) return {cols};
+  return std::vector<int64_t>(dense->info().shape.begin() + 1, dense->info().shape.end());
+}
+
+std::vector<std::string> AnnDataStore::index_of(const Group& frame) const {
+  const json attributes = frame.attributes();
   const auto index = attributes.find("_index");
   const std::string name = index != attributes.end() && index->is_string() ? index->get<std::string>() : "_index";
-  if (!frame->has_array(name) && !frame->has_group(name)) {
-    throw ReadError(concat(frame->where(), ": dataframe index '", name, "' is missing"));
+  if (!frame.has_array(name) && !frame.has_group(name)) {
+    throw ReadError(concat(frame.where(), ": dataframe index '", name, "' is missing"));
   }
-  StringValues strings = read_string_values(*frame, name, "the dataframe index");
+  StringValues strings = read_string_values(frame, name, "the dataframe index");
   for (size_t i = 0; i < strings.values.size(); ++i) {
     if (strings.is_missing(i)) strings.values[i].clear();
   }
   return std::move(strings.values);
 }
 
-std::vector<std::string> AnnDataStore::obs_names() const { return index_of("obs"); }
-std::vector<std::string> AnnDataStore::var_names() const { return index_of("var"); }
+std::vector<std::string> AnnDataStore::obs_names() const { return index_of(*root_->group("obs")); }
+std::vector<std::string> AnnDataStore::var_names() const { return index_of(*root_->group("var")); }
 
-MatrixData AnnDataStore::matrix_in(const Group& parent, const std::string& name) const {
+MatrixData AnnDataStore::matrix_in(const Group& parent, const std::string& name, const std::string& conversion) const {
   const std::string where = where_of(parent, name);
   MatrixData matrix;
   if (parent.has_array(name)) {
@@ -435,9 +446,8 @@ MatrixData AnnDataStore::matrix_in(const Group& parent, const std::string& name)
     if (parent.has_string_array(name)) throw core::InvalidArgument(concat(where, ": is an array of strings"));
     matrix.dense = parent.array(name);
     const auto& shape = matrix.dense->info().shape;
-    if (shape.size() != 2) throw ReadError(concat(where, ": expected a 2-D matrix, got ", shape.size(), " dimensions"));
-    matrix.rows = shape[0];
-    matrix.cols = shape[1];
+    if (!shape.empty()) matrix.rows = shape[0];
+    if (shape.size() >= 2) matrix.cols = shape[1];
   } else if (parent.has_group(name)) {
     auto group = parent.group(name);
     const json attributes = group->attributes();
@@ -448,7 +458,8 @@ MatrixData AnnDataStore::matrix_in(const Group& parent, const std::string& name)
     if (encoding == "csc_matrix" || (encoding.empty() && legacy_format == "csc")) {
       throw core::InvalidArgument(concat(where,
                                          ": is a CSC (column-compressed) matrix (encoding-type 'csc_matrix'); rows "
-                                         "are read from CSR: convert with adata.X = adata.X.tocsr() and save again"));
+                                         "are read from CSR: convert with ",
+                                         conversion, " and save again"));
     }
     if (encoding != "csr_matrix" && !(encoding.empty() && legacy_format == "csr")) {
       throw core::InvalidArgument(
@@ -462,6 +473,13 @@ MatrixData AnnDataStore::matrix_in(const Group& parent, const std::string& name)
   } else {
     throw ReadError(concat(where, ": no such matrix"));
   }
+  return matrix;
+}
+
+void AnnDataStore::check_obs_by_vars(const MatrixData& matrix, const std::string& where) const {
+  if (matrix.dense && matrix.dense->info().shape.size() != 2) {
+    throw ReadError(concat(where, ": expected a 2-D matrix, got ", matrix.dense->info().shape.size(), " dimensions"));
+  }
   if (n_obs_ != 0 && matrix.rows != n_obs_) {
     throw ReadError(concat(where, ": has ", matrix.rows, " rows but obs has ", n_obs_));
   }
@@ -469,7 +487,6 @@ MatrixData AnnDataStore::matrix_in(const Group& parent, const std::string& name)
   if (n_vars_ != 0 && matrix.cols != n_vars_) {
     throw ReadError(concat(where, ": has ", matrix.cols, " columns but var has ", n_vars_, " rows"));
   }
-  return matrix;
 }
 
 MatrixData AnnDataStore::matrix(const std::optional<std::string>& layer) const {
@@ -477,7 +494,9 @@ MatrixData AnnDataStore::matrix(const std::optional<std::string>& layer) const {
     if (!root_->has_array("X") && !root_->has_group("X")) {
       throw core::InvalidArgument(concat(root_->where(), ": has no X; pass layer= to read one of the layers"));
     }
-    return matrix_in(*root_, "X");
+    MatrixData x = matrix_in(*root_, "X", "adata.X = adata.X.tocsr()");
+    check_obs_by_vars(x, where_of(*root_, "X"));
+    return x;
   }
   if (!root_->has_group("layers") ||
       !(root_->group("layers")->has_array(*layer) || root_->group("layers")->has_group(*layer))) {
@@ -488,7 +507,97 @@ MatrixData AnnDataStore::matrix(const std::optional<std::string>& layer) const {
     throw core::InvalidArgument(
         concat(root_->where(), ": no layer '", *layer, "' (layers: ", available.empty() ? "none" : available, ")"));
   }
-  return matrix_in(*root_->group("layers"), *layer);
+  auto layers = root_->group("layers");
+  MatrixData matrix = matrix_in(*layers, *layer, layer_conversion("layers", *layer));
+  check_obs_by_vars(matrix, where_of(*layers, *layer));
+  return matrix;
+}
+
+std::string AnnDataStore::element_path(const std::string& path) const {
+  const std::string element = !path.empty() && path[0] == '/' ? path.substr(1) : path;
+  const size_t slash = element.find('/');
+  const std::string group = element.substr(0, slash);
+  const std::string name = slash == std::string::npos ? "" : element.substr(slash + 1);
+  const bool per_cell_group = group == "layers" || group == "obsm" || group == "obsp";
+  if (element == "X" || element == "raw/X" ||
+      (per_cell_group && !name.empty() && name.find('/') == std::string::npos)) {
+    return element;
+  }
+  std::string why;
+  if (group == "var" || group == "varm" || group == "varp" || group == "uns" || group == "raw") {
+    why = " (var, varm, varp, uns and raw's var and varm have no per-cell rows)";
+  } else if (group == "obs") {
+    why = " (obs columns are read with obs=)";
+  }
+  throw core::InvalidArgument(concat(root_->file(), ": fields cannot read element '", path, "'", why,
+                                     "; they read X, layers/<name>, obsm/<name>, obsp/<name> or raw/X"));
+}
+
+MatrixData AnnDataStore::element(const std::string& path) const {
+  const std::string element = element_path(path);
+  const size_t slash = element.find('/');
+  // The group holding the element, and its name there.
+  std::shared_ptr<const Group> parent = root_;
+  std::string name = element;
+  if (slash != std::string::npos) {
+    const std::string group = element.substr(0, slash);
+    name = element.substr(slash + 1);
+    if (!root_->has_group(group)) {
+      throw core::InvalidArgument(
+          concat(where_of(*root_, element), ": no such element (the AnnData has no ", group, " group)"));
+    }
+    parent = root_->group(group);
+    if (!parent->has_array(name) && !parent->has_group(name)) {
+      std::string available;
+      for (const auto& child : parent->children()) {
+        if (group != "raw" || child == "X") available += (available.empty() ? "" : ", ") + child;
+      }
+      throw core::InvalidArgument(concat(where_of(*root_, element), ": no such element (", group, ": ",
+                                         available.empty() ? "none" : available, ")"));
+    }
+  } else if (!root_->has_array(name) && !root_->has_group(name)) {
+    throw core::InvalidArgument(concat(where_of(*root_, element), ": no such element (the AnnData has no X)"));
+  }
+  const std::string where = where_of(*parent, name);
+  const std::string group = slash == std::string::npos ? "" : element.substr(0, slash);
+  const std::string conversion = group.empty() ? "adata.X = adata.X.tocsr()"
+                                 : group == "raw"
+                                     ? "adata.raw = anndata.AnnData(adata.raw.X.tocsr(), var=adata.raw.var)"
+                                     : layer_conversion(group, name);
+  MatrixData matrix = matrix_in(*parent, name, conversion);
+  if (matrix.dense && matrix.dense->info().shape.empty()) {
+    throw core::InvalidArgument(
+        concat(where, ": is a scalar (encoding-type 'array'), not an array with a row per cell"));
+  }
+  if (matrix.rows != n_obs_) {
+    std::string shape;
+    for (int64_t extent : matrix.csr ? std::vector<int64_t>{matrix.rows, matrix.cols} : matrix.dense->info().shape) {
+      shape += (shape.empty() ? "" : ", ") + std::to_string(extent);
+    }
+    throw core::InvalidArgument(concat(
+        where, ": ", matrix.csr ? "a CSR matrix (encoding-type 'csr_matrix')" : "a dense array (encoding-type 'array')",
+        " of shape [", shape, "] whose first dimension is not n_obs (", n_obs_,
+        "): fields read elements with one row per cell"));
+  }
+  if (group.empty() || group == "layers") {
+    check_obs_by_vars(matrix, where);
+  } else if (group == "obsp" || group == "raw") {
+    if (matrix.dense && matrix.dense->info().shape.size() != 2) {
+      throw ReadError(concat(where, ": expected a 2-D matrix, got ", matrix.dense->info().shape.size(), " dimensions"));
+    }
+    // obsp relates cells to cells; raw/X has raw/var's columns.
+    const bool raw_var = group == "raw" && parent->has_group("var");
+    if (group == "obsp" && matrix.cols != n_obs_) {
+      throw ReadError(concat(where, ": has ", matrix.cols, " columns but obs has ", n_obs_, " rows"));
+    }
+    if (raw_var) {
+      const auto columns = static_cast<int64_t>(index_of(*parent->group("var")).size());
+      if (matrix.cols != columns) {
+        throw ReadError(concat(where, ": has ", matrix.cols, " columns but raw/var has ", columns, " rows"));
+      }
+    }
+  }
+  return matrix;
 }
 
 std::vector<std::string> AnnDataStore::obs_columns() const {

@@ -1,7 +1,8 @@
 // The AnnData on-disk layout, as every anndata release from 0.7 to 0.13
-// writes it (.h5ad files and zarr v2/v3 stores alike): X or layers/<name> as
-// a dense array or a CSR group, obs/var dataframes whose index and columns
-// use anndata's element encodings (see ObsColumn).
+// writes it (.h5ad files and zarr v2/v3 stores alike): X, layers/<name>,
+// obsm/<name>, obsp/<name> and raw/X as dense arrays or CSR groups, obs/var
+// dataframes whose index and columns use anndata's element encodings (see
+// ObsColumn).
 #pragma once
 
 #include <memory>
@@ -16,9 +17,11 @@
 namespace torch_shards::io {
 
 struct MatrixData {
-  std::shared_ptr<const Array> dense;    // a 2-D array, or
+  std::shared_ptr<const Array> dense;    // an array whose first dimension is the rows (X: 2-D), or
   std::shared_ptr<const CsrMatrix> csr;  // a CSR matrix
-  int64_t rows = 0, cols = 0;
+  int64_t rows = 0, cols = 0;            // cols: a CSR matrix's, or a dense array's second dimension (1-D: 0)
+  // The shape of one row: {cols} for a CSR matrix, the dense array's shape past its first dimension.
+  std::vector<int64_t> row_shape() const;
 };
 
 // One obs column, ready to be read by rows. How each encoding is read:
@@ -53,6 +56,19 @@ class AnnDataStore {
   const Group& root() const { return *root_; }
   // X (no layer) or layers/<layer>.
   MatrixData matrix(const std::optional<std::string>& layer) const;
+  // An element whose rows are the cells, by its path (element_path()): a
+  // dense array of any number of dimensions whose first is n_obs, or a CSR
+  // matrix of n_obs rows (X and layers: n_vars columns; obsp: n_obs; raw/X:
+  // raw/var's). InvalidArgument naming the file, the element and its
+  // encoding for anything else: a missing element (with those its group
+  // holds), a CSC matrix, a dataframe, an awkward array, an array of strings,
+  // a first dimension that is not n_obs.
+  MatrixData element(const std::string& path) const;
+  // The canonical form of an element path: "X", "layers/<name>",
+  // "obsm/<name>", "obsp/<name>" or "raw/X" (a leading "/" dropped).
+  // InvalidArgument naming the file for any other path (var, varm, varp and
+  // uns have no per-cell rows; obs columns are read by obs_column()).
+  std::string element_path(const std::string& path) const;
   std::vector<std::string> obs_columns() const;
   ObsColumn obs_column(const std::string& name) const;
   // The dataframe indexes; a missing (masked) name reads as "".
@@ -60,8 +76,13 @@ class AnnDataStore {
   std::vector<std::string> var_names() const;
 
  private:
-  MatrixData matrix_in(const Group& parent, const std::string& name) const;
-  std::vector<std::string> index_of(const std::string& dataframe) const;
+  // The dense array or CSR matrix parent/name, its encoding checked
+  // (conversion: the Python statement that makes a CSC matrix there CSR,
+  // for the message refusing one).
+  MatrixData matrix_in(const Group& parent, const std::string& name, const std::string& conversion) const;
+  // Checks a matrix of n_obs x n_vars (X, layers) is one.
+  void check_obs_by_vars(const MatrixData& matrix, const std::string& where) const;
+  std::vector<std::string> index_of(const Group& frame) const;
 
   std::shared_ptr<const Group> root_;
   int64_t n_obs_ = 0, n_vars_ = 0;

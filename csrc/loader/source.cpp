@@ -103,9 +103,11 @@ std::shared_ptr<const sources::Source> make_source(const SourceState& state) {
   if (kind == "AnnDataSource") {
     std::optional<std::string> layer;
     if (!params.at("layer").is_null()) layer = params.at("layer").get<std::string>();
+    AnnDataFields fields;  // absent from the states of sources without fields (and of releases before them)
+    if (params.contains("fields")) fields = params.at("fields").get<AnnDataFields>();
     return std::make_shared<sources::AnnDataSource>(open_anndata(params.at("path").get<std::string>()), layer,
                                                     params.at("obs").get<std::vector<std::string>>(),
-                                                    params.at("dense").get<bool>());
+                                                    params.at("dense").get<bool>(), fields);
   }
   if (kind == "Collection") {
     std::vector<std::shared_ptr<const sources::Source>> inner;
@@ -118,8 +120,10 @@ std::shared_ptr<const sources::Source> make_source(const SourceState& state) {
 }
 
 json anndata_params(const std::string& path, const std::vector<std::string>& obs,
-                    const std::optional<std::string>& layer, bool dense) {
-  return json{{"path", path}, {"obs", obs}, {"layer", layer ? json(*layer) : json(nullptr)}, {"dense", dense}};
+                    const std::optional<std::string>& layer, bool dense, const AnnDataFields& fields) {
+  json params{{"path", path}, {"obs", obs}, {"layer", layer ? json(*layer) : json(nullptr)}, {"dense", dense}};
+  if (!fields.empty()) params["fields"] = fields;  // [[field, element], ...], in order
+  return params;
 }
 
 }  // namespace
@@ -153,8 +157,9 @@ c10::intrusive_ptr<SourceImpl> SourceImpl::zarr_source(const std::string& path,
 }
 
 c10::intrusive_ptr<SourceImpl> SourceImpl::anndata_source(const std::string& path, const std::vector<std::string>& obs,
-                                                          const std::optional<std::string>& layer, bool dense) {
-  const json params = anndata_params(absolute_path(path), obs, layer, dense);
+                                                          const std::optional<std::string>& layer, bool dense,
+                                                          const AnnDataFields& fields) {
+  const json params = anndata_params(absolute_path(path), obs, layer, dense, fields);
   return c10::make_intrusive<SourceImpl>(SourceState{"AnnDataSource", params.dump(), NoTensors(), {}});
 }
 
@@ -249,11 +254,13 @@ std::string AnnDataImpl::categories_json(const std::string& column) const {
 }
 
 c10::intrusive_ptr<SourceImpl> AnnDataImpl::source(const std::vector<std::string>& obs,
-                                                   const std::optional<std::string>& layer, bool dense) const {
+                                                   const std::optional<std::string>& layer, bool dense,
+                                                   const AnnDataFields& fields) const {
   return translate_errors([&] {
-    const json params = anndata_params(path_, obs, layer, dense);
+    const json params = anndata_params(path_, obs, layer, dense, fields);
+    check_no_nul(params, "AnnDataSource");
     return c10::make_intrusive<SourceImpl>(SourceState{"AnnDataSource", params.dump(), NoTensors(), {}},
-                                           std::make_shared<sources::AnnDataSource>(store_, layer, obs, dense));
+                                           std::make_shared<sources::AnnDataSource>(store_, layer, obs, dense, fields));
   });
 }
 
@@ -372,7 +379,8 @@ AnnDataSource::AnnDataSource(const std::string& path, const AnnDataSourceOptions
     : AnnDataSource(c10::make_intrusive<AnnDataImpl>(path), options) {}
 
 AnnDataSource::AnnDataSource(c10::intrusive_ptr<AnnDataImpl> anndata, const AnnDataSourceOptions& options)
-    : Source(anndata->source(options.obs, options.layer, options.dense)), anndata_(std::move(anndata)) {}
+    : Source(anndata->source(options.obs, options.layer, options.dense, options.fields)),
+      anndata_(std::move(anndata)) {}
 
 AnnbatchCollection::AnnbatchCollection(const std::string& path, const AnnDataSourceOptions& options)
     : Collection([&] {

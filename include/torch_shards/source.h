@@ -6,6 +6,7 @@
 //   torch_shards::HDF5Source("data.h5", {{"X", "/images"}, {"y", "/labels"}})
 //   torch_shards::ZarrSource("data.zarr")
 //   torch_shards::AnnDataSource("cells.h5ad", {.obs = {"cell_type"}, .dense = true})
+//   torch_shards::AnnDataSource("cells.h5ad", {.obs = {"cell_type"}, .fields = {{"pca", "obsm/X_pca"}}})
 //   torch_shards::Collection({plate1, plate2})
 //   torch_shards::AnnbatchCollection("collection.zarr", {.obs = {"cell_type"}})
 #pragma once
@@ -20,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "torch_shards/export.h"
@@ -44,6 +46,11 @@ class AnnDataStore;
 
 class SourceImpl;
 
+// An AnnData source's fields besides X, in batch order: (field name, element
+// path inside the AnnData: "layers/<name>", "obsm/<name>", "obsp/<name>",
+// "raw/X" or "X").
+using AnnDataFields = std::vector<std::pair<std::string, std::string>>;
+
 // What a source is made from and pickles to: its kind ("TensorSource",
 // "RowsSource", "HDF5Source", "ZarrSource", "AnnDataSource", "Collection"), its parameters
 // as a JSON object (paths, dataset names, options), its tensors
@@ -67,7 +74,8 @@ class TORCH_SHARDS_API SourceImpl : public torch::CustomClassHolder {
   static c10::intrusive_ptr<SourceImpl> zarr_source(const std::string& path,
                                                     const c10::Dict<std::string, std::string>& arrays);
   static c10::intrusive_ptr<SourceImpl> anndata_source(const std::string& path, const std::vector<std::string>& obs,
-                                                       const std::optional<std::string>& layer, bool dense);
+                                                       const std::optional<std::string>& layer, bool dense,
+                                                       const AnnDataFields& fields = {});
   static c10::intrusive_ptr<SourceImpl> collection(const std::vector<c10::intrusive_ptr<SourceImpl>>& parts);
 
   const SourceState& state() const { return state_; }
@@ -113,7 +121,7 @@ class TORCH_SHARDS_API AnnDataImpl : public torch::CustomClassHolder {
   // The categories of a categorical obs column, as a JSON array.
   std::string categories_json(const std::string& column) const;
   c10::intrusive_ptr<SourceImpl> source(const std::vector<std::string>& obs, const std::optional<std::string>& layer,
-                                        bool dense) const;
+                                        bool dense, const AnnDataFields& fields = {}) const;
 
  private:
   std::string path_;
@@ -168,7 +176,11 @@ class TORCH_SHARDS_API ZarrSource : public Source {
 struct AnnDataSourceOptions {
   std::vector<std::string> obs{};      // obs columns to deliver with X
   std::optional<std::string> layer{};  // layers/<layer> instead of X
-  bool dense = false;                  // densify a CSR matrix
+  bool dense = false;                  // densify every CSR matrix read
+  // More per-cell elements, each a field: {{"counts", "layers/counts"}, {"pca", "obsm/X_pca"}}. X stays the
+  // field "X" unless one of them is named "X" or reads the element "X" (X is then that field only; with
+  // layer: ValueError, as ambiguous).
+  AnnDataFields fields{};
 };
 
 class TORCH_SHARDS_API AnnDataSource : public Source {

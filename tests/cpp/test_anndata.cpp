@@ -2,7 +2,8 @@
 // see tests/data/make_anndata_fixtures.py): every obs encoding read by the io
 // layer compared with what anndata read back (<file>.json), and the decoded
 // indptr cache of CSR matrices against the stored indptr, from several threads,
-// and rows placed where a collection puts them (read_placed).
+// rows placed where a collection puts them (read_placed), and per-cell elements
+// found by their paths (element) or refused naming the file and the element.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -223,6 +224,58 @@ TEST(AnnData, PlacedRowsLandWhereTheirStartsSay) {
   int32_t column = 0;
   float value = 0;
   EXPECT_THROW(matrix.csr->read_placed(plan, {0}, &column, DType::kInt32, &value, pool), std::logic_error);
+}
+
+// The message of the InvalidArgument `make` throws ("" if it throws none).
+template <typename Make>
+std::string invalid_argument(Make&& make) {
+  try {
+    make();
+  } catch (const core::InvalidArgument& error) {
+    return error.what();
+  }
+  return "";
+}
+
+// Every element path a field can read, in both stores of the newest anndata:
+// the same arrays matrix() reads for X and the layers, the row shapes past n_obs.
+TEST(AnnData, ElementsByPathAreTheMatricesOfTheirGroups) {
+  for (const char* name : {"obs.h5ad", "obs-zarr3-sharded.zarr"}) {
+    SCOPED_TRACE(name);
+    const AnnDataStore store(open_root(kData + "/anndata-0.13.4/" + name));
+    EXPECT_EQ(store.element_path("X"), "X");
+    EXPECT_EQ(store.element_path("/layers/counts"), "layers/counts");
+    EXPECT_EQ(store.element_path("obsm/X_pca"), "obsm/X_pca");
+    EXPECT_EQ(store.element_path("/raw/X"), "raw/X");
+    const MatrixData x = store.element("X"), counts = store.element("/layers/counts"),
+                     dense = store.element("layers/dense");
+    ASSERT_TRUE(x.csr && counts.csr && dense.dense);
+    EXPECT_EQ(x.csr->where(), store.matrix(std::nullopt).csr->where());
+    EXPECT_EQ(counts.csr->where(), store.matrix("counts").csr->where());
+    EXPECT_EQ(dense.dense->where(), store.matrix("dense").dense->where());
+    EXPECT_EQ(counts.rows, store.n_obs());
+    EXPECT_EQ(counts.row_shape(), std::vector<int64_t>{store.n_vars()});
+    EXPECT_EQ(dense.row_shape(), std::vector<int64_t>{store.n_vars()});
+  }
+}
+
+TEST(AnnData, ElementsThatAreNoPerCellMatrixAreRefusedNamingThem) {
+  const std::string file = kData + "/anndata-0.13.4/obs.h5ad";
+  const AnnDataStore store(open_root(file));
+  const auto refusal = [&](const std::string& path) { return invalid_argument([&] { store.element(path); }); };
+  EXPECT_EQ(refusal("obsm/X_umap"), file + ":/obsm/X_umap: no such element (obsm: none)");
+  EXPECT_EQ(refusal("layers/spliced"), file + ":/layers/spliced: no such element (layers: counts, dense)");
+  for (const char* path : {"var", "varm/PCs", "uns/log1p", "raw/var", "obs/cell_type", "layers", "layers/a/b", ""}) {
+    SCOPED_TRACE(path);
+    const std::string message = refusal(path);
+    EXPECT_EQ(message.rfind(file + ": fields cannot read element '" + path + "'", 0), 0u) << message;
+    EXPECT_NE(message.find("they read X, layers/<name>, obsm/<name>, obsp/<name> or raw/X"), std::string::npos);
+  }
+  // annbatch stores raw as a null scalar, not a group.
+  const std::string collection = kData + "/annbatch-0.3.1/collection.zarr";
+  const AnnDataStore dataset(open_zarr_group(collection, "/dataset_0"));
+  EXPECT_EQ(invalid_argument([&] { dataset.element("raw/X"); }),
+            collection + ":/dataset_0/raw/X: no such element (the AnnData has no raw group)");
 }
 
 }  // namespace
