@@ -134,6 +134,15 @@ void AnnDataSource::opened_stamps(io::FileStamps& stamps) const {
   visit_read_arrays(matrix_, obs_, [&](const auto& read) { read.opened_stamps(stamps); });
 }
 
+std::optional<std::vector<ObsColumnKind>> AnnDataSource::obs_column_kinds() const {
+  std::vector<ObsColumnKind> kinds;
+  for (const io::ObsColumn& column : obs_) {
+    kinds.push_back(ObsColumnKind{column.name, column.encoding, column.categorical ? &column.categories : nullptr,
+                                  store_->root().file(), ""});
+  }
+  return kinds;
+}
+
 std::string AnnDataSource::describe() const {
   const io::Group& root = store_->root();
   std::string text =
