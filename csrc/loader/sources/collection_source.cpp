@@ -425,6 +425,7 @@ void CollectionSource::unite_obs_columns() {
   }
   for (UnitedColumn& column : obs_columns_) {
     const std::string& name = column.kind.name;
+    CategoryUnion united;
     for (const size_t p : coded) {
       const ObsColumnKind* kind = kind_in(p, name);
       if (kind == nullptr) {
@@ -448,8 +449,9 @@ void CollectionSource::unite_obs_columns() {
             ": one column is read one way in every file; store it as a categorical (or strings) in every file, or as "
             "values in every file"));
       }
-      if (categorical) column.tables[p] = column.categories.add(*kind->categories);
+      if (categorical) column.tables[p] = united.add(*kind->categories);
     }
+    if (column.categorical) column.categories = std::move(united).release();
   }
 }
 
@@ -458,7 +460,7 @@ std::optional<std::vector<ObsColumnKind>> CollectionSource::obs_column_kinds() c
   std::vector<ObsColumnKind> kinds;
   for (const UnitedColumn& column : obs_columns_) {
     ObsColumnKind& kind = kinds.emplace_back(column.kind);
-    if (column.categorical) kind.categories = &column.categories.categories();
+    if (column.categorical) kind.categories = &column.categories;
   }
   return kinds;
 }
@@ -469,7 +471,7 @@ nlohmann::json CollectionSource::categories(const std::string& column) const {
     if (united.kind.name != column) continue;
     check_argument(united.categorical, "Collection.categories: ", united.kind.file, ": obs column '", column,
                    "' is not categorical");
-    return united.categories.categories();
+    return united.categories;
   }
   std::string listed;
   for (const UnitedColumn& united : obs_columns_) listed += (listed.empty() ? "'" : ", '") + united.kind.name + "'";

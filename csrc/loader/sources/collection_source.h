@@ -31,6 +31,8 @@ class CategoryUnion {
   // union's, or an empty table where they are the same codes.
   std::vector<int64_t> add(const nlohmann::json& categories);
   const nlohmann::json& categories() const { return categories_; }
+  // The union, once every part is added (the lookup of categories freed).
+  nlohmann::json release() && { return std::move(categories_); }
 
  private:
   nlohmann::json categories_ = nlohmann::json::array();
@@ -75,7 +77,7 @@ class CollectionSource : public Source {
   struct UnitedColumn {
     ObsColumnKind kind;  // file and where: the first part's; categories: unset (`categories` holds them)
     bool categorical = false;
-    CategoryUnion categories;
+    nlohmann::json categories;                 // the union
     std::vector<std::vector<int64_t>> tables;  // one per part where categorical
   };
   const std::vector<UnitedColumn>& obs_columns() const { return obs_columns_; }
