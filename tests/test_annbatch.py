@@ -90,16 +90,22 @@ def test_every_row_of_every_epoch_at_two_ranks():
         assert len(seen) - total <= 32  # at most world_size - 1 = 1 repeated batch
 
 
-def test_string_columns_whose_values_differ_between_datasets_are_refused():
-    path, datasets, _ = expected_collection("collection.zarr")
-    message = (
-        r"Collection: obs column 'barcode' has different categories in sources\[0\] \(.*dataset_0\) and "
-        r"sources\[1\] \(.*dataset_1\): category 0 is '.*' against '.*'"
+def test_string_columns_whose_values_differ_between_datasets_read_as_codes_into_their_union():
+    """Each dataset's barcodes are a string column of its own (codes into its sorted barcodes): the
+    collection's codes index the union, the datasets in order, each barcode at its first appearance."""
+    path, datasets, expected = expected_collection("collection.zarr")
+    collection = ts.open(path, obs=["barcode"])
+    union = []
+    for dataset in datasets:
+        union += [b for b in ts.AnnDataSource(dataset, obs=["barcode"]).categories("barcode") if b not in union]
+    assert collection.categories("barcode") == union
+    assert union[: len(set(expected[0]["obs"]["barcode"]["values"]))] == sorted(
+        set(expected[0]["obs"]["barcode"]["values"])
     )
-    with pytest.raises(ValueError, match=message):
-        ts.open(path, obs=["barcode"])
-    # one dataset alone is fine
-    assert ts.AnnDataSource(datasets[0], obs=["barcode"]).read([0])["barcode"].dtype == torch.int64
+    rows = np.random.default_rng(1).permutation(len(collection)).tolist()
+    barcodes = sum((e["obs"]["barcode"]["values"] for e in expected), [])
+    codes = collection.read(rows, num_threads=2)["barcode"].tolist()
+    assert [union[code] for code in codes] == [barcodes[r] for r in rows]
 
 
 def test_collection_without_datasets_and_plain_groups_are_named(tmp_path):

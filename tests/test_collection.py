@@ -227,42 +227,215 @@ def write_labels(path, values, categories):
     ad.AnnData(sp.csr_matrix(np.ones((len(values), 2), np.float32)), obs=obs).write_h5ad(path)
 
 
-def test_categories_one_file_adds_are_named(tmp_path):
-    write_labels(tmp_path / "a.h5ad", ["x", "y"], ["x", "y"])
-    write_labels(tmp_path / "b.h5ad", ["x", "z"], ["x", "y", "z"])  # a's categories and one more
-    sources = [ts.AnnDataSource(tmp_path / name, obs=["label"]) for name in ("a.h5ad", "b.h5ad")]
-    with pytest.raises(ValueError, match=r"2 against 3 categories: category 2 \('z'\) is only in the second"):
-        ts.Collection(sources)
-    with pytest.raises(ValueError, match=r"3 against 2 categories: category 2 \('z'\) is only in the first"):
-        ts.Collection(sources[::-1])
+def write_sample(path, **columns):
+    """One sample's file as anndata writes it by default: a string column with repeated values as a
+    categorical of the values in this file (sorted), one of unique values as a string array."""
+    rows = len(next(iter(columns.values())))
+    adata = ad.AnnData(
+        sp.csr_matrix(np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)),
+        obs=pd.DataFrame(columns, index=[f"{path.stem}-{i}" for i in range(rows)]),
+    )
+    if path.suffix == ".h5ad":
+        adata.write_h5ad(path)
+    else:
+        adata.write_zarr(path)
 
 
-def test_categories_must_agree_at_any_depth_of_nesting(tmp_path):
+def read_back(paths, column):
+    """What anndata reads for every row of the files, None where missing."""
+    values = []
+    for path in paths:
+        adata = ad.read_h5ad(path) if path.suffix == ".h5ad" else ad.read_zarr(path)
+        values += [None if pd.isna(value) else value for value in adata.obs[column].astype(object)]
+    return values
+
+
+def decoded(codes, categories):
+    return [categories[code] if code >= 0 else None for code in codes.tolist()]
+
+
+COLUMNS = ["cell_type", "plate", "barcode"]
+
+
+@pytest.fixture
+def samples(tmp_path):
+    """Per-sample files whose categoricals (and string arrays) have different categories, as anndata
+    writes them; one has no rows (its categories, none of them in the others', do not count)."""
+    paths = [tmp_path / name for name in ("s0.h5ad", "empty.h5ad", "s1.zarr", "s2.h5ad", "s3.h5ad")]
+    write_sample(
+        paths[0],
+        cell_type=["T", "B", "T", "NK", "B"],  # categories B, NK, T
+        plate=pd.Categorical([3, 1, 3, 1, 1]),  # 1, 3
+        barcode=["AAC", "AAA", "TTT", "GGG", "CCC"],  # a string array: AAA, AAC, CCC, GGG, TTT
+    )
+    write_sample(
+        paths[1],
+        cell_type=pd.Categorical([], categories=["zzz"]),
+        plate=pd.Categorical([], categories=[99]),
+        barcode=pd.Categorical([], categories=["zzz"]),
+    )
+    write_sample(
+        paths[2], cell_type=["Mono", "T", "Mono"], plate=pd.Categorical([5, 2, 5]), barcode=["CAT", "AAA", "ZZZ"]
+    )
+    write_sample(paths[3], cell_type=["B", "NK", "B", "B"], plate=pd.Categorical([1, 1, 1, 3]), barcode=list("wxyz"))
+    write_sample(
+        paths[4],
+        cell_type=pd.Categorical(["T", None, "DC"]),  # DC, T; one missing
+        plate=pd.Categorical([2, 2, 1], categories=[2, 1], ordered=True),
+        barcode=["x", "AAC", "q"],
+    )
+    return paths
+
+
+# The union: the parts in order, each part's categories in its own order, each at its first appearance.
+UNION = {
+    "cell_type": ["B", "NK", "T", "Mono", "DC"],
+    "plate": [1, 3, 2, 5],
+    "barcode": ["AAA", "AAC", "CCC", "GGG", "TTT", "CAT", "ZZZ", "w", "x", "y", "z", "q"],
+}
+
+
+def test_per_sample_categories_read_as_one_categorical_over_their_union(samples):
+    collection = ts.open(samples, obs=COLUMNS)
+    assert len(collection) == 15 and collection.offsets == [0, 5, 5, 8, 12]
+    expected = {column: read_back(samples, column) for column in COLUMNS}
+    for column in COLUMNS:
+        assert collection.categories(column) == UNION[column]
+    everything = list(range(15))
+    for rows in (
+        np.random.default_rng(0).permutation(everything + everything[3:11]).tolist(),
+        [9, 8, 10, 9],  # rows of one part: read as that part's
+        [13, 12, 14],
+        everything,
+    ):
+        batch = collection.read(rows, num_threads=2)
+        for column in COLUMNS:
+            assert decoded(batch[column], UNION[column]) == [expected[column][r] for r in rows], (column, rows)
+    # The first part's codes are its own.
+    first = ts.AnnDataSource(samples[0], obs=COLUMNS).read(list(range(5)))
+    batch = collection.read(list(range(5)))
+    for column in COLUMNS:
+        assert torch.equal(batch[column], first[column]), column
+    # A collection of one part reads its codes as they are.
+    alone = ts.Collection([ts.AnnDataSource(samples[2], obs=COLUMNS)])
+    assert alone.categories("cell_type") == ["Mono", "T"]
+    assert alone.read([0, 1, 2])["cell_type"].tolist() == [0, 1, 0]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_row_of_per_sample_files_decodes_to_its_value_in_a_dataset(samples, workers):
+    collection = ts.open(samples, obs=COLUMNS)
+    expected = {column: read_back(samples, column) for column in COLUMNS}
+    seen = []
+    dataset = ts.ShardedDataset(collection, ts.BlockShuffling(2), batch_size=4, fetch_factor=2, seed=7, num_threads=2)
+    loader = DataLoader(
+        dataset, batch_size=None, num_workers=workers, multiprocessing_context="fork" if workers else None
+    )
+    for batch in loader:
+        index = batch["index"].tolist()
+        for column in COLUMNS:
+            assert decoded(batch[column], UNION[column]) == [expected[column][r] for r in index], column
+        seen += index
+    assert sorted(seen) == list(range(15))
+
+
+def test_nested_collections_unite_their_unions(samples):
+    def source(i):
+        return ts.AnnDataSource(samples[i], obs=COLUMNS)
+
+    expected = {column: read_back(samples, column) for column in COLUMNS}
+    inner = ts.Collection([source(3), source(4)])
+    assert inner.categories("cell_type") == ["B", "NK", "DC", "T"]
+    assert inner.categories("plate") == [1, 3, 2]
+    # [[s0, empty], s1, [[s2, s3]]]: each inner collection's codes mapped to its union, then to the outer's.
+    nested = ts.Collection([ts.Collection([source(0), source(1)]), source(2), ts.Collection([inner])])
+    for column in COLUMNS:
+        assert nested.categories(column) == UNION[column]
+    for rows in (
+        np.random.default_rng(1).permutation(15).tolist(),
+        [14, 12, 13],  # rows of the innermost collection's second part only
+        [11, 6, 8],
+    ):
+        batch = nested.read(rows, num_threads=2)
+        for column in COLUMNS:
+            assert decoded(batch[column], UNION[column]) == [expected[column][r] for r in rows], (column, rows)
+    # Another order of the parts, another union: the first part's categories first.
+    backwards = ts.Collection([inner, source(2), source(0)])
+    assert backwards.categories("cell_type") == ["B", "NK", "DC", "T", "Mono"]
+    rows = list(range(15))
+    reordered = read_back([samples[i] for i in (3, 4, 2, 0)], "cell_type")
+    assert decoded(backwards.read(rows)["cell_type"], backwards.categories("cell_type")) == reordered
+
+
+def test_parts_that_agree_keep_their_codes(tmp_path):
+    write_labels(tmp_path / "a.h5ad", ["y", "x", "y"], ["y", "x"])
+    write_labels(tmp_path / "b.h5ad", ["x", "x"], ["y", "x"])
+    collection = ts.open([tmp_path / "a.h5ad", tmp_path / "b.h5ad"], obs=["label"])
+    assert collection.categories("label") == ["y", "x"]
+    assert collection.read(list(range(5)))["label"].tolist() == [0, 1, 0, 1, 1]
+    # Categories compare as JSON values: integer and float categories that are equal are one.
+    write_sample(tmp_path / "i.h5ad", n=pd.Categorical([2, 1, 2]))
+    write_sample(tmp_path / "f.h5ad", n=pd.Categorical([2.0, 2.5]))
+    numbers = ts.open([tmp_path / "i.h5ad", tmp_path / "f.h5ad"], obs=["n"])
+    assert numbers.categories("n") == [1, 2, 2.5]
+    assert decoded(numbers.read(list(range(5)))["n"], [1, 2, 2.5]) == [2, 1, 2, 2, 2.5]
+
+
+def test_parts_without_rows_unite_their_categories_when_no_part_has_rows(tmp_path):
+    write_labels(tmp_path / "a.h5ad", [], ["x", "y"])
+    write_labels(tmp_path / "b.h5ad", [], ["z", "x"])
+    collection = ts.open([tmp_path / "a.h5ad", tmp_path / "b.h5ad"], obs=["label"])
+    assert len(collection) == 0 and collection.categories("label") == ["x", "y", "z"]
+
+
+def test_a_column_categorical_in_one_part_and_numbers_in_another_is_refused(tmp_path):
     write_labels(tmp_path / "a.h5ad", ["x", "y", "x"], ["x", "y"])
-    write_labels(tmp_path / "b.h5ad", ["y", "y"], ["x", "y"])
-    write_labels(tmp_path / "c.h5ad", ["y", "x"], ["y", "x"])  # its code 0 means "y"
+    write_sample(tmp_path / "codes.h5ad", label=np.array([0, 1], dtype=np.int64))  # the same dtype as codes
+    write_sample(tmp_path / "floats.h5ad", label=np.array([0.5, 1.5]))
 
     def source(name):
         return ts.AnnDataSource(tmp_path / name, obs=["label"])
 
-    inner = ts.Collection([source("a.h5ad"), source("b.h5ad")])
-    message = (
-        r"Collection: obs column 'label' has different categories in sources\[0\]\[0\] \(.*a.h5ad\) and "
-        r"sources\[1\] \(.*c.h5ad\): category 0 is 'x' against 'y'"
-    )
-    with pytest.raises(ValueError, match=message):
-        ts.Collection([inner, source("c.h5ad")])
-    deep = ts.Collection([ts.Collection([source("c.h5ad")])])  # agrees with itself
-    with pytest.raises(ValueError, match=r"in sources\[0\] \(.*b.h5ad\) and sources\[1\]\[0\]\[0\] \(.*c.h5ad\)"):
-        ts.Collection([source("b.h5ad"), deep])
-    # Nested collections that agree read every code as its file wrote it.
-    nested = ts.Collection([inner, ts.Collection([source("b.h5ad")])])
-    assert nested.read(list(range(7)))["label"].tolist() == [0, 1, 0, 1, 1, 1, 1]
-    assert nested.categories("label") == ["x", "y"]
-    with pytest.raises(ValueError, match=r"'other' is not an obs column the collection reads \(obs=\['label'\]\)"):
-        nested.categories("other")
+    with pytest.raises(
+        ValueError,
+        match=r"Collection: obs column 'label' is categorical \(int64 codes into categories\) in sources\[0\] "
+        r"\(.*a\.h5ad, encoding-type 'categorical'\) and not categorical \(values as stored\) in sources\[1\]\[0\] "
+        r"\(.*codes\.h5ad, encoding-type 'array'\)",
+    ):
+        ts.Collection([source("a.h5ad"), ts.Collection([source("codes.h5ad")])])
+    with pytest.raises(
+        ValueError,
+        match=r"obs column 'label' is not categorical \(values as stored\) in sources\[0\] \(.*floats\.h5ad, "
+        r"encoding-type 'array'\) and categorical \(int64 codes into categories\) in sources\[1\] \(.*a\.h5ad",
+    ):
+        ts.Collection([source("floats.h5ad"), source("a.h5ad")])
+    # A field of another source is no codes either.
+    tensors = ts.TensorSource({"X": torch.zeros(2, 2), "label": torch.zeros(2, dtype=torch.long)})
+    with pytest.raises(
+        ValueError, match=r"in sources\[1\] \(TensorSource.*: a field of that name, not an obs column\)"
+    ):
+        ts.Collection([source("a.h5ad"), tensors])
+
+
+def test_categories_of_what_the_collection_does_not_read_are_named(samples):
+    collection = ts.open(samples, obs=["cell_type"])
+    with pytest.raises(ValueError, match=r"'other' is not an obs column the collection reads \(obs=\['cell_type'\]\)"):
+        collection.categories("other")
     with pytest.raises(ValueError, match="Collection.categories: the collection holds no AnnDataSource"):
         ts.Collection([ts.TensorSource({"x": torch.zeros(2, 1)})]).categories("label")
+
+
+def test_label_key_balances_the_union_of_per_sample_categories(samples):
+    """ClassBalancedSampling(label_key=) over per-sample files: one class per value across the files
+    (the column need not be delivered)."""
+    collection = ts.open(samples)
+    expected = read_back(samples, "cell_type")
+    strategy = ts.ClassBalancedSampling(label_key="cell_type", total_size=5000)
+    dataset = ts.ShardedDataset(collection, strategy, batch_size=100, seed=3)
+    drawn = pd.Series([expected[r] for batch in dataset for r in batch["index"].tolist()])
+    counts = drawn.value_counts(dropna=False)
+    assert set(counts.index) == set(UNION["cell_type"])  # the missing label is never drawn
+    assert (abs(counts - 1000) < 150).all(), counts.to_dict()
 
 
 def test_open_picks_the_source_from_the_path(tmp_path):

@@ -6,6 +6,7 @@ import io
 import json
 from pathlib import Path
 
+import anndata as ad
 import h5py
 import numpy as np
 import pandas as pd
@@ -143,7 +144,6 @@ def test_every_strategy_pickles(strategy):
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    import anndata as ad
     import scipy.sparse as sp
 
     root = tmp_path_factory.mktemp("script")
@@ -271,6 +271,18 @@ def test_a_loaded_collection_names_what_its_codes_mean(files):
         loaded.categories_json("n")
     with pytest.raises(ValueError, match=r"is not a Collection \(an AnnDataSource's categories are its AnnData's\)"):
         parts[0].native.categories_json("kind")
+
+
+def test_a_loaded_collection_names_the_union_of_its_parts_categories(tmp_path):
+    """Per-file categoricals of different categories: the loaded collection's codes index their union."""
+    parts = []
+    for name, values in (("a", ["x", "z", "x"]), ("b", ["y", "z"])):  # categories x, z and y, z
+        obs = pd.DataFrame({"kind": values}, index=[f"{name}{i}" for i in range(len(values))])
+        ad.AnnData(np.ones((len(values), 2), np.float32), obs=obs).write_h5ad(tmp_path / f"{name}.h5ad")
+        parts.append(ts.AnnDataSource(tmp_path / f"{name}.h5ad", obs=["kind"]))
+    loaded = save_and_load(ts.Collection(parts).native)
+    assert json.loads(loaded.categories_json("kind")) == ["x", "z", "y"]
+    assert dict(loaded.read(torch.tensor([4, 0, 3, 1]), 1))["kind"].tolist() == [1, 0, 2, 1]
 
 
 def test_dataset_pickles_with_its_arguments_and_epoch(files):

@@ -329,9 +329,13 @@ def _elements(fields):
 class Collection(Source):
     """Many sources as one row space: global row = offset of its source + local
     row (e.g. the plates of a large dataset). All sources must have the same
-    fields (names, dtypes, row shapes). Collections nest; a categorical or string
-    obs column must have the same categories in every AnnData source at any depth
-    (ValueError naming both otherwise), so that each code means one value."""
+    fields (names, dtypes, row shapes). Collections nest.
+
+    A categorical or string obs column whose sources have different categories
+    (anndata writes each file's categorical with only the values in it) reads as
+    one categorical over their union (``categories(column)``): each source's codes
+    are mapped to the union's as they are read. A column categorical (or string)
+    in one source and not in another raises ValueError naming both files."""
 
     def __init__(self, sources):
         sources = list(sources)
@@ -352,9 +356,16 @@ class Collection(Source):
         return ops.collection([source.native for source in self.sources])
 
     def categories(self, column):
-        """What the codes of a categorical or string obs column read by this collection's
-        AnnData sources mean (``AnnDataSource.categories``): the same in every one of them,
-        as the collection checked when it was made."""
+        """What the codes of a categorical or string obs column mean: code i is categories[i]
+        (-1: missing). The union of the sources' categories, in this order: the sources in
+        collection order (a nested collection's own union), each source's categories in its
+        own order (``AnnDataSource.categories``), each category at its first appearance;
+        categories compare as JSON values (2 and 2.0 are one). Sources without rows are
+        left out (an empty file's categories are often none), unless none has rows. Where
+        the sources agree, these are their categories and their codes; the first source's
+        codes never change. For an ordered categorical, the union's order is this order of
+        first appearance: an order across files only where they agree. For a string column
+        (codes into each file's sorted values) the union is not sorted across files."""
         return json.loads(self.native.categories_json(column))
 
     @property

@@ -196,18 +196,22 @@ class TORCH_SHARDS_API AnnDataSource : public Source {
 };
 
 // Many sources as one row space: global row = offset of its source + local row.
-// Collections nest; the categories behind an obs column's codes must agree in
-// every AnnData source at any depth (ValueError naming both otherwise). A
-// collection of one collection is spelled with a vector,
+// Collections nest. A categorical or string obs column whose sources have
+// different categories reads as codes into their union (categories_json); a
+// column categorical in one source and not in another is a ValueError naming
+// both. A collection of one collection is spelled with a vector,
 // Collection(std::vector<Source>{inner}): C++ reads Collection({inner}) as a
 // copy of inner.
 class TORCH_SHARDS_API Collection : public Source {
  public:
   explicit Collection(const std::vector<Source>& parts);
   // What the codes of a categorical or string obs column read by its AnnData
-  // sources mean, as a JSON array (code i is element i; -1: missing): the same
-  // in every one of them. ValueError if none reads that column, or the
-  // collection holds no AnnData source.
+  // sources mean, as a JSON array (code i is element i; -1: missing): the
+  // union of their categories (the sources in order, a nested collection's
+  // own union, each source's categories in its order, each at its first
+  // appearance; sources without rows left out unless none has rows).
+  // ValueError if none reads that column, or the collection holds no AnnData
+  // source.
   std::string categories_json(const std::string& column) const { return impl_->categories_json(column); }
 };
 

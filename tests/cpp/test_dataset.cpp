@@ -4,6 +4,8 @@
 #include <hdf5.h>
 #include <torch/torch.h>
 #include <unistd.h>
+
+#include <nlohmann/json.hpp>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
@@ -327,23 +329,43 @@ TEST(Dataset, OpensAnnbatchCollections) {
   std::filesystem::copy_file(data + "/collection.zarr/zarr.json", dir / "empty.zarr/zarr.json");
   const std::string empty = error_of<c10::ValueError>([&] { ts::annbatch_datasets(dir / "empty.zarr"); });
   EXPECT_NE(empty.find("empty.zarr is an annbatch DatasetCollection without datasets"), std::string::npos) << empty;
-  // Its datasets store their barcodes as categoricals of their own: one code would mean different
-  // barcodes in different datasets.
-  const std::string codes =
-      error_of<c10::ValueError>([&] { ts::AnnbatchCollection(data + "/collection.zarr", {.obs = {"barcode"}}); });
-  EXPECT_NE(codes.find("Collection: obs column 'barcode' has different categories in sources[0]"), std::string::npos)
-      << codes;
-  // As deep as a collection nests.
+}
+
+// annbatch's datasets store their barcodes as string columns of their own
+// (codes into each dataset's sorted barcodes): a collection reads them as
+// codes into the union of them, the datasets in order, each barcode at its
+// first appearance; nested collections unite their unions.
+TEST(Dataset, ReadsPerDatasetCategoriesAsCodesIntoTheirUnion) {
+  const std::string data = TORCH_SHARDS_TEST_DATA "/anndata/annbatch-0.3.1/collection.zarr";
   const auto dataset = [&](int k) {
-    return ts::AnnDataSource(data + "/collection.zarr/dataset_" + std::to_string(k), {.obs = {"barcode"}});
+    return ts::AnnDataSource(data + "/dataset_" + std::to_string(k), {.obs = {"barcode"}});
   };
-  const std::string nested = error_of<c10::ValueError>([&] {
-    // (A braced list of one collection would copy it: the parts are spelled as a vector.)
-    const ts::Collection inner(std::vector<ts::Source>{dataset(1)});
-    ts::Collection({dataset(0), ts::Collection(std::vector<ts::Source>{inner})});
-  });
-  EXPECT_NE(nested.find("different categories in sources[0] ("), std::string::npos) << nested;
-  EXPECT_NE(nested.find("dataset_0) and sources[1][0][0] ("), std::string::npos) << nested;
+  const ts::AnnbatchCollection flat(data, {.obs = {"barcode"}});
+  // (A braced list of one collection would copy it: the parts are spelled as vectors.)
+  const ts::Collection inner(std::vector<ts::Source>{dataset(1)});
+  const ts::Collection nested({dataset(0), ts::Collection(std::vector<ts::Source>{inner}), dataset(2)});
+  nlohmann::json expected = nlohmann::json::array();
+  std::vector<nlohmann::json> values;  // every row's barcode
+  for (int k = 0; k < 3; ++k) {
+    const ts::AnnDataSource part = dataset(k);
+    const auto own = nlohmann::json::parse(part.anndata()->categories_json("barcode"));
+    for (const auto& barcode : own) {
+      if (std::find(expected.begin(), expected.end(), barcode) == expected.end()) expected.push_back(barcode);
+    }
+    const at::Tensor codes = part.read(torch::arange(part.size(), torch::kLong)).at("barcode");
+    for (int64_t i = 0; i < codes.numel(); ++i) values.push_back(own.at(codes[i].item<int64_t>()));
+  }
+  ASSERT_GT(expected.size(), nlohmann::json::parse(dataset(0).anndata()->categories_json("barcode")).size());
+  const int64_t rows = static_cast<int64_t>(values.size());
+  const at::Tensor shuffled = torch::randperm(rows, torch::TensorOptions().dtype(torch::kLong));
+  for (const ts::Collection* collection : {static_cast<const ts::Collection*>(&flat), &nested}) {
+    const auto categories = nlohmann::json::parse(collection->categories_json("barcode"));
+    EXPECT_EQ(categories, expected);
+    const at::Tensor codes = collection->read(shuffled).at("barcode");
+    for (int64_t i = 0; i < rows; ++i) {
+      ASSERT_EQ(categories.at(codes[i].item<int64_t>()), values[shuffled[i].item<int64_t>()]) << i;
+    }
+  }
 }
 
 TEST(Dataset, ReadsAnHdf5File) {

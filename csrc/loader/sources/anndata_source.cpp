@@ -190,6 +190,15 @@ void AnnDataSource::opened_stamps(io::FileStamps& stamps) const {
   visit_read_arrays(matrices_, obs_, [&](const auto& read) { read.opened_stamps(stamps); });
 }
 
+std::optional<std::vector<ObsColumnKind>> AnnDataSource::obs_column_kinds() const {
+  std::vector<ObsColumnKind> kinds;
+  for (const io::ObsColumn& column : obs_) {
+    kinds.push_back(ObsColumnKind{column.name, column.encoding, column.categorical ? &column.categories : nullptr,
+                                  store_->root().file(), ""});
+  }
+  return kinds;
+}
+
 std::string AnnDataSource::describe() const {
   // Without fields= exactly as before fields existed: a checkpoint's source_hash is a hash of it.
   const io::Group& root = store_->root();

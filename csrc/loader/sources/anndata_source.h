@@ -37,6 +37,7 @@ class AnnDataSource : public Source {
   std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const override;
   std::string describe() const override;
   void opened_stamps(io::FileStamps& stamps) const override;
+  std::optional<std::vector<ObsColumnKind>> obs_column_kinds() const override;
 
   const io::AnnDataStore& store() const { return *store_; }
   const std::vector<io::ObsColumn>& obs() const { return obs_; }

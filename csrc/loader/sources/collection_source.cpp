@@ -4,14 +4,15 @@
 #include <ATen/ops/sparse_csr_tensor.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <numeric>
 
 #include "core/errors.h"
 #include "core/scratch_buffer.h"
 #include "io/dtype.h"
-#include "loader/sources/anndata_source.h"
 #include "loader/sources/array_tensors.h"
 
 namespace torch_shards::sources {
@@ -29,7 +30,28 @@ struct PartRows {
   std::vector<int64_t> order;
   std::vector<int64_t> dests;
   std::unique_ptr<PlannedRead> read;
+  // Where its rows landed in the dense outputs.
+  const std::vector<int64_t>& rows_in_output() const { return dests.empty() ? order : dests; }
 };
+
+using UnitedColumn = CollectionSource::UnitedColumn;
+
+// The categorical columns whose codes part `part` writes in codes of its own.
+std::vector<const UnitedColumn*> columns_to_map(const std::vector<UnitedColumn>& columns, size_t part) {
+  std::vector<const UnitedColumn*> mapped;
+  for (const UnitedColumn& column : columns) {
+    if (column.categorical && !column.tables[part].empty()) mapped.push_back(&column);
+  }
+  return mapped;
+}
+
+// Maps the codes a part wrote into `codes` (a dense int64 output: its rows
+// of it) to the union's, in place.
+void map_part_codes(const UnitedColumn& column, const PartRows& part, const at::Tensor& codes) {
+  int64_t* data = codes.data_ptr<int64_t>();
+  const std::vector<int64_t>& table = column.tables[part.part];
+  for (const int64_t row : part.rows_in_output()) data[row] = united_code(data[row], table, column.kind.name);
+}
 
 int64_t offset_at(const at::Tensor& offsets, int64_t i) {
   return offsets.scalar_type() == at::kInt ? offsets.const_data_ptr<int32_t>()[i]
@@ -125,23 +147,34 @@ at::Tensor merge_csr(const std::vector<PartRows>& parts, const std::vector<at::T
 // All rows from one part: its read is the collection's.
 class SinglePartRead : public PlannedRead {
  public:
-  explicit SinglePartRead(std::vector<PartRows> parts) : parts_(std::move(parts)) {
+  SinglePartRead(std::vector<PartRows> parts, const std::vector<UnitedColumn>& columns) : parts_(std::move(parts)) {
     outputs_ = parts_.front().read->outputs();
+    for (const UnitedColumn* column : columns_to_map(columns, parts_.front().part)) {
+      for (size_t i = 0; i < outputs_.size(); ++i) {
+        if (outputs_[i].field == column->kind.name && outputs_[i].part == OutputSpec::Part::kDense) {
+          mapped_.emplace_back(i, column);
+        }
+      }
+    }
   }
   Batch fill(const std::vector<at::Tensor>& tensors, ReadContext& context) override {
-    return parts_.front().read->fill(tensors, context);
+    Batch batch = parts_.front().read->fill(tensors, context);
+    for (const auto& [output, column] : mapped_) map_part_codes(*column, parts_.front(), tensors[output]);
+    return batch;
   }
   CsrRead* shared_csr(const std::string& field) override { return parts_.front().read->shared_csr(field); }
   void open_files(std::vector<const io::File*>& files) const override { parts_.front().read->open_files(files); }
 
  private:
-  std::vector<PartRows> parts_;  // one; its rows are referred to by its read
+  std::vector<PartRows> parts_;                                 // one; its rows are referred to by its read
+  std::vector<std::pair<size_t, const UnitedColumn*>> mapped_;  // (output, column) whose codes are mapped
 };
 
 class CollectionRead : public PlannedRead {
  public:
-  CollectionRead(const std::vector<FieldSpec>& fields, std::vector<PartRows> parts, const RowRequest& request)
-      : fields_(fields), parts_(std::move(parts)), rows_(static_cast<int64_t>(request.rows.size())) {
+  CollectionRead(const std::vector<FieldSpec>& fields, const std::vector<UnitedColumn>& columns,
+                 std::vector<PartRows> parts, const RowRequest& request)
+      : fields_(fields), columns_(columns), parts_(std::move(parts)), rows_(static_cast<int64_t>(request.rows.size())) {
     const int64_t out_rows = request.num_out_rows();
     // The final outputs: a dense field once, written by every part; a CSR field's three arrays.
     for (const FieldSpec& field : fields_) {
@@ -213,6 +246,9 @@ class CollectionRead : public PlannedRead {
                                                                  : at::Tensor());
       }
       Batch batch = part.read->fill(inputs, context);
+      for (const UnitedColumn* column : columns_to_map(columns_, part.part)) {
+        map_part_codes(*column, part, dense.at(column->kind.name));
+      }
       for (const auto& [name, arrays] : csr) {
         if (placed.count(name) == 0) staged[name].push_back(batch.at(name));
       }
@@ -239,6 +275,7 @@ class CollectionRead : public PlannedRead {
 
  private:
   const std::vector<FieldSpec>& fields_;
+  const std::vector<UnitedColumn>& columns_;
   std::vector<PartRows> parts_;
   int64_t rows_;
 };
@@ -269,85 +306,71 @@ std::string order_hint(std::vector<FieldSpec> first, std::vector<FieldSpec> othe
          "by it)";
 }
 
-// A category as Python shows it: strings quoted, anything else as JSON.
-std::string shown_category(const nlohmann::json& value) {
-  return value.is_string() ? "'" + value.get<std::string>() + "'" : value.dump();
-}
-
-// The AnnData sources among `parts`, those of nested collections included,
-// each with where it sits ("sources[1][0]": part 0 of the collection that is
-// part 1).
-void anndata_leaves(const std::vector<std::shared_ptr<const Source>>& parts, const std::string& where,
-                    std::vector<std::pair<std::string, const AnnDataSource*>>& leaves) {
-  for (size_t p = 0; p < parts.size(); ++p) {
-    const std::string here = core::concat(where, "[", p, "]");
-    if (const auto* anndata = dynamic_cast<const AnnDataSource*>(parts[p].get())) {
-      leaves.emplace_back(here, anndata);
-    } else if (const auto* nested = dynamic_cast<const CollectionSource*>(parts[p].get())) {
-      anndata_leaves(nested->parts(), here, leaves);
+// A category as a key that is equal for equal JSON values (2 and 2.0 are one, as nlohmann's == has them).
+std::string category_key(const nlohmann::json& value) {
+  using Type = nlohmann::json::value_t;
+  constexpr double kTwo63 = 9223372036854775808.0;
+  switch (value.type()) {
+    case Type::string:
+      return "s" + value.get_ref<const std::string&>();
+    case Type::number_integer:
+      return "i" + std::to_string(value.get<int64_t>());
+    case Type::number_unsigned: {
+      const auto number = value.get<uint64_t>();
+      return number <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+                 ? "i" + std::to_string(static_cast<int64_t>(number))
+                 : "u" + std::to_string(number);
     }
-  }
-}
-
-// The AnnData sources whose codes mean something: those with rows (an empty
-// file's categories are often none at all), or all of them when none has rows.
-std::vector<std::pair<std::string, const AnnDataSource*>> coded_leaves(
-    const std::vector<std::shared_ptr<const Source>>& parts) {
-  std::vector<std::pair<std::string, const AnnDataSource*>> leaves, with_rows;
-  anndata_leaves(parts, "sources", leaves);
-  for (const auto& leaf : leaves) {
-    if (leaf.second->num_rows() > 0) with_rows.push_back(leaf);
-  }
-  return with_rows.empty() ? leaves : with_rows;
-}
-
-// The int64 codes of a categorical (or string) obs column index each file's
-// own categories: every AnnData source of a collection with rows, at any
-// depth, must agree on them, or one code would mean different values in
-// different rows.
-void check_codes_agree(const std::vector<std::shared_ptr<const Source>>& parts) {
-  const std::vector<std::pair<std::string, const AnnDataSource*>> leaves = coded_leaves(parts);
-  std::map<std::string, std::pair<size_t, const io::ObsColumn*>> first;  // column -> (leaf, column there)
-  for (size_t p = 0; p < leaves.size(); ++p) {
-    const AnnDataSource& anndata = *leaves[p].second;
-    for (const io::ObsColumn& column : anndata.obs()) {
-      if (!column.categorical) continue;  // its values mean the same everywhere
-      const auto [seen, inserted] = first.try_emplace(column.name, p, &column);
-      if (inserted) continue;
-      const auto& [q, reference] = seen->second;
-      const nlohmann::json &expected = reference->categories, &got = column.categories;
-      if (expected == got) continue;
-      // The first category that differs; where one list is the other's start, the first one past it.
-      const size_t common = std::min(expected.size(), got.size());
-      std::string detail;
-      for (size_t k = 0; k < common && detail.empty(); ++k) {
-        if (expected[k] != got[k]) {
-          detail =
-              core::concat("category ", k, " is ", shown_category(expected[k]), " against ", shown_category(got[k]));
-        }
+    case Type::number_float: {
+      const auto number = value.get<double>();
+      if (std::isfinite(number) && number == std::trunc(number)) {
+        if (number >= -kTwo63 && number < kTwo63) return "i" + std::to_string(static_cast<int64_t>(number));
+        if (number >= kTwo63 && number < 2 * kTwo63) return "u" + std::to_string(static_cast<uint64_t>(number));
       }
-      if (detail.empty()) {
-        const bool first_longer = expected.size() > got.size();
-        detail = core::concat(expected.size(), " against ", got.size(), " categories: category ", common, " (",
-                              shown_category(first_longer ? expected[common] : got[common]), ") is only in the ",
-                              first_longer ? "first" : "second");
-      }
-      throw core::InvalidArgument(core::concat(
-          "Collection: obs column '", column.name, "' has different categories in ", leaves[q].first, " (",
-          leaves[q].second->store().root().file(), ") and ", leaves[p].first, " (", anndata.store().root().file(),
-          "): ", detail,
-          "; its codes would mean different values in different files. Store it as a categorical with the same "
-          "categories in every file (pd.Categorical(values, categories=all_values))"));
+      return "f" + value.dump();
     }
+    case Type::boolean:
+      return value.get<bool>() ? "b1" : "b0";
+    case Type::null:
+      return "n";
+    default:
+      return "j" + value.dump();
   }
+}
+
+// How a part delivers an obs column, for the message refusing two kinds.
+std::string kind_words(bool categorical) {
+  return categorical ? "categorical (int64 codes into categories)" : "not categorical (values as stored)";
 }
 
 }  // namespace
+
+std::vector<int64_t> CategoryUnion::add(const nlohmann::json& categories) {
+  std::vector<int64_t> table(categories.size());
+  bool same = true;
+  for (size_t i = 0; i < categories.size(); ++i) {
+    const auto [found, added] =
+        codes_.try_emplace(category_key(categories[i]), static_cast<int64_t>(categories_.size()));
+    if (added) categories_.push_back(categories[i]);
+    table[i] = found->second;
+    same = same && table[i] == static_cast<int64_t>(i);
+  }
+  if (same) table.clear();
+  return table;
+}
+
+void throw_code_past_table(int64_t code, size_t categories, const std::string& column) {
+  throw core::ReadError(core::concat("Collection: obs column '", column, "': code ", code, " is past the ", categories,
+                                     " categories it was read with"));
+}
 
 CollectionSource::CollectionSource(std::vector<std::shared_ptr<const Source>> parts) : parts_(std::move(parts)) {
   check_argument(!parts_.empty(), "Collection: needs at least one source");
   fields_ = parts_.front()->fields();
   offsets_.push_back(0);
+  for (const auto& part : parts_) offsets_.push_back(offsets_.back() + part->num_rows());
+  // Before the fields: a column categorical in one part and numeric in another is named as such.
+  unite_obs_columns();
   for (size_t p = 0; p < parts_.size(); ++p) {
     const auto fields = parts_[p]->fields();
     if (fields != fields_) {
@@ -358,30 +381,108 @@ CollectionSource::CollectionSource(std::vector<std::shared_ptr<const Source>> pa
                                                got, "} but source 0 (", parts_.front()->describe(), ") has {", expected,
                                                "}", layout_hint(fields_, fields), order_hint(fields_, fields)));
     }
-    offsets_.push_back(offsets_.back() + parts_[p]->num_rows());
   }
-  check_codes_agree(parts_);
+}
+
+// The int64 codes of a categorical (or string) obs column index each file's
+// own categories (anndata writes only the values a file holds): the
+// collection reads them as codes into the union of its parts' categories.
+// Only the parts with rows count (an empty file's categories are often none
+// at all), or all of them when none has rows.
+void CollectionSource::unite_obs_columns() {
+  std::vector<size_t> coded;
+  for (size_t p = 0; p < parts_.size(); ++p) {
+    if (parts_[p]->num_rows() > 0) coded.push_back(p);
+  }
+  if (coded.empty()) {
+    coded.resize(parts_.size());
+    std::iota(coded.begin(), coded.end(), 0);
+  }
+  std::vector<std::optional<std::vector<ObsColumnKind>>> kinds(parts_.size());
+  for (size_t p = 0; p < parts_.size(); ++p) {
+    kinds[p] = parts_[p]->obs_column_kinds();
+    has_obs_ |= kinds[p].has_value();
+  }
+  const auto kind_in = [&](size_t p, const std::string& name) -> const ObsColumnKind* {
+    if (!kinds[p]) return nullptr;
+    for (const ObsColumnKind& kind : *kinds[p]) {
+      if (kind.name == name) return &kind;
+    }
+    return nullptr;
+  };
+  std::map<std::string, size_t> seen;
+  for (const size_t p : coded) {
+    if (!kinds[p]) continue;
+    for (const ObsColumnKind& kind : *kinds[p]) {
+      if (!seen.try_emplace(kind.name, obs_columns_.size()).second) continue;
+      UnitedColumn& column = obs_columns_.emplace_back();
+      column.kind = kind;
+      column.kind.categories = nullptr;
+      column.kind.where = core::concat("[", p, "]", kind.where);
+      column.categorical = kind.categorical();
+      if (column.categorical) column.tables.resize(parts_.size());
+    }
+  }
+  for (UnitedColumn& column : obs_columns_) {
+    const std::string& name = column.kind.name;
+    CategoryUnion united;
+    for (const size_t p : coded) {
+      const ObsColumnKind* kind = kind_in(p, name);
+      if (kind == nullptr) {
+        // A part without that obs column: the fields differ (named below), unless it has a field of that
+        // name (a tensor's): not codes.
+        const std::vector<FieldSpec> fields = parts_[p]->fields();
+        if (std::none_of(fields.begin(), fields.end(), [&](const FieldSpec& field) { return field.name == name; })) {
+          continue;
+        }
+      }
+      const bool categorical = kind != nullptr && kind->categorical();
+      if (categorical != column.categorical) {
+        const std::string here = kind ? core::concat("sources[", p, "]", kind->where, " (", kind->file,
+                                                     ", encoding-type '", kind->encoding, "')")
+                                      : core::concat("sources[", p, "] (", parts_[p]->describe(),
+                                                     ": a field of that name, not an obs column)");
+        throw core::InvalidArgument(core::concat(
+            "Collection: obs column '", name, "' is ", kind_words(column.categorical), " in sources", column.kind.where,
+            " (", column.kind.file, ", encoding-type '", column.kind.encoding, "') and ", kind_words(categorical),
+            " in ", here,
+            ": one column is read one way in every file; store it as a categorical (or strings) in every file, or as "
+            "values in every file"));
+      }
+      if (categorical) column.tables[p] = united.add(*kind->categories);
+    }
+    if (column.categorical) column.categories = std::move(united).release();
+  }
+}
+
+std::optional<std::vector<ObsColumnKind>> CollectionSource::obs_column_kinds() const {
+  if (!has_obs_) return std::nullopt;
+  std::vector<ObsColumnKind> kinds;
+  for (const UnitedColumn& column : obs_columns_) {
+    ObsColumnKind& kind = kinds.emplace_back(column.kind);
+    if (column.categorical) kind.categories = &column.categories;
+  }
+  return kinds;
 }
 
 nlohmann::json CollectionSource::categories(const std::string& column) const {
-  const std::vector<std::pair<std::string, const AnnDataSource*>> leaves = coded_leaves(parts_);
-  check_argument(!leaves.empty(), "Collection.categories: the collection holds no AnnDataSource");
-  const AnnDataSource& first = *leaves.front().second;
-  for (const io::ObsColumn& obs : first.obs()) {
-    if (obs.name != column) continue;
-    check_argument(obs.categorical, "Collection.categories: ", first.store().root().where(), ": obs column '", column,
+  check_argument(has_obs_, "Collection.categories: the collection holds no AnnDataSource");
+  for (const UnitedColumn& united : obs_columns_) {
+    if (united.kind.name != column) continue;
+    check_argument(united.categorical, "Collection.categories: ", united.kind.file, ": obs column '", column,
                    "' is not categorical");
-    return obs.categories;
+    return united.categories;
   }
   std::string listed;
-  for (const io::ObsColumn& obs : first.obs()) listed += (listed.empty() ? "'" : ", '") + obs.name + "'";
+  for (const UnitedColumn& united : obs_columns_) listed += (listed.empty() ? "'" : ", '") + united.kind.name + "'";
   throw core::InvalidArgument(core::concat("Collection.categories: '", column,
                                            "' is not an obs column the collection reads (obs=[", listed,
                                            "]); pass it in obs= when opening the sources"));
 }
 
 std::unique_ptr<PlannedRead> CollectionSource::plan(const RowRequest& request, ReadContext& context) const {
-  if (parts_.size() == 1) return parts_.front()->plan(request, context);  // its rows are the collection's
+  // A collection of one source: its rows and codes (its categories are the union) are the collection's.
+  if (parts_.size() == 1 && columns_to_map(obs_columns_, 0).empty()) return parts_.front()->plan(request, context);
   const std::vector<int64_t>& rows = request.rows;
   // Each row's part, then each part's rows (in request order) in vectors of their final size.
   std::vector<uint32_t> part_of(rows.size());
@@ -421,8 +522,8 @@ std::unique_ptr<PlannedRead> CollectionSource::plan(const RowRequest& request, R
     const std::vector<int64_t>* dests = request.dests ? &part.dests : &part.order;
     part.read = parts_[part.part]->plan(RowRequest{part.local, dests, request.num_out_rows()}, context);
   }
-  if (parts.size() == 1) return std::make_unique<SinglePartRead>(std::move(parts));
-  return std::make_unique<CollectionRead>(fields_, std::move(parts), request);
+  if (parts.size() == 1) return std::make_unique<SinglePartRead>(std::move(parts), obs_columns_);
+  return std::make_unique<CollectionRead>(fields_, obs_columns_, std::move(parts), request);
 }
 
 std::string CollectionSource::describe() const {

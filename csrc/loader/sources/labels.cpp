@@ -1,9 +1,11 @@
 #include "loader/sources/labels.h"
 
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/where.h>
 
+#include <optional>
 #include <vector>
 
 #include "core/errors.h"
@@ -57,19 +59,45 @@ Labels read_labels(const Source& source, const std::string& name) {
     throw core::InvalidArgument(core::concat(source.describe(), " has no field '", name, "' to read labels from"));
   }
   if (const auto* collection = dynamic_cast<const CollectionSource*>(&source)) {
-    std::vector<at::Tensor> parts;
-    nlohmann::json categories;
-    for (size_t p = 0; p < collection->parts().size(); ++p) {
-      Labels labels = read_labels(*collection->parts()[p], name);
-      // Codes mean something only against their categories: every part must have the same ones.
-      check_argument(p == 0 || labels.categories == categories, "Collection: the labels '", name, "' of source ", p,
-                     " (", collection->parts()[p]->describe(),
-                     ") have other categories than source 0's: ", labels.categories.dump(), " against ",
-                     categories.dump());
-      categories = labels.categories;
-      parts.push_back(labels.codes);
+    // Codes mean something only against their categories: as the collection reads its obs columns, the
+    // parts with rows (all of them when none has) unite theirs (CategoryUnion) and each part's codes are
+    // mapped to the union's.
+    const auto& parts = collection->parts();
+    std::vector<Labels> labels;
+    bool any_rows = false;
+    for (const auto& part : parts) {
+      labels.push_back(read_labels(*part, name));
+      any_rows |= part->num_rows() > 0;
     }
-    return Labels{at::cat(parts), categories};
+    CategoryUnion united;
+    std::optional<size_t> first;  // the first part whose codes count
+    std::vector<at::Tensor> codes;
+    for (size_t p = 0; p < parts.size(); ++p) {
+      if (any_rows && parts[p]->num_rows() == 0) continue;  // no codes
+      at::Tensor part_codes = labels[p].codes;
+      if (!first) first = p;
+      const bool categorical = !labels[p].categories.is_null(),
+                 first_categorical = !labels[*first].categories.is_null();
+      check_argument(categorical == first_categorical, "Collection: the labels '", name, "' are ",
+                     first_categorical ? "codes into categories" : "not categorical", " in source ", *first, " (",
+                     parts[*first]->describe(), ") and ", categorical ? "codes into categories" : "not categorical",
+                     " in source ", p, " (", parts[p]->describe(), ")");
+      if (!categorical) {
+        codes.push_back(part_codes);
+        continue;
+      }
+      const std::vector<int64_t> table = united.add(labels[p].categories);
+      if (!table.empty()) {
+        at::Tensor mapped = at::empty_like(part_codes);
+        const int64_t* in = part_codes.const_data_ptr<int64_t>();
+        int64_t* out = mapped.data_ptr<int64_t>();
+        for (int64_t i = 0; i < part_codes.numel(); ++i) out[i] = united_code(in[i], table, name);
+        part_codes = mapped;
+      }
+      codes.push_back(part_codes);
+    }
+    const bool categorical = first && !labels[*first].categories.is_null();
+    return Labels{at::cat(codes), categorical ? united.categories() : nlohmann::json()};
   }
   throw core::InvalidArgument(core::concat(source.describe(), " cannot provide labels"));
 }

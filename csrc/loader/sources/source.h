@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -111,6 +113,17 @@ class PlannedRead {
   std::vector<OutputSpec> outputs_;
 };
 
+// An obs column a source delivers, as a collection needs to know it to give
+// its parts' codes one meaning (Source::obs_column_kinds).
+struct ObsColumnKind {
+  std::string name;
+  std::string encoding;                        // anndata's encoding-type ("categorical", "string-array", "array", ...)
+  const nlohmann::json* categories = nullptr;  // what its int64 codes mean (owned by the source), or null: not codes
+  std::string file;                            // the file it is read from (a collection's: its first part's)
+  std::string where;                           // where that file's source sits in this one: "" itself, "[1][0]"
+  bool categorical() const { return categories != nullptr; }
+};
+
 class Source {
  public:
   virtual ~Source() = default;
@@ -129,6 +142,9 @@ class Source {
   // Throws io's ReadError naming the first file whose stamp differs from
   // `first` (another process's opened_stamps of this source).
   void check_same_files(const io::FileStamps& first) const;
+  // The obs columns it delivers (an AnnData source's; a collection's, their
+  // categories united), or nullopt for a source without obs.
+  virtual std::optional<std::vector<ObsColumnKind>> obs_column_kinds() const { return std::nullopt; }
 
   // One tensor per field, row i of each holding source row rows[i]: plan,
   // one allocation from the context's TensorPool, fill.
