@@ -110,6 +110,21 @@ def test_zarr_v2_fortran_order_and_big_endian(tmp_path):
     check(path, data.astype(">f8"))
 
 
+def test_zarr_v2_metadata_without_order_is_refused_as_zarr_python_refuses_it(tmp_path):
+    # Read as C order, an F-order array whose "order" was lost came back with its rows permuted.
+    data = values_of("int32", (6, 5))
+    path = tmp_path / "f.zarr"
+    z = zarr.create_array(path, shape=data.shape, chunks=(4, 5), dtype="i4", zarr_format=2, order="F")
+    z[:] = data
+    metadata = json.loads((path / ".zarray").read_text())
+    del metadata["order"]
+    (path / ".zarray").write_text(json.dumps(metadata))
+    with pytest.raises(TypeError, match="order"):
+        zarr.open_array(path, mode="r")
+    with pytest.raises(RuntimeError, match=r"f.zarr:/: .zarray: missing \"order\""):
+        ts.ZarrSource(path)
+
+
 def test_zarr_v3_big_endian_and_transpose(tmp_path):
     data = values_of("int32", (45, 11))
     path = tmp_path / "t.zarr"
