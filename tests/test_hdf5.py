@@ -320,6 +320,15 @@ def test_files_with_a_user_block_are_read(tmp_path):
     assert batch["c"].tolist() == batch["g"].tolist() == data[[9, 0]].tolist()
 
 
+def test_a_row_too_wide_to_allocate_is_refused_naming_the_dataset_and_the_row(tmp_path):
+    # Rows of 2^42 bytes, no chunk written: torch's allocator refused them without naming the file.
+    path = tmp_path / "wide.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", shape=(10, 2**40), dtype="f4", chunks=(1, 2**20))
+    with pytest.raises(RuntimeError, match=r"X=.*wide.h5:/x .*: a read of 3 rows of 4398046511104 bytes: cannot alloc"):
+        ts.HDF5Source(path, "x").read([0, 5, 9])
+
+
 def _vlen_descriptor_offset(path, dataset, element):
     """File offset of element `element`'s variable-length descriptor (length, heap address, index)."""
     with h5py.File(path, "r") as f:
