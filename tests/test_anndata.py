@@ -343,6 +343,51 @@ def test_csr_lengths_that_disagree_are_detected_at_open(tmp_path):
         ts.AnnDataSource(path)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_float_indptr_of_whole_numbers_reads_as_anndata_reads_it(tmp_path, dtype):
+    adata, dense = make_adata("csr")
+    path = tmp_path / f"{dtype}.h5ad"
+    adata.write_h5ad(path)
+    with h5py.File(path, "r+") as f:
+        indptr = f["X/indptr"][...]
+        del f["X/indptr"]
+        f["X/indptr"] = indptr.astype(dtype)
+    expected = ad.read_h5ad(path).X[ROWS]  # its indptr stays float, scipy's indexing casts it
+    x = ts.AnnDataSource(path).read(ROWS)["X"]
+    assert torch.equal(x.crow_indices().long(), torch.from_numpy(expected.indptr.astype(np.int64)))
+    assert torch.equal(x.col_indices().long(), torch.from_numpy(expected.indices.astype(np.int64)))
+    assert torch.equal(x.to_dense(), torch.from_numpy(dense[ROWS]))
+    assert torch.equal(ts.AnnDataSource(path, dense=True).read(ROWS)["X"], torch.from_numpy(expected.toarray()))
+
+
+@pytest.mark.parametrize(
+    "dtype, entry, value, message",
+    [
+        ("float64", 7, "fraction", r"at row 7, indptr\[7\] is \d+\.5, not a whole number in \[0, 2\^53\]"),
+        ("float64", 7, np.nan, r"at row 7, indptr\[7\] is nan, not a whole number"),
+        ("float64", 0, -1.0, r"at row 0, indptr\[0\] is -1, not a whole number"),
+        ("float64", 7, 2.0**53 + 2, r"at row 7, indptr\[7\] is 9007199254740994, not a whole number in \[0, 2\^53\]"),
+        ("float64", N_OBS, np.inf, r"at the end of the last row, indptr\[120\] is inf, not a whole number"),
+        ("float32", 7, 2.0**24 + 2, r"at row 7, indptr\[7\] is 16777218, not a whole number in \[0, 2\^24\]"),
+    ],
+)
+def test_a_float_indptr_that_is_not_whole_numbers_is_refused_naming_the_row_and_value(
+    tmp_path, dtype, entry, value, message
+):
+    adata, _ = make_adata("csr")
+    path = tmp_path / "bad.h5ad"
+    adata.write_h5ad(path)
+    with h5py.File(path, "r+") as f:
+        indptr = f["X/indptr"][...].astype(dtype)
+        indptr[entry] = indptr[entry] + 0.5 if value == "fraction" else value
+        del f["X/indptr"]
+        f["X/indptr"] = indptr
+    with pytest.raises(RuntimeError, match=r"bad.h5ad:/X/indptr: " + message):
+        ts.AnnDataSource(path).read(range(N_OBS))
+    with pytest.raises(RuntimeError, match=r"not a whole number"):
+        ts.AnnDataSource(path, dense=True).read([entry % N_OBS])
+
+
 def test_fuzzed_csr_arrays_never_crash(tmp_path):
     adata, dense = make_adata("csr")
     rng = np.random.default_rng(7)

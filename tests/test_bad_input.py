@@ -2,6 +2,7 @@
 value; nothing crashes or hangs."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -409,8 +410,86 @@ def test_labels_that_would_wrap_to_missing_are_refused():
 
 
 def test_field_names_with_a_nul_are_refused():
-    with pytest.raises(ValueError, match=r"TensorSource: field name 'a\\x00x' contains a NUL character"):
+    with pytest.raises(ValueError, match=r"TensorSource: field name contains a NUL character: 'a\\x00x'"):
         ts.TensorSource({"a\0x": torch.zeros(8), "a\0y": torch.ones(8)})
+
+
+@pytest.fixture
+def non_utf8_files(tmp_path):
+    """An HDF5 file, a zarr array and an .h5ad whose names on disk are not UTF-8 (Latin-1 bytes)."""
+    import anndata as ad
+    import h5py
+    import zarr
+
+    directory = os.fsencode(tmp_path)
+    names = {kind: directory + b"/caf\xe9." + kind.encode() for kind in ("h5", "zarr", "h5ad")}
+    with h5py.File(names["h5"], "w") as f:
+        f["x"] = np.arange(12, dtype=np.float32).reshape(4, 3)
+    zarr.create_array(os.fsdecode(names["zarr"]), shape=(4, 3), chunks=(2, 3), dtype="f4")[...] = 1
+    ad.AnnData(np.ones((4, 3), dtype=np.float32)).write_h5ad(os.fsdecode(names["h5ad"]))
+    assert sorted(os.listdir(directory)) == sorted(os.path.basename(name) for name in names.values())
+    return names
+
+
+@pytest.mark.parametrize("form", ["bytes", "str"])
+def test_paths_that_are_not_utf8_are_refused_naming_the_parameter_and_path(non_utf8_files, form):
+    def path(kind):
+        name = non_utf8_files[kind]
+        return name if form == "bytes" else os.fsdecode(name)  # os.listdir's str: surrogate escapes
+
+    cases = [
+        ("HDF5Source", lambda: ts.HDF5Source(path("h5"), "x")),
+        ("ZarrSource", lambda: ts.ZarrSource(path("zarr"))),
+        ("AnnDataSource", lambda: ts.AnnDataSource(path("h5ad"))),
+        ("torch_shards.open", lambda: ts.open(path("h5ad"))),
+        ("torch_shards.open", lambda: ts.open([path("zarr")])),
+    ]
+    for who, make in cases:
+        with pytest.raises(ValueError) as caught:
+            make()
+        message = str(caught.value)
+        assert message.startswith(f"{who}: path is not valid UTF-8: ")
+        assert repr(os.fsdecode(path("h5")).rsplit(".", 1)[0])[1:-1] in message  # the path, as repr shows it
+        assert "symlink with a UTF-8 name" in message
+    # The way around it: a symlink with a UTF-8 name.
+    link = os.fsdecode(os.path.dirname(non_utf8_files["h5"])) + "/cafe.h5"
+    os.symlink(non_utf8_files["h5"], link)
+    assert ts.HDF5Source(link, "x").read([3])["X"].tolist() == [[9, 10, 11]]
+    assert ts.HDF5Source(os.fsencode(link), "x").read([3])["X"].tolist() == [[9, 10, 11]]  # bytes that are UTF-8
+
+
+def test_names_inside_files_that_are_not_utf8_are_refused_naming_the_parameter(non_utf8_files, tmp_path):
+    h5 = tmp_path / "x.h5"
+    import h5py
+
+    with h5py.File(h5, "w") as f:
+        f["x"] = np.zeros((4, 3), dtype=np.float32)
+    latin = os.fsdecode(b"caf\xe9")
+    cases = [
+        (lambda: ts.HDF5Source(h5, latin), r"HDF5Source: dataset 'X' is not valid UTF-8: 'caf\\udce9'"),
+        (lambda: ts.HDF5Source(h5, {latin: "x"}), r"HDF5Source: field name is not valid UTF-8: 'caf\\udce9'"),
+        (lambda: ts.HDF5Source(h5, "x", field=latin), r"HDF5Source: field name is not valid UTF-8"),
+        (lambda: ts.ZarrSource(tmp_path, {"X": latin}), r"ZarrSource: array 'X' is not valid UTF-8"),
+        (lambda: ts.TensorSource({latin: torch.zeros(4)}), r"TensorSource: field name is not valid UTF-8"),
+        (lambda: ts.open(h5, dataset=latin), r"HDF5Source: dataset 'X' is not valid UTF-8"),
+    ]
+    h5ad = non_utf8_files["h5ad"]
+    link = tmp_path / "cafe.h5ad"
+    os.symlink(h5ad, link)
+    cases += [
+        (lambda: ts.AnnDataSource(link, obs=[latin]), r"AnnDataSource: obs column is not valid UTF-8"),
+        (lambda: ts.AnnDataSource(link, layer=latin), r"AnnDataSource: layer is not valid UTF-8"),
+        (lambda: ts.AnnDataSource(link).categories(latin), r"AnnDataSource.categories: column is not valid UTF-8"),
+        (
+            lambda: ts.Collection([ts.AnnDataSource(link)]).categories(latin),
+            r"Collection.categories: column is not valid UTF-8",
+        ),
+    ]
+    for make, message in cases:
+        with pytest.raises(
+            ValueError, match=message + r".*rename it in the file or store|" + message + ".*UTF-8 field"
+        ):
+            make()
 
 
 @pytest.mark.parametrize(

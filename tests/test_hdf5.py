@@ -320,6 +320,15 @@ def test_files_with_a_user_block_are_read(tmp_path):
     assert batch["c"].tolist() == batch["g"].tolist() == data[[9, 0]].tolist()
 
 
+def test_a_row_too_wide_to_allocate_is_refused_naming_the_dataset_and_the_row(tmp_path):
+    # Rows of 2^42 bytes, no chunk written: torch's allocator refused them without naming the file.
+    path = tmp_path / "wide.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", shape=(10, 2**40), dtype="f4", chunks=(1, 2**20))
+    with pytest.raises(RuntimeError, match=r"X=.*wide.h5:/x .*: a read of 3 rows of 4398046511104 bytes: cannot alloc"):
+        ts.HDF5Source(path, "x").read([0, 5, 9])
+
+
 def _vlen_descriptor_offset(path, dataset, element):
     """File offset of element `element`'s variable-length descriptor (length, heap address, index)."""
     with h5py.File(path, "r") as f:
@@ -391,7 +400,83 @@ def test_a_chunk_whose_coordinates_left_the_grid_is_an_error(tmp_path):
     assert int.from_bytes(raw[key : key + 8], "little") == 32
     raw[key : key + 8] = (2**40).to_bytes(8, "little")
     path.write_bytes(bytes(raw))
-    with pytest.raises(RuntimeError, match=r"grid.h5:/x: its chunk index holds 4 chunks, 3 of them at positions"):
+    with pytest.raises(RuntimeError, match=r"grid.h5:/x: a chunk at \(1099511627776, 0\) is not on the chunk grid"):
+        ts.HDF5Source(path, "x")
+
+
+def _write_nbit(group, name, data, chunks):
+    # h5py has no n-bit option: the filter (5) through the dataset creation property list.
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_chunk(chunks)
+    dcpl.set_filter(h5py.h5z.FILTER_NBIT, h5py.h5z.FLAG_OPTIONAL)
+    h5py.h5d.create(group.id, name.encode(), h5py.h5t.IEEE_F32LE, h5py.h5s.create_simple(data.shape), dcpl=dcpl)
+    group[name][...] = data
+
+
+# Pipelines torch_shards leaves to libhdf5 (H5Dread), which reads a chunk whose index entry is corrupt as
+# never written: rows of zeros.
+LIBRARY_FILTERS = {
+    "fletcher32": lambda f, data: f.create_dataset("x", data=data, chunks=(16, 4), fletcher32=True),
+    "scaleoffset-float": lambda f, data: f.create_dataset("x", data=data, chunks=(16, 4), scaleoffset=3),
+    "nbit": lambda f, data: _write_nbit(f, "x", data, (16, 4)),
+    "szip": lambda f, data: f.create_dataset("x", data=data, chunks=(16, 4), compression="szip"),
+    "fletcher32+gzip": lambda f, data: f.create_dataset(
+        "x", data=data, chunks=(16, 4), fletcher32=True, compression="gzip"
+    ),
+}
+
+CHUNK_INDEX_CORRUPTIONS = {
+    "coordinates-off-the-grid": r"a chunk at \(1099511627776, 0\) is not on the chunk grid",
+    "coordinates-of-another-chunk": r"two chunks at the same grid position \(48, 0\)",
+    "address-inside-another-chunk": r"two of its chunks overlap in the file",
+}
+
+
+@pytest.mark.parametrize("filters", list(LIBRARY_FILTERS))
+@pytest.mark.parametrize("corruption", list(CHUNK_INDEX_CORRUPTIONS))
+def test_a_corrupt_chunk_index_is_an_error_for_filters_libhdf5_decodes(tmp_path, filters, corruption):
+    # Before these checks each of these read rows 32-47 (chunk 2) as zeros or as another chunk's bytes,
+    # without an error (only Fletcher-32 caught a moved address, at read time).
+    if filters == "szip" and not h5py.h5z.get_filter_info(h5py.h5z.FILTER_SZIP) & h5py.h5z.FILTER_CONFIG_ENCODE_ENABLED:
+        pytest.skip("this h5py cannot write szip")
+    path = tmp_path / "library.h5"
+    data = (np.arange(64 * 4, dtype=np.float32).reshape(64, 4) + 1) / 8  # exact under scale-offset's 3 digits
+    with h5py.File(path, "w") as f:
+        LIBRARY_FILTERS[filters](f, data)
+        first, second = (f["x"].id.get_chunk_info(i).byte_offset for i in (1, 2))
+    assert torch.equal(ts.HDF5Source(path, "x").read(range(64))["X"], torch.from_numpy(data))
+    raw = bytearray(path.read_bytes())
+    # Version 1 B-tree: chunk 2's key (size, filter mask, offsets per dimension + 1) precedes its address.
+    at = raw.find(second.to_bytes(8, "little"))
+    key = at - 3 * 8
+    assert int.from_bytes(raw[key : key + 8], "little") == 32
+    if corruption == "coordinates-off-the-grid":
+        raw[key : key + 8] = (2**40).to_bytes(8, "little")
+    elif corruption == "coordinates-of-another-chunk":
+        raw[key : key + 8] = (48).to_bytes(8, "little")
+    else:
+        raw[at : at + 8] = (first + 8).to_bytes(8, "little")
+    message = CHUNK_INDEX_CORRUPTIONS[corruption]
+    path.write_bytes(bytes(raw))
+    with h5py.File(path, "r") as f:  # the chunk index h5py reads: entries off the grid, twice or overlapping
+        assert f["x"].id.get_num_chunks() == 4
+    with pytest.raises(RuntimeError, match=r"library.h5:/x: " + message + r".*corrupt chunk index"):
+        ts.HDF5Source(path, "x")
+
+
+@pytest.mark.parametrize("filters", ["fletcher32", "scaleoffset-float", "fletcher32+gzip"])
+def test_a_chunk_size_no_encoding_reaches_is_an_error_for_filters_libhdf5_decodes(tmp_path, filters):
+    path = tmp_path / "library.h5"
+    data = (np.arange(64 * 4, dtype=np.float32).reshape(64, 4) + 1) / 8
+    with h5py.File(path, "w") as f:
+        LIBRARY_FILTERS[filters](f, data)
+        second = f["x"].id.get_chunk_info(2).byte_offset
+        f["padding"] = np.zeros(4096, dtype=np.uint8)  # so that the claimed size still lies inside the file
+    raw = bytearray(path.read_bytes())
+    size = raw.find(second.to_bytes(8, "little")) - 4 * 8  # chunk 2's key: its stored size comes first
+    raw[size : size + 4] = (2000).to_bytes(4, "little")  # chunks of 256 bytes: at most 1,000 or so stored
+    path.write_bytes(bytes(raw))
+    with pytest.raises(RuntimeError, match=r"library.h5:/x: chunk \(32, 0\) claims 2000 stored bytes, more than any"):
         ts.HDF5Source(path, "x")
 
 

@@ -3,6 +3,10 @@ every compressor), value by value; bad stores named precisely."""
 
 import json
 import os
+import re
+import subprocess
+import sys
+import textwrap
 
 import numcodecs
 import numpy as np
@@ -108,6 +112,21 @@ def test_zarr_v2_fortran_order_and_big_endian(tmp_path):
     )
     z[:] = data
     check(path, data.astype(">f8"))
+
+
+def test_zarr_v2_metadata_without_order_is_refused_as_zarr_python_refuses_it(tmp_path):
+    # Read as C order, an F-order array whose "order" was lost came back with its rows permuted.
+    data = values_of("int32", (6, 5))
+    path = tmp_path / "f.zarr"
+    z = zarr.create_array(path, shape=data.shape, chunks=(4, 5), dtype="i4", zarr_format=2, order="F")
+    z[:] = data
+    metadata = json.loads((path / ".zarray").read_text())
+    del metadata["order"]
+    (path / ".zarray").write_text(json.dumps(metadata))
+    with pytest.raises(TypeError, match="order"):
+        zarr.open_array(path, mode="r")
+    with pytest.raises(RuntimeError, match=r"f.zarr:/: .zarray: missing \"order\""):
+        ts.ZarrSource(path)
 
 
 def test_zarr_v3_big_endian_and_transpose(tmp_path):
@@ -324,3 +343,60 @@ def test_a_store_deleted_while_open_is_an_error_not_its_fill_value(tmp_path, lay
     metadata = ".zarray" if layout == "v2" else "zarr.json"
     with pytest.raises(RuntimeError, match=rf"No such file or directory: '.*x.zarr/{metadata}'"):
         source.read([50, 99])
+
+
+def _wide_array(path):
+    """Rows of 2^42 bytes (4 TiB), no chunk written: every value reads as the fill value."""
+    zarr.create_array(path, shape=(10, 2**40), chunks=(1, 2**20), dtype="f4", zarr_format=3)
+    return ts.ZarrSource(path)
+
+
+def test_a_row_too_wide_to_allocate_is_refused_naming_the_source_and_the_row(tmp_path):
+    # torch's allocator refused it ("DefaultCPUAllocator: can't allocate memory") without naming the file; a
+    # DataLoader worker's shared memory would have been mapped, and failed only as the rows were written.
+    source = _wide_array(tmp_path / "wide.zarr")
+    message = r"wide.zarr:/ .*float32\[10, 1099511627776\]\): a read of 2 rows of 4398046511104 bytes: cannot allocate"
+    with pytest.raises(RuntimeError, match=message):
+        source.read([0, 1])
+    dataset = ts.ShardedDataset(source, ts.Streaming(), batch_size=2, seed=0, num_threads=2)  # reader threads
+    with pytest.raises(RuntimeError, match=message):
+        next(iter(dataset))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1)  # shared memory
+    with pytest.raises(RuntimeError, match=message):
+        next(iter(loader))
+
+
+def test_a_read_whose_size_overflows_is_refused_naming_the_source(tmp_path):
+    # Rows may repeat (weighted sampling): 2^22 rows of 2^42 bytes are 2^64 bytes, which wrapped.
+    source = _wide_array(tmp_path / "wide.zarr")
+    with pytest.raises(
+        RuntimeError, match=r"wide.zarr:/ .*: a read of 4194304 rows of 4398046511104 bytes: .*2\^63 bytes or more"
+    ):
+        source.read(torch.zeros(2**22, dtype=torch.long))
+
+
+def test_an_output_the_allocator_refuses_is_named(tmp_path):
+    # Under an address-space limit, torch's allocator fails for 256 MiB (whatever the machine's memory).
+    path = tmp_path / "rows.zarr"
+    zarr.create_array(path, shape=(10, 2**24), chunks=(1, 2**20), dtype="f4", zarr_format=3)
+    script = textwrap.dedent(
+        f"""
+        import resource
+        import torch_shards as ts
+        source = ts.ZarrSource({str(path)!r})
+        source.read([0])
+        vsz = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (vsz + (64 << 20), resource.RLIM_INFINITY))
+        try:
+            source.read([0, 1, 2, 3])
+        except RuntimeError as error:
+            print(error)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert re.search(
+        r"rows.zarr:/ .*: a read of 4 rows of 67108864 bytes: cannot allocate its output of 268435456 bytes: .*"
+        r"can't allocate memory",
+        result.stdout,
+    ), result.stdout

@@ -1,8 +1,12 @@
 #include "csr_matrix.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <iomanip>
+#include <sstream>
 #include <type_traits>
 
 #include "../core/cpu_features.h"
@@ -17,12 +21,50 @@ using core::ReadError;
 
 namespace {
 
-std::vector<int64_t> read_integers(const Array& array, const std::vector<Segment>& segments, int64_t count,
+bool float_pointers(DType dtype) { return dtype == DType::kFloat32 || dtype == DType::kFloat64; }
+
+// The shortest decimal text that reads back as `value`.
+std::string shortest(double value) {
+  std::ostringstream out;
+  for (int digits = 1; digits <= 17; ++digits) {
+    out.str("");
+    out << std::setprecision(digits) << value;
+    if (std::strtod(out.str().c_str(), nullptr) == value) break;
+  }
+  return out.str();
+}
+
+// indptr entries as int64: integers, or floats (anndata and scipy cast a
+// float indptr to integers when they read it) each a whole number from 0 to
+// the float's last consecutive integer (2^53, 2^24 for float32), which
+// `segments` of the entries read name in an error.
+std::vector<int64_t> read_pointers(const Array& array, const std::vector<Segment>& segments, int64_t count,
                                    core::ThreadPool& pool) {
-  std::vector<uint8_t> raw(static_cast<size_t>(count) * dtype_size(array.info().dtype));
+  const DType dtype = array.info().dtype;
+  std::vector<uint8_t> raw(static_cast<size_t>(count) * dtype_size(dtype));
   array.read(segments, raw.data(), pool);
   std::vector<int64_t> values(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) values[i] = integer_at(raw.data(), array.info().dtype, i);
+  if (!float_pointers(dtype)) {
+    for (int64_t i = 0; i < count; ++i) values[i] = integer_at(raw.data(), dtype, i);
+    return values;
+  }
+  const bool wide = dtype == DType::kFloat64;
+  const double limit = wide ? 9007199254740992.0 : 16777216.0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double value = wide ? reinterpret_cast<const double*>(raw.data())[i]
+                              : static_cast<double>(reinterpret_cast<const float*>(raw.data())[i]);
+    if (!(value >= 0 && value <= limit && value == std::floor(value))) {
+      const auto segment = std::find_if(segments.begin(), segments.end(),
+                                        [&](const Segment& s) { return s.dest <= i && i < s.dest + s.length; });
+      const int64_t entry = segment->source + (i - segment->dest);
+      const bool end = entry == array.num_rows() - 1;
+      throw ReadError(concat(array.where(), end ? ": at the end of the last row" : ": at row ",
+                             end ? "" : std::to_string(entry), ", indptr[", entry, "] is ", shortest(value),
+                             ", not a whole number in [0, 2^", wide ? 53 : 24, "] (a ", dtype_name(dtype),
+                             " indptr is read as the integers it holds)"));
+    }
+    values[i] = static_cast<int64_t>(value);
+  }
   return values;
 }
 
@@ -41,9 +83,12 @@ CsrMatrix::CsrMatrix(std::shared_ptr<const Array> indptr, std::shared_ptr<const 
                              array->info().shape.size(), " dimensions"));
     }
   }
-  if (!is_integer(indptr_->info().dtype) || !is_integer(indices_->info().dtype)) {
-    throw ReadError(concat(where(), ": indptr and indices must hold integers, got ", dtype_name(indptr_->info().dtype),
-                           " and ", dtype_name(indices_->info().dtype)));
+  const DType pointer_dtype = indptr_->info().dtype;
+  if (!(is_integer(pointer_dtype) || float_pointers(pointer_dtype)) || !is_integer(indices_->info().dtype)) {
+    throw ReadError(concat(where(),
+                           ": indptr and indices must hold integers (indptr also whole float32 or float64 "
+                           "numbers), got ",
+                           dtype_name(pointer_dtype), " and ", dtype_name(indices_->info().dtype)));
   }
   if (num_rows_ < 0 || num_cols_ < 0)
     throw ReadError(concat(where(), ": invalid shape (", num_rows_, ", ", num_cols_, ")"));
@@ -56,7 +101,7 @@ CsrMatrix::CsrMatrix(std::shared_ptr<const Array> indptr, std::shared_ptr<const 
         concat(where(), ": indices has ", indices_->num_rows(), " entries but data has ", data_->num_rows()));
   }
   core::ThreadPool inline_pool(0);
-  const auto ends = read_integers(*indptr_, {Segment{0, 1, 0}, Segment{num_rows_, 1, 1}}, 2, inline_pool);
+  const auto ends = read_pointers(*indptr_, {Segment{0, 1, 0}, Segment{num_rows_, 1, 1}}, 2, inline_pool);
   if (ends[0] != 0 || ends[1] != data_->num_rows()) {
     throw ReadError(concat(indptr_->where(), ": must run from 0 to the number of stored values (", data_->num_rows(),
                            "), got ", ends[0], " .. ", ends[1]));
@@ -143,7 +188,7 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
     count += run.length;
     end = run.row + run.length;
   }
-  const std::vector<int64_t> pointers = read_integers(*indptr_, pointer_segments, count, pool);
+  const std::vector<int64_t> pointers = read_pointers(*indptr_, pointer_segments, count, pool);
   CsrPlan plan;
   plan.row_offsets.assign(rows.size() + 1, 0);
   for (size_t r = 0; r < runs.size(); ++r) {  // delivery order

@@ -145,6 +145,29 @@ std::string describe_filters(const std::vector<hdf5::Filter>& filters) {
 // (deflate, lzf, zstd and blosc expand incompressible data by well under 1/16).
 uint64_t max_stored_bytes(uint64_t bytes) { return bytes + bytes / 16 + 1024; }
 
+// The most bytes a pipeline that libhdf5 decodes stores for a chunk of
+// `bytes` bytes, each filter's bound applied in turn (each bound is at least
+// its input and grows with it, so a chunk that skipped filters is bounded
+// too); 0 (no bound) when a filter's output is not bounded (plugins).
+// libhdf5's encoders: Fletcher-32 appends 4 bytes, szip writes at most its
+// input plus a 4-byte header (it fails rather than expand), n-bit at most its
+// input, scale-offset its input plus a 21-byte header and 1 byte.
+uint64_t max_library_stored_bytes(const std::vector<hdf5::Filter>& filters, uint64_t bytes) {
+  for (const hdf5::Filter& filter : filters) {
+    if (filter.id == H5Z_FILTER_SHUFFLE || filter.id == H5Z_FILTER_NBIT) continue;
+    if (is_compressor(filter.id)) {
+      bytes = max_stored_bytes(bytes);
+    } else if (filter.id == H5Z_FILTER_FLETCHER32 || filter.id == H5Z_FILTER_SZIP) {
+      bytes += 4;
+    } else if (filter.id == H5Z_FILTER_SCALEOFFSET) {
+      bytes += 22;
+    } else {
+      return 0;
+    }
+  }
+  return bytes;
+}
+
 // The scale-offset filter's parameters for integers, when it is the only
 // filter: decoded natively (HDF5 1.10 reads past short chunks and packs
 // more bits than an element holds without a check). Its client data:
@@ -435,11 +458,24 @@ ChunkTable tabulate_chunks(hid_t dataset, const std::vector<int64_t>& chunk_shap
     }
     if (max_stored != 0 && size > max_stored) {
       throw ReadError(concat(where, ": chunk ", format_offset(offset), " claims ", size,
-                             " stored bytes, more than any encoding of its ", max_stored, " bytes would hold"));
+                             " stored bytes, more than any encoding of its ", chunk_bytes, " bytes holds (at most ",
+                             max_stored, "; corrupt chunk index)"));
     }
     table.emplace_back(linear, ChunkEntry{static_cast<int64_t>(address) + base, static_cast<int64_t>(size), mask});
   };
   std::vector<hsize_t> offset(dims);
+  // Each lookup by index walks the index: only for few chunks.
+  const auto list_index = [&] {
+    for (hsize_t i = 0; i < stored; ++i) {
+      unsigned mask = 0;
+      haddr_t address = HADDR_UNDEF;
+      hsize_t size = 0;
+      if (H5Dget_chunk_info(dataset, space.get(), i, offset.data(), &mask, &address, &size) < 0) {
+        throw ReadError(concat(where, ": cannot read chunk ", i, " of its index: ", hdf5_error_detail()));
+      }
+      add(offset, mask, address, size);
+    }
+  };
   if (cells <= kMaxGridLookups) {
     std::vector<int64_t> coords(dims, 0);
     for (uint64_t cell = 0; cell < cells && table.size() < stored; ++cell) {
@@ -457,18 +493,13 @@ ChunkTable tabulate_chunks(hid_t dataset, const std::vector<int64_t>& chunk_shap
         coords[d] = 0;
       }
     }
-  } else if (stored <= kMaxIndexedChunks) {
-    // A huge, sparse grid: list the stored chunks instead (each lookup by
-    // index walks the index, so only for few chunks).
-    for (hsize_t i = 0; i < stored; ++i) {
-      unsigned mask = 0;
-      haddr_t address = HADDR_UNDEF;
-      hsize_t size = 0;
-      if (H5Dget_chunk_info(dataset, space.get(), i, offset.data(), &mask, &address, &size) < 0) {
-        throw ReadError(concat(where, ": cannot read chunk ", i, " of its index: ", hdf5_error_detail()));
-      }
-      add(offset, mask, address, size);
+    if (table.size() != stored && stored <= kMaxIndexedChunks) {
+      // Some entries are at no grid position: list the index to name one.
+      table.clear();
+      list_index();
     }
+  } else if (stored <= kMaxIndexedChunks) {
+    list_index();  // a huge, sparse grid
   } else {
     throw ReadError(concat(where, ": a chunk grid of ", cells, " positions with ", stored,
                            " stored chunks is too large to tabulate with this HDF5 library"));
@@ -476,12 +507,19 @@ ChunkTable tabulate_chunks(hid_t dataset, const std::vector<int64_t>& chunk_shap
   std::sort(table.begin(), table.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (size_t i = 1; i < table.size(); ++i) {
     if (table[i].first == table[i - 1].first) {
-      throw ReadError(concat(where, ": two chunks at the same grid position (corrupt chunk index)"));
+      uint64_t rest = table[i].first;
+      std::vector<hsize_t> position(dims);
+      for (size_t d = dims; d-- > 0; rest /= static_cast<uint64_t>(grid[d])) {
+        position[d] = static_cast<hsize_t>(rest % static_cast<uint64_t>(grid[d]) * chunk_shape[d]);
+      }
+      throw ReadError(
+          concat(where, ": two chunks at the same grid position ", format_offset(position), " (corrupt chunk index)"));
     }
   }
   if (table.size() != stored) {
-    throw ReadError(concat(where, ": its chunk index holds ", stored, " chunks, ", table.size(),
-                           " of them at positions of the chunk grid (a chunk's coordinates are corrupt)"));
+    throw ReadError(
+        concat(where, ": its chunk index holds ", stored, " chunks, ", table.size(),
+               " of them at positions of the chunk grid (corrupt chunk index: a chunk's coordinates are corrupt)"));
   }
   std::vector<const ChunkEntry*> by_offset;
   for (const auto& [linear, entry] : table) by_offset.push_back(&entry);
@@ -700,6 +738,12 @@ std::shared_ptr<const Array> open_hdf5_array(hid_t file_id, const std::string& f
                      "HDF5_PLUGIN_PATH at it, or rewrite the dataset with gzip, lzf, blosc or zstd"));
         }
       }
+      // libhdf5 1.10 reads a chunk whose index entry is corrupt as never
+      // written (fill values): the index is checked here as for the
+      // datasets decoded natively, before any row is read.
+      tabulate_chunks(dataset.get(), geometry.chunk_shape, geometry.grid, *native.file, native.format.base,
+                      max_library_stored_bytes(filters, geometry.chunk_bytes), filters.empty(), geometry.chunk_bytes,
+                      where);
       return library_read("filters " + describe_filters(filters));
     }
     const uint64_t max_stored = max_stored_bytes(geometry.chunk_bytes);

@@ -346,7 +346,10 @@ void parse_v2(const json& zarray, ZarrMetadata& meta) {
     if (!codec) throw core::Unsupported(concat("unsupported zarr compressor '", id, "' in ", meta.where));
     meta.chain.bytes_codecs.push_back(*codec);
   }
-  const std::string order = zarray.contains("order") ? reader.string(zarray["order"], "order") : "C";
+  // Required by the specification, as zarr-python requires it: read as C
+  // order, an F-order array whose "order" was lost has its rows permuted.
+  if (!zarray.contains("order")) reader.fail("missing \"order\" (\"C\" or \"F\"; required in zarr v2 metadata)");
+  const std::string order = reader.string(zarray["order"], "order");
   if (order == "F") {
     if (meta.shape.size() > 1) meta.chain.transposes.push_back(reversed_order(meta.shape.size()));
   } else if (order != "C") {

@@ -39,6 +39,12 @@ int64_t batch_bytes(const sources::Batch& batch) {
 
 }  // namespace
 
+namespace {
+// Estimates of wider rows or larger pieces are capped (their outputs are
+// refused when allocated): sums of a few of them stay below 2^63.
+constexpr int64_t kMaxEstimate = int64_t{1} << 60;
+}  // namespace
+
 EpochReader::EpochReader(std::shared_ptr<const sources::Source> source, core::UnitCursor cursor,
                          const ReaderOptions& options)
     : source_(std::move(source)),
@@ -54,9 +60,11 @@ EpochReader::EpochReader(std::shared_ptr<const sources::Source> source, core::Un
   dense_row_bytes_ = static_cast<int64_t>(sizeof(int64_t));  // the index
   for (const sources::FieldSpec& field : source_->fields()) {
     if (field.sparse_csr) continue;
-    int64_t elements = 1;
-    for (int64_t size : field.row_shape) elements *= size;
-    dense_row_bytes_ += elements * static_cast<int64_t>(c10::elementSize(field.dtype));
+    int64_t bytes = static_cast<int64_t>(c10::elementSize(field.dtype));
+    bool overflow = false;
+    for (int64_t size : field.row_shape) overflow |= __builtin_mul_overflow(bytes, size, &bytes);
+    overflow |= __builtin_add_overflow(dense_row_bytes_, bytes, &dense_row_bytes_);
+    if (overflow) dense_row_bytes_ = kMaxEstimate;  // such rows are refused when their output is allocated
   }
   if (options_.prefetch == 0) {
     main_pool_ = std::make_unique<core::ThreadPool>(static_cast<int>(options_.num_threads - 1));
@@ -94,7 +102,14 @@ bool EpochReader::closed() const {
 
 int64_t EpochReader::units_done() const { return units_delivered_.load(); }
 
-int64_t EpochReader::estimate_bytes(int64_t rows) const { return rows * (dense_row_bytes_ + sparse_row_bytes_.load()); }
+int64_t EpochReader::estimate_bytes(int64_t rows) const {
+  int64_t bytes = 0;
+  if (__builtin_add_overflow(dense_row_bytes_, sparse_row_bytes_.load(), &bytes) ||
+      __builtin_mul_overflow(rows, bytes, &bytes) || bytes > kMaxEstimate) {
+    return kMaxEstimate;
+  }
+  return bytes;
+}
 
 bool EpochReader::more_pieces() const {
   return (unit_rows_ && unit_next_row_ < static_cast<int64_t>(unit_rows_->size())) ||
@@ -173,7 +188,7 @@ EpochReader::Unit EpochReader::read_piece(const Piece& piece, core::ThreadPool& 
       specs.push_back(sources::TensorSpec{{count + num_batches}, output.tensor.dtype});
     }
   }
-  std::vector<at::Tensor> tensors = tensors_.allocate(specs);
+  std::vector<at::Tensor> tensors = tensors_.allocate(specs, [&] { return sources::describe_read(*source_, count); });
   Unit unit;
   // Checked before anything of the unit is delivered.
   unit.batch =

@@ -4,7 +4,13 @@
 #include <ATen/StorageUtils.h>
 #include <ATen/ops/empty.h>
 
+#include <c10/util/Exception.h>
+#include <sys/statvfs.h>
+#include <sys/sysinfo.h>
+
 #include <algorithm>
+#include <limits>
+#include <new>
 
 #include "core/errors.h"
 #include "loader/buffer_pool.h"
@@ -21,6 +27,33 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
   std::vector<int64_t> strides(shape.size(), 1);
   for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
   return strides;
+}
+
+// The machine's RAM and swap: no output larger can be written (without
+// swap, a larger pageable allocation fails; shared and pinned memory, or
+// overcommitted memory, would be mapped and fail only as it is written).
+uint64_t machine_memory() {
+  static const uint64_t bytes = [] {
+    struct sysinfo info {};
+    uint64_t total = 0;
+    if (sysinfo(&info) != 0 ||
+        __builtin_mul_overflow(static_cast<uint64_t>(info.totalram) + info.totalswap, info.mem_unit, &total)) {
+      return std::numeric_limits<uint64_t>::max();
+    }
+    return total;
+  }();
+  return bytes;
+}
+
+// The size of the tmpfs that shared memory (shm_open) comes from: torch maps
+// a larger segment, and writing past the filesystem's size raises SIGBUS.
+uint64_t shared_memory_size() {
+  struct statvfs fs {};
+  uint64_t total = 0;
+  if (statvfs("/dev/shm", &fs) != 0 || __builtin_mul_overflow(fs.f_blocks, fs.f_frsize, &total)) {
+    return std::numeric_limits<uint64_t>::max();
+  }
+  return total;
 }
 
 c10::Storage plain_storage(size_t bytes, Memory memory) {
@@ -44,29 +77,45 @@ Memory memory_from_name(const std::string& name) {
       core::concat("memory must be 'pageable', 'pinned', 'shared' or 'shared_pooled', got '", name, "'"));
 }
 
-size_t TensorSpec::bytes() const {
-  int64_t count = 1;
-  for (int64_t size : shape) count *= size;
-  return static_cast<size_t>(count) * c10::elementSize(dtype);
-}
-
 TensorPool::TensorPool(Memory memory, std::shared_ptr<BufferPool> buffers)
     : memory_(memory), buffers_(std::move(buffers)) {}
 
 TensorPool::~TensorPool() = default;
 
-std::vector<at::Tensor> TensorPool::carve(const std::vector<TensorSpec>& specs, Memory memory) {
+std::vector<at::Tensor> TensorPool::carve(const std::vector<TensorSpec>& specs, Memory memory, Purpose purpose) {
   // Pooled shared storages start with their lease word (transfer.h).
   const bool leased = buffers_ && memory == Memory::kSharedPooled;
+  const bool shared = memory == Memory::kShared || memory == Memory::kSharedPooled;
   std::vector<size_t> offsets;
-  size_t total = leased ? kLeaseHeaderBytes : 0;
+  uint64_t total = leased ? kLeaseHeaderBytes : 0;
+  bool overflow = false;  // shapes are checked where they are made; a read's rows may repeat (weighted sampling)
   for (const TensorSpec& spec : specs) {
     offsets.push_back(total);
-    total += aligned(spec.bytes());
+    uint64_t bytes = c10::elementSize(spec.dtype);
+    for (int64_t size : spec.shape) overflow |= __builtin_mul_overflow(bytes, static_cast<uint64_t>(size), &bytes);
+    overflow |= bytes > std::numeric_limits<uint64_t>::max() - kAlignment ||
+                __builtin_add_overflow(total, aligned(bytes), &total);
   }
-  total = std::max<size_t>(total, kAlignment);
-  c10::Storage storage =
-      buffers_ && memory != Memory::kShared ? buffers_->acquire(total, memory) : plain_storage(total, memory);
+  total = std::max<uint64_t>(total, kAlignment);
+  const auto fail = [&](const std::string& why) {
+    throw core::ReadError(core::concat(purpose(), ": cannot allocate its output",
+                                       overflow ? "" : core::concat(" of ", total, " bytes"), ": ", why));
+  };
+  if (overflow || total > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) fail("2^63 bytes or more");
+  if (total > machine_memory()) {
+    fail(core::concat("more than this machine's memory (", machine_memory(), " bytes of RAM and swap)"));
+  }
+  if (shared && total > shared_memory_size()) {
+    fail(core::concat("more than the shared memory of /dev/shm (", shared_memory_size(), " bytes)"));
+  }
+  c10::Storage storage;
+  try {
+    storage = buffers_ && memory != Memory::kShared ? buffers_->acquire(total, memory) : plain_storage(total, memory);
+  } catch (const c10::Error& error) {
+    fail(error.what_without_backtrace());
+  } catch (const std::bad_alloc&) {
+    fail("out of memory");
+  }
   std::vector<at::Tensor> out;
   out.reserve(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -79,14 +128,12 @@ std::vector<at::Tensor> TensorPool::carve(const std::vector<TensorSpec>& specs, 
   return out;
 }
 
-std::vector<at::Tensor> TensorPool::allocate(const std::vector<TensorSpec>& specs) { return carve(specs, memory_); }
-
-at::Tensor TensorPool::empty(at::IntArrayRef shape, at::ScalarType dtype) {
-  return allocate({TensorSpec{std::vector<int64_t>(shape.begin(), shape.end()), dtype}}).front();
+std::vector<at::Tensor> TensorPool::allocate(const std::vector<TensorSpec>& specs, Purpose purpose) {
+  return carve(specs, memory_, purpose);
 }
 
 std::vector<at::Tensor> TensorPool::scratch(const std::vector<TensorSpec>& specs) {
-  return carve(specs, Memory::kPageable);
+  return carve(specs, Memory::kPageable, [] { return std::string("staging memory of a read"); });
 }
 
 }  // namespace torch_shards::sources

@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "core/function_ref.h"
+
 namespace torch_shards {
 class BufferPool;
 }
@@ -39,8 +41,11 @@ Memory memory_from_name(const std::string& name);
 struct TensorSpec {
   std::vector<int64_t> shape;
   at::ScalarType dtype = at::kFloat;
-  size_t bytes() const;
 };
+
+// What an allocation is for (the source and the rows asked for), named by
+// its error; called only on failure.
+using Purpose = core::FunctionRef<std::string()>;
 
 class TensorPool {
  public:
@@ -49,16 +54,18 @@ class TensorPool {
 
   Memory memory() const { return memory_; }
   // Uninitialised contiguous tensors, one per spec, all views of one storage
-  // (each 64-byte aligned).
-  std::vector<at::Tensor> allocate(const std::vector<TensorSpec>& specs);
-  // One uninitialised contiguous tensor.
-  at::Tensor empty(at::IntArrayRef shape, at::ScalarType dtype);
+  // (each 64-byte aligned). Every output of a read comes from here (pooled or
+  // not): a storage that cannot be had (2^63 bytes or more, more than the
+  // machine's memory, RAM and swap, or for shared memory than /dev/shm
+  // holds, or one the allocator refuses) raises a ReadError naming
+  // `purpose`, the bytes and why, before anything is written.
+  std::vector<at::Tensor> allocate(const std::vector<TensorSpec>& specs, Purpose purpose);
   // Uninitialised pageable memory to stage data in before it reaches the
   // outputs (recycled like them), one tensor per spec, views of one storage.
   std::vector<at::Tensor> scratch(const std::vector<TensorSpec>& specs);
 
  private:
-  std::vector<at::Tensor> carve(const std::vector<TensorSpec>& specs, Memory memory);
+  std::vector<at::Tensor> carve(const std::vector<TensorSpec>& specs, Memory memory, Purpose purpose);
 
   Memory memory_;
   std::shared_ptr<BufferPool> buffers_;

@@ -57,7 +57,29 @@ void Source::check_same_files(const io::FileStamps& first) const {
 Batch Source::read(const std::vector<int64_t>& rows, ReadContext& context) const {
   const int64_t since = io::use_clock();
   std::unique_ptr<PlannedRead> planned = plan(RowRequest{rows}, context);
-  return planned->fill_checked(context.tensors.allocate(tensor_specs(planned->outputs())), context, since);
+  const auto purpose = [&] { return describe_read(*this, static_cast<int64_t>(rows.size())); };
+  return planned->fill_checked(context.tensors.allocate(tensor_specs(planned->outputs()), purpose), context, since);
+}
+
+std::string describe_read(const Source& source, int64_t rows) {
+  constexpr size_t kMaxDescription = 2000;
+  uint64_t row_bytes = 0;
+  bool sparse = false, saturated = false;
+  for (const FieldSpec& field : source.fields()) {
+    if (field.sparse_csr) {
+      sparse = true;
+      continue;
+    }
+    uint64_t bytes = c10::elementSize(field.dtype);
+    for (int64_t size : field.row_shape)
+      saturated |= __builtin_mul_overflow(bytes, static_cast<uint64_t>(size), &bytes);
+    saturated |= __builtin_add_overflow(row_bytes, bytes, &row_bytes);
+  }
+  std::string text = source.describe();
+  if (text.size() > kMaxDescription) text = text.substr(0, kMaxDescription) + "...";
+  return core::concat(text, ": a read of ", rows, " rows of ",
+                      saturated ? std::string("2^64 or more") : std::to_string(row_bytes), " bytes",
+                      sparse ? " (dense fields; sparse ones besides)" : "");
 }
 
 std::vector<TensorSpec> tensor_specs(const std::vector<OutputSpec>& outputs) {

@@ -154,4 +154,9 @@ class Source {
 
 std::vector<TensorSpec> tensor_specs(const std::vector<OutputSpec>& outputs);
 
+// A read of `rows` rows of `source`, for an error allocating its output: the
+// source (Source::describe, cut short for a long collection), the rows asked
+// for and the bytes of a row's dense fields.
+std::string describe_read(const Source& source, int64_t rows);
+
 }  // namespace torch_shards::sources
