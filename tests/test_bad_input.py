@@ -484,6 +484,12 @@ def test_names_inside_files_that_are_not_utf8_are_refused_naming_the_parameter(n
             lambda: ts.Collection([ts.AnnDataSource(link)]).categories(latin),
             r"Collection.categories: column is not valid UTF-8",
         ),
+        (lambda: ts.AnnDataSource(link, fields={latin: "X"}), r"AnnDataSource: field name is not valid UTF-8"),
+        (
+            lambda: ts.AnnDataSource(link, fields={"pca": "obsm/" + latin}),
+            r"AnnDataSource: element of field 'pca' is not valid UTF-8",
+        ),
+        (lambda: ts.ClassBalancedSampling(label_key=latin), r"ClassBalancedSampling: label_key is not valid UTF-8"),
     ]
     for make, message in cases:
         with pytest.raises(

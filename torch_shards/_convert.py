@@ -53,6 +53,31 @@ def plan_seed(name, value):
     return optional_seed(name, value)
 
 
+def native_text(who, what, text):
+    """A path or name as the native side takes it: a str of valid UTF-8 without NUL characters.
+
+    torch hands str arguments to C++ as UTF-8 and rejects a str holding surrogate escapes (what
+    os.fsdecode and os.listdir give for a file name that is not UTF-8) with a bare schema error; the
+    C library would cut a path at its first NUL character. Other types are left to the caller's checks."""
+    if not isinstance(text, str):
+        return text
+    if "\0" in text:
+        raise ValueError(f"{who}: {what} contains a NUL character: {text!r}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        remedy = {
+            "path": "rename it, or point a symlink with a UTF-8 name at it and pass that",
+            "field name": "use a UTF-8 field name",
+        }.get(what, "rename it in the file or store")
+        raise ValueError(
+            f"{who}: {what} is not valid UTF-8: {text!r} (its \\udcXX characters stand for bytes of a name that is "
+            f"not UTF-8, as os.fsdecode and os.listdir give them); torch passes string arguments to native code only "
+            f"as valid UTF-8: {remedy}"
+        ) from None
+    return text
+
+
 def _as_array(name, values):
     if isinstance(values, torch.Tensor):
         if values.dtype == torch.bfloat16:  # numpy has no bfloat16; every value is a float32 exactly

@@ -92,7 +92,7 @@ class TensorSource(Source):
         for name, value in tensors.items():
             if not isinstance(name, str):
                 raise TypeError(f"TensorSource: field names must be str, got {name!r}")
-            _native_text("TensorSource", "field name", name)
+            _convert.native_text("TensorSource", "field name", name)
             self.tensors[name] = _as_tensor(name, value)
         self._build_now()
 
@@ -153,9 +153,11 @@ def _field_map(who, value, field, what):
     for name, inner in mapping.items():
         if not isinstance(name, str) or not isinstance(inner, (str, bytes, os.PathLike)):
             raise TypeError(f"{who}: {what} must map field names to paths, got {name!r}: {inner!r}")
-        _native_text(who, "field name", name)
+        _convert.native_text(who, "field name", name)
         inner = os.fspath(inner)
-        out[name] = _native_text(who, f"{what} {name!r}", os.fsdecode(inner) if isinstance(inner, bytes) else inner)
+        out[name] = _convert.native_text(
+            who, f"{what} {name!r}", os.fsdecode(inner) if isinstance(inner, bytes) else inner
+        )
     return out
 
 
@@ -165,32 +167,7 @@ def _path(who, path):
     path = os.fspath(path)
     if isinstance(path, bytes):
         path = os.fsdecode(path)  # bytes that are not UTF-8 become surrogate escapes, refused below
-    return _native_text(who, "path", path)
-
-
-def _native_text(who, what, text):
-    """A path or name as the native side takes it: a str of valid UTF-8 without NUL characters.
-
-    torch hands str arguments to C++ as UTF-8 and rejects a str holding surrogate escapes (what
-    os.fsdecode and os.listdir give for a file name that is not UTF-8) with a bare schema error; the
-    C library would cut a path at its first NUL character. Other types are left to the caller's checks."""
-    if not isinstance(text, str):
-        return text
-    if "\0" in text:
-        raise ValueError(f"{who}: {what} contains a NUL character: {text!r}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        remedy = {
-            "path": "rename it, or point a symlink with a UTF-8 name at it and pass that",
-            "field name": "use a UTF-8 field name",
-        }.get(what, "rename it in the file or store")
-        raise ValueError(
-            f"{who}: {what} is not valid UTF-8: {text!r} (its \\udcXX characters stand for bytes of a name that is "
-            f"not UTF-8, as os.fsdecode and os.listdir give them); torch passes string arguments to native code only "
-            f"as valid UTF-8: {remedy}"
-        ) from None
-    return text
+    return _convert.native_text(who, "path", path)
 
 
 class HDF5Source(Source):
@@ -284,9 +261,9 @@ class AnnDataSource(Source):
         if layer is not None and not isinstance(layer, str):
             raise TypeError(f"AnnDataSource: layer must be a str, got {layer!r}")
         for name in self.obs:
-            _native_text("AnnDataSource", "obs column", name)
+            _convert.native_text("AnnDataSource", "obs column", name)
         if layer is not None:
-            _native_text("AnnDataSource", "layer", layer)
+            _convert.native_text("AnnDataSource", "layer", layer)
         self.layer = layer
         self.dense = _convert.check_bool("AnnDataSource: dense", dense)
         self.elements = _elements(fields)
@@ -327,7 +304,9 @@ class AnnDataSource(Source):
         """What the codes of a categorical or string obs column mean: code i is categories[i]
         (-1: missing). A categorical's categories as stored (None for a missing one, whose codes
         read as -1); a string column's sorted unique values."""
-        return json.loads(self.anndata.categories_json(_native_text("AnnDataSource.categories", "column", column)))
+        return json.loads(
+            self.anndata.categories_json(_convert.native_text("AnnDataSource.categories", "column", column))
+        )
 
     def __getstate__(self):
         state = super().__getstate__()
@@ -349,8 +328,8 @@ def _elements(fields):
             raise TypeError(
                 f"AnnDataSource: fields must map field names to element paths (str), got {name!r}: {element!r}"
             )
-        _native_text("AnnDataSource", "field name", name)
-        _native_text("AnnDataSource", f"element of field {name!r}", element)
+        _convert.native_text("AnnDataSource", "field name", name)
+        _convert.native_text("AnnDataSource", f"element of field {name!r}", element)
     return dict(fields)
 
 
@@ -394,7 +373,7 @@ class Collection(Source):
         codes never change. For an ordered categorical, the union's order is this order of
         first appearance: an order across files only where they agree. For a string column
         (codes into each file's sorted values) the union is not sorted across files."""
-        return json.loads(self.native.categories_json(_native_text("Collection.categories", "column", column)))
+        return json.loads(self.native.categories_json(_convert.native_text("Collection.categories", "column", column)))
 
     @property
     def offsets(self):

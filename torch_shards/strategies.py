@@ -151,6 +151,7 @@ class ClassBalancedSampling(Strategy):
             )
         if label_key is not None and not isinstance(label_key, str):
             raise TypeError(f"{who}: label_key must be a str, got {label_key!r}")
+        _convert.native_text(who, "label_key", label_key)
         if isinstance(smoothing, bool) or not isinstance(smoothing, numbers.Real):
             raise TypeError(f"{who}: smoothing must be a number in [0, 1], got {smoothing!r}")
         if not 0.0 <= float(smoothing) <= 1.0:
