@@ -405,3 +405,15 @@ def test_registered_ops_pass_opcheck(files, name):
         getattr(torch.ops.torch_shards, name).default, op_arguments(files)[name], test_utils=checks
     )
     assert set(results.values()) == {"SUCCESS"}
+
+
+def test_a_python_source_made_from_a_relative_path_reopens_the_same_file_anywhere(files, tmp_path, monkeypatch):
+    # What a spawned DataLoader worker does: unpickle the Python source and build it again.
+    import pickle
+
+    monkeypatch.chdir(files)
+    source = ts.AnnDataSource("cells.h5ad", obs=["n"])
+    assert source.path == str(files / "cells.h5ad")
+    pickled = pickle.dumps(source)
+    monkeypatch.chdir(tmp_path)
+    assert pickle.loads(pickled).read([7])["n"].tolist() == [7]

@@ -162,12 +162,14 @@ def _field_map(who, value, field, what):
 
 
 def _path(who, path):
+    """A path as sources keep it: absolute (as the native sources store it), so that every process
+    rebuilding the source (spawned DataLoader workers, a loaded pickle) opens the same file."""
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise TypeError(f"{who}: path must be a str, bytes or os.PathLike, got {type(path).__name__}")
     path = os.fspath(path)
     if isinstance(path, bytes):
         path = os.fsdecode(path)  # bytes that are not UTF-8 become surrogate escapes, refused below
-    return _convert.native_text(who, "path", path)
+    return os.path.abspath(_convert.native_text(who, "path", path)) if path else path
 
 
 class HDF5Source(Source):
