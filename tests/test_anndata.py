@@ -264,12 +264,14 @@ def test_not_anndata_is_named(tmp_path):
     assert caught.value.filename == str(tmp_path / "missing.h5ad")
 
 
-def corrupt(path, dataset, mutate):
+def rewrite(path, dataset, change):
+    """Writes `dataset` of an HDF5 file again as change(its values) returns it, or as change left it in
+    place (returning None)."""
     with h5py.File(path, "r+") as f:
         values = f[dataset][...]
-        mutate(values)
+        changed = change(values)
         del f[dataset]
-        f[dataset] = values
+        f[dataset] = values if changed is None else changed
 
 
 def test_inconsistent_csr_is_detected(tmp_path):
@@ -286,7 +288,7 @@ def test_inconsistent_csr_is_detected(tmp_path):
     for name, (dataset, mutate, message) in cases.items():
         path = tmp_path / f"{name.replace(' ', '_')}.h5ad"
         adata.write_h5ad(path)
-        corrupt(path, dataset, mutate)
+        rewrite(path, dataset, mutate)
         source = ts.AnnDataSource(path)
         with pytest.raises(RuntimeError, match=message):
             source.read(range(N_OBS))
@@ -305,10 +307,7 @@ def test_column_indices_of_every_stored_width_are_read_and_checked(tmp_path, dty
     adata, expected = make_adata("csr")
     path = tmp_path / f"{dtype}.h5ad"
     adata.write_h5ad(path)
-    with h5py.File(path, "r+") as f:
-        indices = f["X/indices"][...]
-        del f["X/indices"]
-        f["X/indices"] = indices.astype(dtype)
+    rewrite(path, "X/indices", lambda indices: indices.astype(dtype))
     # Shuffled, some rows twice: dense reads go in source order, then each row to its place.
     order = np.random.default_rng(1).permutation(N_OBS).tolist()
     order += order[:7]
@@ -327,18 +326,12 @@ def test_csr_lengths_that_disagree_are_detected_at_open(tmp_path):
     adata, _ = make_adata("csr")
     path = tmp_path / "short.h5ad"
     adata.write_h5ad(path)
-    with h5py.File(path, "r+") as f:
-        data = f["X/data"][...]
-        del f["X/data"]
-        f["X/data"] = data[:-3]
+    rewrite(path, "X/data", lambda data: data[:-3])
     with pytest.raises(RuntimeError, match=r"short.h5ad:/X: indices has \d+ entries but data has \d+"):
         ts.AnnDataSource(path)
     path = tmp_path / "rows.h5ad"
     adata.write_h5ad(path)
-    with h5py.File(path, "r+") as f:
-        indptr = f["X/indptr"][...]
-        del f["X/indptr"]
-        f["X/indptr"] = indptr[:-1]
+    rewrite(path, "X/indptr", lambda indptr: indptr[:-1])
     with pytest.raises(RuntimeError, match=r"rows.h5ad:/X/indptr: has 120 entries but the matrix has 120 rows"):
         ts.AnnDataSource(path)
 
@@ -348,10 +341,7 @@ def test_a_float_indptr_of_whole_numbers_reads_as_anndata_reads_it(tmp_path, dty
     adata, dense = make_adata("csr")
     path = tmp_path / f"{dtype}.h5ad"
     adata.write_h5ad(path)
-    with h5py.File(path, "r+") as f:
-        indptr = f["X/indptr"][...]
-        del f["X/indptr"]
-        f["X/indptr"] = indptr.astype(dtype)
+    rewrite(path, "X/indptr", lambda indptr: indptr.astype(dtype))
     expected = ad.read_h5ad(path).X[ROWS]  # its indptr stays float, scipy's indexing casts it
     x = ts.AnnDataSource(path).read(ROWS)["X"]
     assert torch.equal(x.crow_indices().long(), torch.from_numpy(expected.indptr.astype(np.int64)))
@@ -377,11 +367,13 @@ def test_a_float_indptr_that_is_not_whole_numbers_is_refused_naming_the_row_and_
     adata, _ = make_adata("csr")
     path = tmp_path / "bad.h5ad"
     adata.write_h5ad(path)
-    with h5py.File(path, "r+") as f:
-        indptr = f["X/indptr"][...].astype(dtype)
+
+    def change(indptr):
+        indptr = indptr.astype(dtype)
         indptr[entry] = indptr[entry] + 0.5 if value == "fraction" else value
-        del f["X/indptr"]
-        f["X/indptr"] = indptr
+        return indptr
+
+    rewrite(path, "X/indptr", change)
     with pytest.raises(RuntimeError, match=r"bad.h5ad:/X/indptr: " + message):
         ts.AnnDataSource(path).read(range(N_OBS))
     with pytest.raises(RuntimeError, match=r"not a whole number"):
@@ -402,7 +394,7 @@ def test_fuzzed_csr_arrays_never_crash(tmp_path):
             positions = rng.integers(0, len(values), size=1 + trial % 5)
             values[positions] = rng.integers(-50, 5000, size=len(positions))
 
-        corrupt(path, dataset, scramble)
+        rewrite(path, dataset, scramble)
         try:
             source = ts.AnnDataSource(path)
             x = source.read(range(N_OBS))["X"]
