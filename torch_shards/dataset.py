@@ -598,7 +598,9 @@ class ShardedDataset(IterableDataset, NativeBacked):
         With DataLoader workers, pass ``consumed_batches`` (the batches the loop
         consumed this epoch: it always knows its step; DataLoader's default
         ``in_order=True``), or use torchdata's ``StatefulDataLoader``, which
-        asks each worker for its own state. With torch's DataLoader, take it
+        asks each worker for its own state (after it restored them, this
+        process's ``consumed_batches`` counts from where they resumed, and
+        ``seed`` is theirs). With torch's DataLoader, take it
         once the epoch's first batch came: until its workers claim the new
         epoch, the count is the last epoch's (``ts.DataLoader`` says when its
         workers start, so there a state at step 0 is the new epoch's start).
