@@ -13,6 +13,8 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from distributed_run import run_ranks
 from gloo_teardown.torch_only import MESSAGE, build_stall_library, stall_environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,6 +26,31 @@ def stall(tmp_path_factory):
     if shutil.which(os.environ.get("CC", "cc")) is None:
         pytest.skip("needs a C compiler to build tests/gloo_teardown/stall_gloo.c")
     return stall_environment(build_stall_library(str(tmp_path_factory.mktemp("stall"))))
+
+
+def _train_then_gather(rank, world_size, steps):
+    """A DDP loop ending as training scripts do: an all_gather_object, then the rank's teardown."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(torch.nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        loss = model(torch.randn(8, 16)).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    gathered = [None] * world_size
+    dist.all_gather_object(gathered, steps)
+    return sum(gathered)
+
+
+@pytest.mark.timeout(600)
+def test_run_ranks_ranks_survive_gloo_threads_taking_the_gil_at_teardown(stall, monkeypatch):
+    for name, value in stall.items():  # inherited by the spawned ranks
+        monkeypatch.setenv(name, value)
+    for _ in range(2):
+        assert run_ranks(_train_then_gather, 2, 5, timeout=300) == [("ok", 10), ("ok", 10)]
 
 
 @pytest.mark.timeout(600)
