@@ -50,7 +50,7 @@ def _rank_main(rank, world_size, port, function, args, out_dir, init):
             dist.destroy_process_group()
         # The result is on disk: leave without the interpreter's teardown. DDP keeps torch's gloo group alive
         # after destroy_process_group, and a gloo worker thread that frees a finished collective's Python
-        # objects takes the GIL; during finalization Python 3.11-3.13 end it with pthread_exit, which aborts
+        # objects takes the GIL; during finalization Python before 3.14 ends it with pthread_exit, which aborts
         # the rank ("terminate called without an active exception", ProcessGroupGloo::runLoop ->
         # PyEval_AcquireThread). It is torch's (tests/gloo_teardown/torch_only.py); test_gloo_teardown.py
         # holds the gloo threads up so that it happens, and checks that ranks leaving here never abort.

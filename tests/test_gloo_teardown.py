@@ -1,7 +1,7 @@
 """Gloo ranks end cleanly even when torch's gloo worker threads take the GIL at teardown.
 
 A gloo worker thread that frees a finished collective's Python objects takes the GIL; during interpreter
-finalization Python 3.11-3.13 end such a thread with pthread_exit and the process aborts ("terminate called
+finalization Python before 3.14 ends such a thread with pthread_exit and the process aborts ("terminate called
 without an active exception"). It is torch's (tests/gloo_teardown/torch_only.py shows it with torch alone) and
 rare, as it needs the thread descheduled at that moment: stall_gloo.c holds torch's gloo threads up there, so
 that a rank that finalizes after its last collective aborts in most runs. The guard the ranks use, os._exit

@@ -18,7 +18,7 @@ and SIGABRT. The rank's core shows where (gdb -batch -ex 'thread apply all bt' p
 
 DDP keeps the gloo group (and its worker threads) alive after destroy_process_group. A worker thread that
 drops the last reference to a finished collective's work frees Python objects, which takes the GIL. When that
-happens after the main thread has started finalizing, Python 3.11 to 3.13 end the thread with pthread_exit,
+happens after the main thread has started finalizing, Python before 3.14 ends the thread with pthread_exit,
 and the forced unwind through torch's noexcept destructors is std::terminate. The worker is late only when
 the machine deschedules it at that moment, hence "rare, under load".
 
