@@ -48,11 +48,12 @@ def _rank_main(rank, world_size, port, function, args, out_dir, init):
             out.write(data)
         if dist.is_initialized():
             dist.destroy_process_group()
-        # The result is on disk: leave without the interpreter's teardown. With torch 2.13 a gloo worker
-        # thread may still be finishing work then, and one that needs the GIL during finalization aborts
-        # the process ("terminate called without an active exception" from ProcessGroupGloo::runLoop ->
-        # PyEval_AcquireThread; about one 2-rank DDP run in eight here, with or without torch_shards'
-        # threads in play).
+        # The result is on disk: leave without the interpreter's teardown. DDP keeps torch's gloo group alive
+        # after destroy_process_group, and a gloo worker thread that frees a finished collective's Python
+        # objects takes the GIL; during finalization Python before 3.14 ends it with pthread_exit, which aborts
+        # the rank ("terminate called without an active exception", ProcessGroupGloo::runLoop ->
+        # PyEval_AcquireThread). It is torch's (tests/gloo_teardown/torch_only.py); test_gloo_teardown.py
+        # holds the gloo threads up so that it happens, and checks that ranks leaving here never abort.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
