@@ -16,7 +16,7 @@ from conftest import STRATEGIES, make_strategy
 from torch.utils.data import DataLoader
 
 import torch_shards as ts
-from torch_shards._library import ops
+from torch_shards._library import direct
 
 ROWS, WIDTH = 1000, 6
 
@@ -220,18 +220,43 @@ def test_ts_dataloader_is_torchs_for_other_datasets_and_in_process():
         ts.DataLoader(dataset(), batch_size=None, bad_argument=1)
 
 
+def words(*values):
+    return np.array(values, dtype=np.int64).tobytes()
+
+
 def test_a_damaged_description_is_refused_not_followed():
     storage = torch.zeros(256, dtype=torch.uint8)
-    with pytest.raises(ValueError, match="description"):
-        ops.unpack_batches([storage], torch.tensor([2, 1, 1], dtype=torch.long), ["X"])
-    with pytest.raises(ValueError, match="storage"):
-        ops.unpack_batches([storage], torch.tensor([1, 2, 1, 0, 0], dtype=torch.long), ["X"])
-    # A tensor reaching past its storage: 1 storage, 1 batch, worker 0 of 0, not leased, one dense field
-    # of float32 (dtype code 6) at offset 0 with 1000 elements.
-    past = torch.tensor([1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 6, 0, 1, 1000, 1], dtype=torch.long)
+    # version 2, this pid, nonce 7, not last, no freed slab, no slab, 1 other storage, 1 batch, worker 0,
+    # no worker counts; then the batch: 1 field (name 0, dense) of float32 (dtype code 6) at offset 0, 1-D.
+    header = (2, os.getpid(), 7, 0, 0, 0, 1, 1, 0, 0)
+    with pytest.raises(ValueError, match="another torch_shards version"):
+        direct.unpack(words(1, *header[1:]), ["X"], [storage])
+    with pytest.raises(ValueError, match="storages besides its slabs"):
+        direct.unpack(words(*header), ["X"], [storage, storage])
+    with pytest.raises(ValueError, match="ends early"):
+        direct.unpack(words(*header), ["X"], [storage])
+    with pytest.raises(ValueError, match="whole int64 words"):
+        direct.unpack(words(*header)[:-3], ["X"], [storage])
+    past = (*header, 1, 0, 0, 0, 6, 0, 1, 1000, 1)
     with pytest.raises(ValueError, match="past its storage"):
-        ops.unpack_batches([storage], past, ["X"])
-    fits = past.clone()
-    fits[13] = 64
-    batches, worker, counts = ops.unpack_batches([storage], fits, ["X"])
+        direct.unpack(words(*past), ["X"], [storage])
+    with pytest.raises(ValueError, match="field name 3 out of range"):
+        direct.unpack(words(*(*header, 1, 3, 0, 0, 6, 0, 1, 64, 1)), ["X"], [storage])
+    with pytest.raises(ValueError, match="left over"):
+        direct.unpack(words(*(*header, 1, 0, 0, 0, 6, 0, 1, 64, 1, 9)), ["X"], [storage])
+    batches, worker, counts = direct.unpack(words(*(*header, 1, 0, 0, 0, 6, 0, 1, 64, 1)), ["X"], [storage])
     assert batches[0]["X"].shape == (64,) and worker == 0 and counts == []
+
+
+def test_a_slab_handle_that_names_no_slab_is_refused_naming_the_process_and_the_way_out():
+    # One slab: id 1, descriptor 987654 (not open here), inode 1, 4096 bytes; no batch.
+    description = words(2, os.getpid(), 7, 0, 0, 1, 1, 987654, 1, 4096, 0, 0, 0, 0)
+    with pytest.raises(
+        RuntimeError, match=f"worker process {os.getpid()} .*/proc/{os.getpid()}/fd/987654.*worker_transport='torch'"
+    ):
+        direct.unpack(description, [], [])
+    # An open descriptor that is another file: refused by its inode.
+    with open(__file__, "rb") as f:
+        other = words(2, os.getpid(), 7, 0, 0, 1, 1, f.fileno(), 1, 4096, 0, 0, 0, 0)
+        with pytest.raises(RuntimeError, match="another file now"):
+            direct.unpack(other, [], [])

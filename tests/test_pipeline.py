@@ -329,14 +329,18 @@ def _mark_shared(batch):
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_worker_batches_are_made_in_shared_memory_and_arrive_intact(context):
-    # Sent by file descriptor without a copy; never recycled, so batches the
-    # main process still holds keep their values while the workers read on.
+@pytest.mark.parametrize("transport", ["handles", "torch"])
+def test_worker_batches_are_made_in_shared_memory_and_arrive_intact(context, transport):
+    # "torch": made in torch's shared memory, sent by file descriptor without a copy, never recycled;
+    # "handles": made in the worker's slabs (shared memory torch does not know: is_shared() is False),
+    # recycled only once the main process let go. Either way batches the main process still holds keep
+    # their values while the workers read on.
     source = ts.TensorSource(torch.arange(600 * 5, dtype=torch.float32).reshape(600, 5))
-    ds = dataset(source, ts.BlockShuffling(4), batch_transform=_mark_shared, prefetch=2, num_threads=2)
+    options = dict(batch_transform=_mark_shared, prefetch=2, num_threads=2, worker_transport=transport)
+    ds = dataset(source, ts.BlockShuffling(4), **options)
     loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
     held = list(loader)  # every batch kept until the end
-    assert all(batch["shared"].all() for batch in held)
+    assert all(bool(batch["shared"].all()) == (transport == "torch") for batch in held)
     for batch in held:
         np.testing.assert_array_equal(batch["X"][:, 0].numpy(), batch["index"].numpy() * 5.0)
     assert sorted(i for batch in held for i in batch["index"].tolist()) == list(range(600))

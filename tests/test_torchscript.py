@@ -373,7 +373,6 @@ def op_arguments(files):
         "sharded_dataset": (source, ts.Streaming().native, 2),
         "distributed_sampler": (10, 2, 1),
         "merge_state_dicts": ([dict(make_dataset().native.state_dict(None))],),
-        "unpack_batches": make_dataset().native.iter_worker(0, 1, 0, False, False).poll_packed(1000, False),
     }
 
 

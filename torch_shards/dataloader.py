@@ -1,9 +1,9 @@
 """ts.DataLoader: torch's DataLoader, whose workers send a ShardedDataset's
 batches a whole unit (fetch) at a time, split back into batches here.
 
-Each item a worker sends costs torch an inter-process round trip per
-storage; a unit of fetch_factor batches crossing at once (views of one
-recycled shared storage) costs one. The batches come out in exactly the
+Each item a worker sends costs torch's queue a round trip between processes
+(~0.1-0.2 ms); a unit of fetch_factor batches crossing at once (one handle
+to a recycled slab, transfer.py) costs one. The batches come out in exactly the
 order torch's DataLoader gives them (round-robin over the workers, batch by
 batch, skipping workers that are done), so exactly-once, len(), epochs and
 state_dict(consumed_batches=...) are unchanged. Any other dataset, and
@@ -104,15 +104,18 @@ _TORCH_SIGNATURE = inspect.signature(torch.utils.data.DataLoader.__init__)
 class DataLoader(torch.utils.data.DataLoader):
     """torch.utils.data.DataLoader, same arguments and behaviour, whose
     workers send a :class:`ShardedDataset`'s batches a whole fetch at a time
-    (``fetch_factor`` batches as one recycled shared-memory storage), split
-    back into batches in this process in the order torch's DataLoader gives
-    them. Use it as torch's::
+    (``fetch_factor`` batches as one handle to a recycled shared-memory
+    slab), split back into batches in this process in the order torch's
+    DataLoader gives them. Use it as torch's::
 
-        loader = ts.DataLoader(dataset, batch_size=None, num_workers=4)
+        loader = ts.DataLoader(dataset, num_workers=4)
 
-    Each worker then sends whole fetches, so ``prefetch_factor`` counts
-    fetches, not batches. ``loader.dataset`` is the dataset given. With any
-    other dataset, or ``num_workers=0``, it is torch's DataLoader.
+    For a ShardedDataset ``batch_size`` defaults to None (the dataset makes
+    the batches; any other value is refused). Each worker then sends whole
+    fetches, so ``prefetch_factor`` counts fetches, not batches; with a
+    ``collate_fn``, a ``batch_transform`` or ``worker_transport="torch"``
+    they send batch by batch. ``loader.dataset`` is the dataset given. With
+    any other dataset, or ``num_workers=0``, it is torch's DataLoader.
     """
 
     __signature__ = _TORCH_SIGNATURE
@@ -120,7 +123,22 @@ class DataLoader(torch.utils.data.DataLoader):
     def __init__(self, *args, **kwargs):
         bound = _TORCH_SIGNATURE.bind(None, *args, **kwargs)
         arguments = bound.arguments
-        self._whole_units = isinstance(arguments.get("dataset"), ShardedDataset) and arguments.get("num_workers", 0) > 0
+        dataset = arguments.get("dataset")
+        if isinstance(dataset, ShardedDataset):
+            if "batch_size" not in arguments:
+                arguments["batch_size"] = None
+            elif arguments["batch_size"] is not None:
+                raise ValueError(
+                    f"ts.DataLoader: batch_size={arguments['batch_size']!r} with a ShardedDataset, which yields whole "
+                    "batches (its own batch_size= sets their size): leave batch_size out (None), or every batch "
+                    "would come wrapped in a batch"
+                )
+        self._whole_units = (
+            isinstance(dataset, ShardedDataset)
+            and arguments.get("num_workers", 0) > 0
+            and arguments.get("collate_fn") is None
+            and dataset.worker_transport == "handles"
+        )
         if self._whole_units:
             arguments["worker_init_fn"] = _WholeUnits(arguments.get("worker_init_fn"))
             if not arguments.get("in_order", True):

@@ -17,7 +17,6 @@ import warnings
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
-from torch.utils.data._utils.collate import default_convert
 
 from . import _convert
 from ._library import direct, ops
@@ -26,9 +25,12 @@ from .device import device_name
 from .distributed import boxed, rank_from_dist_info, resolve_group
 from .sources import RowsSource, Source, TensorSource
 from .strategies import Strategy
-from .transfer import Packed
+from .transfer import Batch, PackedUnits
 
 _POLL_MS = 100
+# What one item of ts.DataLoader's workers carries at most, beyond the unit it starts: enough that torch's
+# per-item cost (~0.1-0.2 ms) is small beside the copy of its bytes.
+_ITEM_BYTES = 16 << 20
 
 
 def _shares_by_descriptor():
@@ -63,27 +65,6 @@ def _closer(iterator):
             iterator.close()
 
     return close
-
-
-def _fetcher_arguments():
-    """The arguments of DataLoader's fetcher when it is the caller of
-    __iter__ (it calls iter() on the dataset from its __init__), else None."""
-    caller = sys._getframe(2)
-    if caller.f_code.co_name != "__init__" or type(caller.f_locals.get("self")).__name__ != "_IterableDatasetFetcher":
-        return None
-    return caller.f_locals
-
-
-def _refuse_auto_collation(fetcher):
-    """Raises if DataLoader is about to collate our batches (``batch_size`` not
-    None): it would wrap each one in a batch of one ([1, B, ...] tensors) or
-    fail on sparse ones."""
-    if fetcher is not None and fetcher.get("auto_collation"):
-        raise ValueError(
-            "ShardedDataset yields whole batches: create the DataLoader with batch_size=None, e.g. "
-            "DataLoader(dataset, batch_size=None, num_workers=k) (the dataset's batch_size= sets the batch size); "
-            "with DataLoader's default batch_size=1 every batch would come wrapped in a batch of one"
-        )
 
 
 def _is_array_like(value):
@@ -291,6 +272,19 @@ class ShardedDataset(IterableDataset, NativeBacked):
             follow each other inside one iteration, each still exactly once
             across ranks and workers with equal batch counts per rank.
             ``len()`` then raises TypeError, as for any endless dataset.
+        worker_transport: how a DataLoader worker's batches reach the
+            training process. "handles" (default): the worker assembles them
+            in recycled shared-memory slabs and each batch crosses torch's
+            queue as a few bytes; the training process maps each slab once
+            and gets a plain dict of tensor views (no copy, no shared-memory
+            segment or file descriptor per batch, nothing in /dev/shm). It
+            opens the workers' memory through /proc/<pid>/fd: where that is
+            not allowed (another user, a hardened kernel) the first batch
+            raises, saying so. "torch": each batch crosses as torch sends
+            tensors (fresh shared memory per fetch, a descriptor per
+            storage): several times slower per batch. A custom collate_fn
+            or a batch_transform returning other than a dict gets tensors
+            that cross the torch way in either case.
 
     The epoch advances at every new iteration, also inside DataLoader workers
     (persistent or not, fork or spawn); ``set_epoch(e)`` pins the next one.
@@ -299,6 +293,8 @@ class ShardedDataset(IterableDataset, NativeBacked):
     ``ds.native`` is the script object (torch.classes.torch_shards.ShardedDataset)
     for TorchScript.
     """
+
+    worker_transport = "handles"  # copies pickled before the option existed
 
     def __init__(
         self,
@@ -324,6 +320,7 @@ class ShardedDataset(IterableDataset, NativeBacked):
         cycle=False,
         dist_info=None,
         device=None,
+        worker_transport="handles",
     ):
         super().__init__()
         if not isinstance(strategy, Strategy):
@@ -365,6 +362,9 @@ class ShardedDataset(IterableDataset, NativeBacked):
         self.batch_callback = batch_callback
         self.cycle = cycle
         self.device = device_name("ShardedDataset", device)
+        if worker_transport not in ("handles", "torch"):
+            raise ValueError(f"ShardedDataset: worker_transport must be 'handles' or 'torch', got {worker_transport!r}")
+        self.worker_transport = worker_transport
         self._shared_state = None
         # The native object resolves rank, world size and seed (agreeing over
         # the group) and checks everything; copies in worker processes are
@@ -442,38 +442,30 @@ class ShardedDataset(IterableDataset, NativeBacked):
         self.native.set_epoch(_convert.check_int("ShardedDataset: epoch", epoch))
 
     def __iter__(self):
-        fetcher = _fetcher_arguments()
-        _refuse_auto_collation(fetcher)
         # In a DataLoader worker the epoch is claimed now, not at the first
         # next(): a worker calls iter() once per generation, at start-up. In
         # the training process, at the first next() (_in_process_epochs).
         info = get_worker_info()
-        packed = None  # (whole units, endless) for a worker whose batches cross packed
         if info is None:
             return self._in_process_epochs()
-        else:
-            generation = _generation_name(info)
-            shared = _shares_by_descriptor()
-            # Batches cross to the main process packed (transfer.py) when they go from here straight into
-            # DataLoader's queue: nothing else (a custom collate_fn, a batch_transform, a dataset wrapping
-            # this one) then holds views of the recycled shared memory outside the leases.
-            if (
-                fetcher is not None
-                and fetcher.get("collate_fn") is default_convert
-                and self.batch_transform is None
-                and self.collection is None
-            ):
-                packed = (getattr(self, "_whole_units", False), self.cycle)
-            recycled = packed is not None and shared
+        generation = _generation_name(info)
+        # worker_transport="handles": batches are assembled in recycled slabs and yielded as transfer.Batch,
+        # which crosses to the main process as a handle (transfer.py). A collection fetched in Python
+        # yields what the collection returns: it crosses the torch way.
+        handles = self.worker_transport == "handles" and self.collection is None
+        shared = handles or _shares_by_descriptor()
+        # Whole units: asked for by ts.DataLoader (its worker_init_fn), whose loop splits them again.
+        whole = getattr(self, "_whole_units", False) and self.batch_transform is None
+        crossing = (whole, self.cycle) if handles else None
 
-            def start(stream_start):
-                # An endless loop deals each epoch as DataLoader's round robin takes it (stream_start:
-                # the batches the loop took before it), so that each epoch is one run of the loop.
-                return self.native.iter_worker(
-                    info.id, info.num_workers, generation, shared, recycled, stream_start if self.cycle else None
-                )
+        def start(stream_start):
+            # An endless loop deals each epoch as DataLoader's round robin takes it (stream_start:
+            # the batches the loop took before it), so that each epoch is one run of the loop.
+            return self.native.iter_worker(
+                info.id, info.num_workers, generation, shared, handles, stream_start if self.cycle else None
+            )
 
-        return self._epochs(self._started(start, 0), start, packed)
+        return self._epochs(self._started(start, 0), start, crossing)
 
     def _in_process_epochs(self):
         """Iterated in the process that trains: the epoch is claimed at the first next(), as a
@@ -497,16 +489,16 @@ class ShardedDataset(IterableDataset, NativeBacked):
         self.strategy._provide(len(self.source), self.native.seed(), iterator.epoch())
         return iterator
 
-    def _epochs(self, iterator, start, packed=None):
+    def _epochs(self, iterator, start, crossing=None):
         """Epoch after epoch (one unless cycle=True): the first one's iterator, then each started by
-        start(stream_start), the batches the rank's loop took before it. packed: (whole units,
-        endless) for a worker whose batches cross packed, else None."""
+        start(stream_start), the batches the rank's loop took before it. crossing: (whole units,
+        endless) for a worker whose batches cross as handles, else None."""
         stream_start = 0
         while True:
             if self.collection is not None:
                 yield from self._collection_batches(iterator)
             else:
-                yield from self._batches(iterator, packed)
+                yield from self._batches(iterator, crossing)
             if not self.cycle:
                 return
             stream_start += iterator.rank_batches()
@@ -558,12 +550,14 @@ class ShardedDataset(IterableDataset, NativeBacked):
         finally:
             close()
 
-    def _batches(self, iterator, packed=None):
+    def _batches(self, iterator, crossing=None):
         fetch_transform, batch_transform = self.fetch_transform, self.batch_transform
-        # poll: torch_shards._C's, which skips torch.classes' dispatch (~3 us a batch). poll_packed:
-        # bound once (looking a method up on the native iterator costs ~1 us).
-        handle, poll, poll_packed = direct.iterator_handle(iterator), direct.poll, iterator.poll_packed
+        # poll: torch_shards._C's, which skips torch.classes' dispatch (~3 us a batch).
+        handle, poll = direct.iterator_handle(iterator), direct.poll
         close = _closer(iterator)
+        whole, endless = crossing if crossing is not None else (False, False)
+        left = iterator.num_batches()  # after the last one, the main process may let go of this worker's slabs
+        item_bytes = 0 if fetch_transform is not None else _ITEM_BYTES
         try:
             while True:
                 if fetch_transform is not None and iterator.pending() == 0:
@@ -572,19 +566,36 @@ class ShardedDataset(IterableDataset, NativeBacked):
                     if unit is None:
                         return
                     iterator.push_unit(_as_unit(fetch_transform(unit)))
+                if whole:
+                    # The unit under way and the next ones, packed natively as one item (only the
+                    # unit under way when it was transformed here: the next are not yet).
+                    packed = direct.poll_packed(handle, _POLL_MS, item_bytes, endless)
+                    if packed is None:
+                        if iterator.finished():
+                            return
+                        continue
+                    yield PackedUnits(packed, endless)
+                    continue
                 # Short waits: Ctrl-C is handled between them.
-                if packed is not None:
-                    batch = poll_packed(_POLL_MS, packed[0])
-                else:
-                    batch = poll(handle, _POLL_MS)
+                batch = poll(handle, _POLL_MS)
                 if batch is None:
                     if iterator.finished():
                         return
                     continue
-                if packed is not None:
-                    yield Packed(batch, *packed)
-                else:
+                if crossing is None:
                     yield batch if batch_transform is None else batch_transform(batch)
+                    continue
+                left -= 1
+                if batch_transform is not None:
+                    batch = batch_transform(batch)
+                    if not isinstance(batch, dict):  # anything else crosses the torch way
+                        yield batch
+                        continue
+                    if not isinstance(batch, Batch):
+                        batch = Batch(batch)
+                if left == 0 and not endless:
+                    batch.last = True
+                yield batch
         finally:
             # Ended, broken out of, deleted or interrupted: stop the reader threads now.
             close()

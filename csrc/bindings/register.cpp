@@ -6,7 +6,6 @@
 #include <torch/library.h>
 
 #include "loader/device_stage.h"
-#include "loader/transfer.h"
 #include "torch_shards/dataset.h"
 #include "torch_shards/sampler.h"
 #include "torch_shards/source.h"
@@ -109,7 +108,7 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("wait", &BatchIteratorImpl::wait)
       .def("poll", &BatchIteratorImpl::poll)
       .def("finished", &BatchIteratorImpl::finished)
-      .def("poll_packed", &BatchIteratorImpl::poll_packed)
+      .def("worker_batches", [](const c10::intrusive_ptr<BatchIteratorImpl>& self) { return self->worker_batches(); })
       .def("next_unit", &BatchIteratorImpl::next_unit)
       .def("push_unit", &BatchIteratorImpl::push_unit)
       .def("pending", &BatchIteratorImpl::pending)
@@ -259,8 +258,6 @@ TORCH_LIBRARY(torch_shards, m) {
       &SourceImpl::collection);
   m.def("probe(str path) -> str", &probe);
   m.def("annbatch_datasets(str path) -> str[]?", &annbatch_datasets);
-  m.def("unpack_batches(Tensor(a)[] storages, Tensor description, str[] names) -> (Dict(str, Tensor(a))[], int, int[])",
-        &unpack);
   m.def("merge_state_dicts(Dict(str, int)[] states) -> Dict(str, int)", &ShardedDatasetImpl::merge_state_dicts);
   m.def(
       "sharded_dataset(__torch__.torch.classes.torch_shards.Source source, "

@@ -18,6 +18,22 @@
 
 namespace torch_shards {
 
+int64_t batch_bytes(const sources::Batch& batch) {
+  int64_t bytes = 0;
+  const auto add = [&](const at::Tensor& tensor) { bytes += tensor.numel() * static_cast<int64_t>(tensor.itemsize()); };
+  for (const auto& item : batch) {
+    const at::Tensor& tensor = item.value();
+    if (tensor.layout() == at::kSparseCsr) {
+      add(tensor.values());
+      add(tensor.col_indices());
+      add(tensor.crow_indices());
+    } else {
+      add(tensor);
+    }
+  }
+  return bytes;
+}
+
 sources::Batch with_views_resolved(const sources::Batch& batch) {
   const auto lazy = [](const at::Tensor& tensor) { return tensor.defined() && (tensor.is_conj() || tensor.is_neg()); };
   if (std::none_of(batch.begin(), batch.end(), [&](const auto& item) { return lazy(item.value()); })) return batch;

@@ -15,6 +15,10 @@ namespace torch_shards {
 // not a tensor with rows or if they disagree.
 int64_t rows_of(const sources::Batch& batch, const std::string& who);
 
+// The bytes of the elements `batch`'s fields hold (CSR: values, column and
+// row indices).
+int64_t batch_bytes(const sources::Batch& batch);
+
 // `batch` with every conjugate or negative view (x.conj(), x.conj().imag)
 // materialised: such a view's bit says how to read its memory, and code that
 // copies, shares or describes that memory directly (a TensorSource's rows, a

@@ -1,8 +1,6 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "loader/buffer_pool.h"
 
-#include <ATen/MapAllocator.h>
-#include <ATen/StorageUtils.h>
 #include <ATen/ops/empty.h>
 
 #include <sys/mman.h>
@@ -14,7 +12,7 @@
 
 #include "core/errors.h"
 #include "io/file.h"
-#include "loader/python_gil.h"
+#include "loader/shared_slab.h"
 #include "loader/transfer.h"
 
 namespace torch_shards {
@@ -28,18 +26,6 @@ size_t size_class(size_t bytes) {
   const int top = 63 - __builtin_clzll(static_cast<unsigned long long>(bytes));
   const size_t step = std::max<size_t>(kPage, size_t{1} << std::max(0, top - 3));
   return (bytes + step - 1) / step * step;
-}
-
-// Whether the storage's Python object is its only other holder. torch keeps that object alive while C++
-// holds the storage (PyObject preservation) and says so through PyObjectSlot::has_unique_reference;
-// a torch without that method has no such reference to discount: false (the storage counts as held).
-template <typename Slot>
-auto python_holds_only_itself(Slot* slot, int) -> decltype(slot->has_unique_reference()) {
-  return slot->has_unique_reference();
-}
-template <typename Slot>
-bool python_holds_only_itself(Slot*, long) {
-  return false;
 }
 
 // Large pageable storages ask for transparent huge pages (where the kernel
@@ -58,11 +44,7 @@ void ask_for_huge_pages(void* data, size_t bytes) {
 }
 
 c10::Storage allocate(size_t bytes, sources::Memory memory) {
-  if (memory == sources::Memory::kSharedPooled) {
-    c10::Storage storage(at::new_shm_fd_storage(bytes));
-    std::memset(storage.mutable_data(), 0, kLeaseHeaderBytes);  // no lease yet
-    return storage;
-  }
+  if (memory == sources::Memory::kSharedPooled) return new_slab(bytes);  // zeroed: no lease yet
   const bool pinned = memory == sources::Memory::kPinned;
   c10::Storage storage =
       at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned)).storage();
@@ -108,31 +90,9 @@ void BufferPool::adopt_after_fork() {
 
 bool BufferPool::is_free(const Kept& kept) {
   // Only the pool holds it: every tensor (and batch) viewing it is gone, on whatever thread it died,
-  // and, in shared memory, the main process gave back every lease on it. A storage Python saw keeps
-  // its Python object, which holds one reference (note_python_holders()).
-  const uint32_t holders = kept.storage.use_count();
-  return (holders == 1 || (holders == 2 && kept.python_only)) && kept.storage.data() == kept.data &&
+  // and, for a slab, the main process gave back every lease on it.
+  return kept.storage.use_count() == 1 && kept.storage.data() == kept.data &&
          (kept.memory != sources::Memory::kSharedPooled || leases(kept.storage) == 0);
-}
-
-void BufferPool::note_python_holders() {
-  if (owner_pid_ != io::current_process_id()) return;
-  const HoldPythonGil gil;  // before the lock, as everywhere: asking Python needs it
-  if (!gil.held()) return;  // no Python: no Python objects
-  std::lock_guard<std::mutex> lock(sync_->mutex);
-  for (Kept& kept : kept_) {
-    kept.python_only = kept.memory == sources::Memory::kSharedPooled && kept.storage.use_count() == 2 &&
-                       python_holds_only_itself(kept.storage.unsafeGetStorageImpl()->pyobj_slot(), 0);
-  }
-}
-
-bool BufferPool::recycles_shared(const c10::Storage& storage) const {
-  if (owner_pid_ != io::current_process_id()) return false;
-  std::lock_guard<std::mutex> lock(sync_->mutex);
-  for (const Kept& kept : kept_) {
-    if (kept.memory == sources::Memory::kSharedPooled && kept.storage.is_alias_of(storage)) return true;
-  }
-  return false;
 }
 
 c10::Storage BufferPool::acquire(size_t bytes, sources::Memory memory) {
@@ -141,7 +101,7 @@ c10::Storage BufferPool::acquire(size_t bytes, sources::Memory memory) {
   adopt_if_forked();
   const size_t wanted = size_class(bytes);
   // Storages let go of are freed after the lock: one Python saw gives back its Python object then,
-  // which takes the GIL (never under this lock: note_python_holders() takes them in the other order).
+  // which takes the GIL.
   std::vector<c10::Storage> released;
   std::lock_guard<std::mutex> lock(sync_->mutex);
   largest_ = std::max(largest_, wanted);
@@ -165,7 +125,6 @@ c10::Storage BufferPool::acquire(size_t bytes, sources::Memory memory) {
   }
   if (best != nullptr) {
     best->last_use = ++clock_;
-    best->python_only = false;
     ++counts_.reuses;
     return best->storage;
   }
@@ -183,11 +142,13 @@ c10::Storage BufferPool::acquire(size_t bytes, sources::Memory memory) {
   }
   c10::Storage storage = allocate(wanted, memory);
   ++counts_.allocations;
-  if (kept_bytes_ + wanted <= limit) {
+  // Beyond the budget (the consumer holds the rest), a storage is freed when dropped; but a slab only
+  // once the main process gave back its leases (it may not have mapped it yet): kept until then.
+  const bool over = kept_bytes_ + wanted > limit;
+  if (over) ++counts_.untracked;
+  if (!over || memory == sources::Memory::kSharedPooled) {
     kept_.push_back(Kept{storage, storage.data(), memory, wanted, ++clock_});
     kept_bytes_ += wanted;
-  } else {
-    ++counts_.untracked;  // beyond the budget (the consumer holds the rest): freed when dropped
   }
   return storage;
 }

@@ -11,9 +11,9 @@
 // pages are already there.
 //
 // Memory::kPageable and kPinned storages are reused when the pool holds the
-// only reference. Memory::kSharedPooled storages (DataLoader workers whose
-// batches cross through transfer.h) are reused when, besides, the main
-// process gave back every lease on them. Memory::kShared storages are never
+// only reference. Memory::kSharedPooled storages (shared_slab.h: DataLoader
+// workers whose batches cross through transfer.h) are reused when, besides,
+// the main process gave back every lease on them. Memory::kShared storages are never
 // pooled: once sent as torch sends them, the main process may hold their
 // batches for any time and nothing tells this process when it lets go
 // (TensorPool allocates them fresh). A storage whose memory was moved since (torch moves plain memory
@@ -24,7 +24,8 @@
 // (a unit starts while they are under it), the unit the consumer goes
 // through and the one before it (its last batch is still held while the
 // consumer asks for the next). Beyond that, storages are handed out
-// untracked and freed when dropped. Size classes
+// untracked and freed when dropped (slabs: once, besides, their leases are
+// back, as the main process may not have mapped them yet). Size classes
 // (an eighth of a power of two) let units of slightly different sizes (CSR
 // fetches) reuse each other's storages. Thread-safe; a pool inherited
 // through fork starts empty in the child.
@@ -49,7 +50,7 @@ class BufferPool {
   struct Stats {
     int64_t allocations = 0;  // storages allocated (pooled or not)
     int64_t reuses = 0;       // storages handed out again
-    int64_t untracked = 0;    // allocations beyond the budget, not kept
+    int64_t untracked = 0;    // allocations beyond the budget, freed once free
     int64_t kept_bytes = 0;   // bytes of the storages the pool keeps (free or in use)
     int64_t kept = 0;         // storages the pool keeps
   };
@@ -63,16 +64,6 @@ class BufferPool {
   // word of kSharedPooled), pageable, pinned or shared (InvalidArgument for
   // Memory::kShared).
   c10::Storage acquire(size_t bytes, sources::Memory memory);
-  // torch makes a Python object for a storage it pickles (a DataLoader
-  // worker's batches), and that object holds a reference for as long as any
-  // C++ reference exists: the pool's would keep it forever. Marks the
-  // kSharedPooled storages whose only other holder is that object, unseen by
-  // Python, as free (to reuse once their leases are back). Takes the GIL,
-  // then the pool's lock (the pool never takes the GIL under its lock).
-  void note_python_holders();
-  // Whether `storage` is one of this pool's kSharedPooled storages (one whose
-  // leases it honours).
-  bool recycles_shared(const c10::Storage& storage) const;
   Stats stats() const;
 
  private:
@@ -82,7 +73,6 @@ class BufferPool {
     sources::Memory memory = sources::Memory::kPageable;
     size_t size_class = 0;
     uint64_t last_use = 0;
-    bool python_only = false;  // besides the pool, only its Python object holds it (note_python_holders)
   };
   struct Sync {
     std::mutex mutex;

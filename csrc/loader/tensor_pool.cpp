@@ -14,7 +14,7 @@
 
 #include "core/errors.h"
 #include "loader/buffer_pool.h"
-#include "loader/transfer.h"
+#include "loader/shared_slab.h"
 
 namespace torch_shards::sources {
 namespace {
@@ -83,11 +83,12 @@ TensorPool::TensorPool(Memory memory, std::shared_ptr<BufferPool> buffers)
 TensorPool::~TensorPool() = default;
 
 std::vector<at::Tensor> TensorPool::carve(const std::vector<TensorSpec>& specs, Memory memory, Purpose purpose) {
-  // Pooled shared storages start with their lease word (transfer.h).
+  // Slabs start with their lease word (shared_slab.h).
   const bool leased = buffers_ && memory == Memory::kSharedPooled;
-  const bool shared = memory == Memory::kShared || memory == Memory::kSharedPooled;
+  // torch's shared memory lives in /dev/shm (slabs do not: it may be small, as in containers).
+  const bool in_dev_shm = memory == Memory::kShared || (memory == Memory::kSharedPooled && !buffers_);
   std::vector<size_t> offsets;
-  uint64_t total = leased ? kLeaseHeaderBytes : 0;
+  uint64_t total = leased ? kSlabHeaderBytes : 0;
   bool overflow = false;  // shapes are checked where they are made; a read's rows may repeat (weighted sampling)
   for (const TensorSpec& spec : specs) {
     offsets.push_back(total);
@@ -105,7 +106,7 @@ std::vector<at::Tensor> TensorPool::carve(const std::vector<TensorSpec>& specs, 
   if (total > machine_memory()) {
     fail(core::concat("more than this machine's memory (", machine_memory(), " bytes of RAM and swap)"));
   }
-  if (shared && total > shared_memory_size()) {
+  if (in_dev_shm && total > shared_memory_size()) {
     fail(core::concat("more than the shared memory of /dev/shm (", shared_memory_size(), " bytes)"));
   }
   c10::Storage storage;

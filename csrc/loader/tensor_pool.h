@@ -13,9 +13,9 @@
 // unit, which torch sends to the main process by file descriptor without the
 // copy it would otherwise make; never reused, as the main process may hold its
 // batches for any time. Memory::kSharedPooled (DataLoader workers whose
-// batches cross through transfer.h): shared memory recycled by the
-// BufferPool under the main process's leases, each storage starting with
-// its lease word (kLeaseHeaderBytes).
+// batches cross through transfer.h): slabs of shared memory (shared_slab.h)
+// recycled by the BufferPool under the main process's leases, each starting
+// with its lease word (kSlabHeaderBytes).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -2,48 +2,54 @@
 #include "loader/transfer.h"
 
 #include <ATen/ops/_sparse_csr_tensor_unsafe.h>
-#include <ATen/ops/empty.h>
 
 #include <atomic>
 #include <unordered_map>
 
 #include "core/errors.h"
-#include "loader/buffer_pool.h"
+#include "loader/batches.h"
+#include "loader/errors.h"
 
 namespace torch_shards {
 namespace {
 
-constexpr int64_t kVersion = 1;
+// The description's layout (int64 words):
+//   version, owner pid, owner nonce, last, freed count, freed slab ids...,
+//   slab count, per slab: id, fd, inode, bytes,
+//   other storage count, batch count, worker, worker count, worker_batches...,
+//   per batch: field count, per field: name index, kind, then
+//     dense: a tensor record; CSR: rows, columns, and records of crow_indices, col_indices, values.
+//   A tensor record: storage index (slabs first, then others), dtype, offset, dim, sizes..., strides...
+constexpr int64_t kVersion = 2;
 constexpr int64_t kDense = 0;
 constexpr int64_t kSparseCsr = 1;
+constexpr int64_t kMaxCount =
+    int64_t{1} << 24;  // of slabs, storages, batches, workers, freed ids: far above any real one
 
-std::atomic_ref<int64_t> lease_word(const c10::Storage& storage) {
-  return std::atomic_ref<int64_t>(*static_cast<int64_t*>(storage.mutable_data()));
+std::atomic_ref<int64_t> lease_word(const c10::Storage& slab) {
+  return std::atomic_ref<int64_t>(*static_cast<int64_t*>(slab.mutable_data()));
 }
 
-// A view of a rebuilt storage that gives its lease back when the last tensor viewing it goes.
+// A view of a mapped slab that gives its lease back when the last tensor viewing it goes.
 struct Lease {
-  c10::Storage storage;
+  c10::Storage slab;
 };
 
 void release(void* context) {
   auto* lease = static_cast<Lease*>(context);
-  lease_word(lease->storage).fetch_sub(1, std::memory_order_acq_rel);
+  lease_word(lease->slab).fetch_sub(1, std::memory_order_acq_rel);
   delete lease;
 }
 
-c10::Storage leased_alias(const c10::Storage& storage) {
-  void* data = storage.mutable_data();
-  const size_t bytes = storage.nbytes();
-  return c10::Storage(c10::Storage::use_byte_size_t(), bytes,
-                      c10::DataPtr(data, new Lease{storage}, &release, c10::Device(c10::DeviceType::CPU)),
+c10::Storage leased_alias(const c10::Storage& slab) {
+  void* data = slab.mutable_data();
+  return c10::Storage(c10::Storage::use_byte_size_t(), slab.nbytes(),
+                      c10::DataPtr(data, new Lease{slab}, &release, c10::Device(c10::DeviceType::CPU)),
                       /*allocator=*/nullptr, /*resizable=*/false);
 }
 
 class Writer {
  public:
-  Writer(const BufferPool* pool) : pool_(pool) {}
-
   void tensor(const at::Tensor& tensor) {
     const c10::Storage& storage = tensor.storage();
     auto [it, added] = index_.emplace(storage.unsafeGetStorageImpl(), static_cast<int64_t>(storages_.size()));
@@ -56,8 +62,9 @@ class Writer {
     for (int64_t stride : tensor.strides()) words_.push_back(stride);
   }
 
-  void field(int64_t name, const at::Tensor& tensor) {
-    core::check_argument(tensor.device().is_cpu(), "pack: field tensors must be on the CPU");
+  void field(int64_t name, const std::string& key, const at::Tensor& tensor) {
+    core::check_argument(tensor.device().is_cpu(), "pack: field '", key, "' is on ", tensor.device(),
+                         ": batches cross from DataLoader workers on the CPU");
     words_.push_back(name);
     if (tensor.layout() == at::kSparseCsr) {
       words_.push_back(kSparseCsr);
@@ -68,30 +75,16 @@ class Writer {
       this->tensor(tensor.values());
       return;
     }
-    core::check_argument(tensor.layout() == at::kStrided, "pack: unsupported tensor layout ", tensor.layout());
+    core::check_argument(tensor.layout() == at::kStrided, "pack: field '", key, "' has a layout (", tensor.layout(),
+                         ") that does not cross from DataLoader workers (dense and sparse CSR tensors do)");
     words_.push_back(kDense);
     this->tensor(tensor);
   }
 
   std::vector<int64_t>& words() { return words_; }
-
-  // The storages as uint8 tensors, with one lease taken on each the pool recycles in shared memory.
-  std::pair<std::vector<at::Tensor>, std::vector<int64_t>> storages() const {
-    std::vector<at::Tensor> out;
-    std::vector<int64_t> leased;
-    for (const c10::Storage& storage : storages_) {
-      const bool lease = pool_ != nullptr && pool_->recycles_shared(storage);
-      if (lease) lease_word(storage).fetch_add(1, std::memory_order_acq_rel);
-      leased.push_back(lease);
-      at::Tensor bytes = at::empty({0}, at::TensorOptions().dtype(at::kByte));
-      bytes.set_(storage, 0, {static_cast<int64_t>(storage.nbytes())}, {1});
-      out.push_back(std::move(bytes));
-    }
-    return {std::move(out), std::move(leased)};
-  }
+  const std::vector<c10::Storage>& storages() const { return storages_; }
 
  private:
-  const BufferPool* pool_;
   std::unordered_map<const c10::StorageImpl*, int64_t> index_;
   std::vector<c10::Storage> storages_;
   std::vector<int64_t> words_;
@@ -99,18 +92,18 @@ class Writer {
 
 class Reader {
  public:
-  Reader(const at::Tensor& description) : description_(description.contiguous()) {
-    core::check_argument(description_.scalar_type() == at::kLong && description_.dim() == 1,
-                         "unpack: the description must be a 1-D int64 tensor");
-    words_ = description_.const_data_ptr<int64_t>();
-    size_ = description_.numel();
-  }
+  explicit Reader(const std::vector<int64_t>& words) : words_(words) {}
 
   int64_t next() {
-    core::check_argument(position_ < size_, "unpack: the description ends early");
+    core::check_argument(position_ < words_.size(), "unpack: the description ends early");
     return words_[position_++];
   }
-  bool done() const { return position_ == size_; }
+  int64_t count(const char* what) {
+    const int64_t value = next();
+    core::check_argument(value >= 0 && value <= kMaxCount, "unpack: bad ", what, " count ", value);
+    return value;
+  }
+  bool done() const { return position_ == words_.size(); }
 
   at::Tensor tensor(const std::vector<c10::Storage>& storages) {
     const int64_t index = next();
@@ -128,98 +121,186 @@ class Reader {
     // The farthest element must lie inside the storage.
     const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
     int64_t last = offset, count = 1;
+    bool overflow = false;
     for (int64_t d = 0; d < dim; ++d) {
       core::check_argument(sizes[d] >= 0 && strides[d] >= 0, "unpack: bad size or stride");
-      count *= sizes[d];
-      if (sizes[d] > 0) last += (sizes[d] - 1) * strides[d];
+      overflow |= __builtin_mul_overflow(count, sizes[d], &count);
+      int64_t reach = 0;
+      if (sizes[d] > 0) {
+        overflow |=
+            __builtin_mul_overflow(sizes[d] - 1, strides[d], &reach) || __builtin_add_overflow(last, reach, &last);
+      }
     }
     const c10::Storage& storage = storages[index];
-    core::check_argument(count == 0 || (last + 1) * element <= static_cast<int64_t>(storage.nbytes()),
+    int64_t end = 0;
+    overflow |= __builtin_add_overflow(last, 1, &end) || __builtin_mul_overflow(end, element, &end);
+    core::check_argument(!overflow && (count == 0 || end <= static_cast<int64_t>(storage.nbytes())),
                          "unpack: a tensor reaches past its storage's ", storage.nbytes(), " bytes");
-    at::Tensor out = at::empty({0}, at::TensorOptions().dtype(dtype));
-    out.set_(storage, offset, sizes, strides);
-    return out;
+    // Made directly (no dispatcher, no zero-size allocation): a plain CPU tensor viewing the storage.
+    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                     c10::scalarTypeToTypeMeta(dtype));
+    impl->set_sizes_and_strides(sizes, strides, offset);
+    return at::Tensor(std::move(impl));
   }
 
  private:
-  at::Tensor description_;
-  const int64_t* words_ = nullptr;
-  int64_t size_ = 0, position_ = 0;
+  const std::vector<int64_t>& words_;
+  size_t position_ = 0;
 };
 
 }  // namespace
 
-int64_t leases(const c10::Storage& storage) { return lease_word(storage).load(std::memory_order_acquire); }
+int64_t leases(const c10::Storage& slab) { return lease_word(slab).load(std::memory_order_acquire); }
 
-Packed pack(const std::vector<sources::Batch>& batches, const BufferPool* pool, int64_t worker,
-            const std::vector<int64_t>& worker_batches) {
-  Writer writer(pool);
-  std::vector<std::string> names;
+namespace {
+
+Packed pack_batches(const std::vector<sources::Batch>& batches, int64_t worker,
+                    const std::vector<int64_t>& worker_batches, bool last) {
+  Writer writer;
+  Packed out;
   std::unordered_map<std::string, int64_t> name_index;
-  for (const sources::Batch& batch : batches) {
+  for (const sources::Batch& given : batches) {
+    // A conjugate or negative view's memory is not its values: such fields cross resolved.
+    const sources::Batch batch = with_views_resolved(given);
     writer.words().push_back(static_cast<int64_t>(batch.size()));
     for (const auto& item : batch) {
-      auto [it, added] = name_index.emplace(item.key(), static_cast<int64_t>(names.size()));
-      if (added) names.push_back(item.key());
-      writer.field(it->second, item.value());
+      auto [it, added] = name_index.emplace(item.key(), static_cast<int64_t>(out.names.size()));
+      if (added) out.names.push_back(item.key());
+      writer.field(it->second, item.key(), item.value());
     }
   }
-  auto [storages, leased] = writer.storages();
-  std::vector<int64_t> words{kVersion, static_cast<int64_t>(storages.size()), static_cast<int64_t>(batches.size()),
-                             worker, static_cast<int64_t>(worker_batches.size())};
+  // Slabs first (renumbered), then the other storages.
+  std::vector<std::pair<c10::Storage, SlabHandle>> slabs;
+  std::vector<int64_t> renumber(writer.storages().size());
+  for (size_t i = 0; i < writer.storages().size(); ++i) {
+    const c10::Storage& storage = writer.storages()[i];
+    if (std::optional<SlabHandle> handle = slab_handle(storage)) {
+      renumber[i] = static_cast<int64_t>(slabs.size());
+      slabs.emplace_back(storage, *handle);
+    } else {
+      renumber[i] = -1 - static_cast<int64_t>(out.others.size());
+      out.others.push_back(storage);
+    }
+  }
+  const SlabOwner owner = slab_owner();
+  const std::vector<int64_t> freed = take_freed_slabs();
+  std::vector<int64_t>& words = out.description;
+  words = {kVersion, owner.pid, owner.nonce, last ? 1 : 0, static_cast<int64_t>(freed.size())};
+  words.insert(words.end(), freed.begin(), freed.end());
+  words.push_back(static_cast<int64_t>(slabs.size()));
+  for (const auto& [storage, handle] : slabs) {
+    words.insert(words.end(), {handle.id, handle.fd, handle.inode, handle.bytes});
+  }
+  words.insert(words.end(), {static_cast<int64_t>(out.others.size()), static_cast<int64_t>(batches.size()), worker,
+                             static_cast<int64_t>(worker_batches.size())});
   words.insert(words.end(), worker_batches.begin(), worker_batches.end());
-  words.insert(words.end(), leased.begin(), leased.end());
-  words.insert(words.end(), writer.words().begin(), writer.words().end());
-  at::Tensor description = at::empty({static_cast<int64_t>(words.size())}, at::TensorOptions().dtype(at::kLong));
-  std::copy(words.begin(), words.end(), description.mutable_data_ptr<int64_t>());
-  return Packed{std::move(storages), std::move(description), std::move(names)};
+  // The batches' words, with each tensor record's storage index renumbered: walk them as unpack() reads them.
+  const std::vector<int64_t>& body = writer.words();
+  const int64_t num_slabs = static_cast<int64_t>(slabs.size());
+  size_t position = 0;
+  const auto copy = [&](size_t count) {
+    words.insert(words.end(), body.begin() + static_cast<std::ptrdiff_t>(position),
+                 body.begin() + static_cast<std::ptrdiff_t>(position + count));
+    position += count;
+  };
+  const auto record = [&] {
+    const int64_t index = renumber[static_cast<size_t>(body[position++])];
+    words.push_back(index >= 0 ? index : num_slabs + (-1 - index));
+    const int64_t dim = body[position + 2];
+    copy(3 + 2 * static_cast<size_t>(dim));
+  };
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const int64_t fields = body[position];
+    copy(1);
+    for (int64_t f = 0; f < fields; ++f) {
+      const int64_t kind = body[position + 1];
+      copy(2);
+      if (kind == kSparseCsr) {
+        copy(2);
+        record();
+        record();
+        record();
+      } else {
+        record();
+      }
+    }
+  }
+  // Leases last: nothing above can fail after one is taken.
+  for (const auto& [storage, handle] : slabs) lease_word(storage).fetch_add(1, std::memory_order_acq_rel);
+  return out;
 }
 
-std::tuple<std::vector<sources::Batch>, int64_t, std::vector<int64_t>> unpack(const std::vector<at::Tensor>& storages,
-                                                                              const at::Tensor& description,
-                                                                              const std::vector<std::string>& names) {
+Unpacked unpack_batches(const std::vector<int64_t>& description, const std::vector<std::string>& names,
+                        const std::vector<c10::Storage>& others) {
   Reader reader(description);
   core::check_argument(reader.next() == kVersion, "unpack: the description comes from another torch_shards version");
-  const int64_t num_storages = reader.next(), num_batches = reader.next(), worker = reader.next();
-  core::check_argument(num_storages == static_cast<int64_t>(storages.size()), "unpack: the description names ",
-                       num_storages, " storages, got ", storages.size());
-  const int64_t num_workers = reader.next();
-  core::check_argument(num_batches >= 0 && num_workers >= 0 && num_workers <= (int64_t{1} << 20),
-                       "unpack: bad batch or worker count");
-  std::vector<int64_t> worker_batches(static_cast<size_t>(num_workers));
-  for (int64_t& count : worker_batches) count = reader.next();
-  std::vector<c10::Storage> views;
-  for (const at::Tensor& bytes : storages) {
-    core::check_argument(bytes.device().is_cpu() && bytes.scalar_type() == at::kByte,
-                         "unpack: storages must be CPU uint8 tensors");
-    const c10::Storage& storage = bytes.storage();
-    const bool leased = reader.next() != 0;
-    core::check_argument(!leased || storage.nbytes() >= kLeaseHeaderBytes, "unpack: a leased storage is too small");
-    views.push_back(leased ? leased_alias(storage) : storage);
+  SlabOwner owner;
+  owner.pid = reader.next();
+  owner.nonce = reader.next();
+  const bool last = reader.next() != 0;
+  core::check_argument(owner.pid > 0, "unpack: bad process id ", owner.pid);
+  std::vector<int64_t> freed(static_cast<size_t>(reader.count("freed slab")));
+  for (int64_t& id : freed) id = reader.next();
+  forget_slabs(owner.nonce, freed);  // before mapping: a freed slab's id is never reused, but its memory is gone
+  const int64_t num_slabs = reader.count("slab");
+  std::vector<SlabHandle> handles(static_cast<size_t>(num_slabs));
+  for (SlabHandle& handle : handles) {
+    handle.id = reader.next();
+    handle.fd = reader.next();
+    handle.inode = reader.next();
+    handle.bytes = reader.next();
+    core::check_argument(handle.fd >= 0 && handle.bytes >= static_cast<int64_t>(kSlabHeaderBytes),
+                         "unpack: bad slab handle (descriptor ", handle.fd, ", ", handle.bytes, " bytes)");
   }
-  std::vector<sources::Batch> batches;
+  const int64_t num_others = reader.count("storage");
+  core::check_argument(num_others == static_cast<int64_t>(others.size()), "unpack: the description names ", num_others,
+                       " storages besides its slabs, got ", others.size());
+  Unpacked out;
+  const int64_t num_batches = reader.count("batch");
+  out.worker = reader.next();
+  out.worker_batches.resize(static_cast<size_t>(reader.count("worker")));
+  for (int64_t& count : out.worker_batches) count = reader.next();
+  // Every check that needs no mapping is done: map the slabs, each viewed through one leased alias.
+  std::vector<c10::Storage> storages;
+  storages.reserve(handles.size() + others.size());
+  for (const SlabHandle& handle : handles) storages.push_back(leased_alias(map_slab(owner, handle)));
+  storages.insert(storages.end(), others.begin(), others.end());
   for (int64_t b = 0; b < num_batches; ++b) {
     sources::Batch batch;
-    const int64_t fields = reader.next();
+    const int64_t fields = reader.count("field");
     for (int64_t f = 0; f < fields; ++f) {
       const int64_t name = reader.next();
       core::check_argument(name >= 0 && name < static_cast<int64_t>(names.size()), "unpack: field name ", name,
                            " out of range");
       const int64_t kind = reader.next();
       if (kind == kDense) {
-        batch.insert(names[name], reader.tensor(views));
+        batch.insert(names[name], reader.tensor(storages));
         continue;
       }
       core::check_argument(kind == kSparseCsr, "unpack: unknown field kind ", kind);
       const int64_t rows = reader.next(), columns = reader.next();
-      at::Tensor offsets = reader.tensor(views), indices = reader.tensor(views), values = reader.tensor(views);
+      at::Tensor offsets = reader.tensor(storages), indices = reader.tensor(storages), values = reader.tensor(storages);
       batch.insert(names[name], at::_sparse_csr_tensor_unsafe(offsets, indices, values, {rows, columns},
                                                               values.options().layout(at::kSparseCsr)));
     }
-    batches.push_back(std::move(batch));
+    out.batches.push_back(std::move(batch));
   }
   core::check_argument(reader.done(), "unpack: the description has words left over");
-  return {std::move(batches), worker, std::move(worker_batches)};
+  // The worker's iteration sends nothing more: its slabs stay mapped only as long as these batches' views.
+  if (last) forget_slab_owner(owner.nonce);
+  return out;
+}
+
+}  // namespace
+
+Packed pack(const std::vector<sources::Batch>& batches, int64_t worker, const std::vector<int64_t>& worker_batches,
+            bool last) {
+  return translate_errors([&] { return pack_batches(batches, worker, worker_batches, last); });
+}
+
+Unpacked unpack(const std::vector<int64_t>& description, const std::vector<std::string>& names,
+                const std::vector<c10::Storage>& others) {
+  return translate_errors([&] { return unpack_batches(description, names, others); });
 }
 
 }  // namespace torch_shards

@@ -1,63 +1,69 @@
 // Batches crossing from a DataLoader worker process to the main process.
 //
-// torch sends every tensor of a batch on its own (one file descriptor passed
-// over a socket per storage and tensor) and into fresh shared memory that
-// the worker page-faults in again for every batch. Here a batch, or a whole
-// unit of batches, crosses as the few storages its tensors view (usually
-// one: a unit is carved from one storage) plus a small int64 description;
-// the main process rebuilds the same views without a copy.
+// torch sends every tensor of a batch on its own: a file descriptor passed
+// over a socket per storage, per batch, into fresh shared memory that is
+// faulted in again every time. Here the worker assembles its batches in
+// recycled shared-memory slabs (shared_slab.h), and a batch, or a whole unit
+// of batches, crosses as one small description: the slabs it views (handles
+// the main process maps once and keeps), then each field's dtype, offset,
+// sizes and strides. The main process rebuilds the same views, no copy.
+// Storages that are not slabs (tensors a batch_transform made) travel
+// beside the description, the torch way.
 //
-// Recycling across processes (leases). A DataLoader worker's output storages
-// come from its BufferPool in Memory::kSharedPooled: each begins with a
-// lease word (kLeaseHeaderBytes, before the first tensor). pack() adds one
-// lease per batch description it makes, before the worker lets go of the
-// batch; the main process's rebuilt tensors view the storage through an
-// alias whose deleter removes that lease once the last of them is gone
-// (whatever thread or copy dropped it: DataLoader's pin-memory thread
-// included). The pool hands a storage out again only when it holds the only
-// reference in the worker and no lease is left (buffer_pool.h), so a batch
-// the main process still holds is never overwritten. A description made and
-// never rebuilt (the loader shut down with it in flight) keeps its lease: the
-// storage is never reused, which is safe.
+// Recycling across processes (leases). pack() adds one lease per slab to the
+// slab's lease word (its first 8 bytes), before the worker lets go of the
+// batch; the main process's rebuilt tensors view the slab through an alias
+// whose deleter removes that lease once the last of them is gone (whatever
+// thread or copy dropped it: DataLoader's pin-memory thread included). The
+// worker's pool hands a slab out again only when it holds the only reference
+// and no lease is left (buffer_pool.h), so a batch the main process still
+// holds is never overwritten. A description made and never rebuilt (the
+// loader shut down with it in flight) keeps its lease: the slab is never
+// reused, which is safe.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <string>
-#include <tuple>
 #include <vector>
 
+#include "loader/shared_slab.h"
 #include "loader/sources/source.h"
+#include "torch_shards/export.h"
 
 namespace torch_shards {
 
-class BufferPool;
+// Leases outstanding on a slab.
+TORCH_SHARDS_API int64_t leases(const c10::Storage& slab);
 
-// Bytes at the start of a pooled shared storage holding its lease count (the
-// tensors carved from it start after them, 64-byte aligned).
-inline constexpr size_t kLeaseHeaderBytes = 64;
+struct Packed {
+  std::vector<int64_t> description;
+  std::vector<std::string> names;    // the field names it refers to
+  std::vector<c10::Storage> others;  // storages that are not this process's slabs, in the order it numbers them
+};
 
-// Leases outstanding on a pooled shared storage.
-int64_t leases(const c10::Storage& storage);
+// Describes `batches` (dense and sparse CSR fields on the CPU, any strides)
+// as views of the slabs and other storages they use, taking one lease on
+// each slab. `worker` and `worker_batches` (the batches each worker of the
+// iteration delivers; -1 and empty when not known) travel along; `last`
+// says that this worker's iteration sends nothing after it (the main process
+// may then let go of its slabs once their batches are gone). The slabs this
+// process freed since the last call travel along too.
+TORCH_SHARDS_API Packed pack(const std::vector<sources::Batch>& batches, int64_t worker,
+                             const std::vector<int64_t>& worker_batches, bool last);
 
-// The storages a batch description names (uint8 tensors spanning each whole
-// storage), the description, and the field names it refers to.
-using Packed = std::tuple<std::vector<at::Tensor>, at::Tensor, std::vector<std::string>>;
+struct Unpacked {
+  std::vector<sources::Batch> batches;
+  int64_t worker = -1;
+  std::vector<int64_t> worker_batches;
+};
 
-// Describes `batches` (dense and sparse CSR fields, any strides) as views of
-// the storages they use; storages `pool` recycles in shared memory get one
-// lease each. `worker` and `worker_batches` (the batches each worker of the
-// iteration delivers) travel along for the main process.
-Packed pack(const std::vector<sources::Batch>& batches, const BufferPool* pool, int64_t worker,
-            const std::vector<int64_t>& worker_batches);
-
-// The batches of a description made by pack(), as views of `storages` (the
-// same storages, rebuilt in this process), with the worker and its
-// iteration's batch counts. InvalidArgument if the description does not fit
-// the storages.
-std::tuple<std::vector<sources::Batch>, int64_t, std::vector<int64_t>> unpack(const std::vector<at::Tensor>& storages,
-                                                                              const at::Tensor& description,
-                                                                              const std::vector<std::string>& names);
+// The batches of a description made by pack() in another process, as views
+// of its slabs (mapped here once) and of `others`. InvalidArgument if the
+// description is malformed or does not fit its storages; RuntimeError if a
+// slab cannot be mapped.
+TORCH_SHARDS_API Unpacked unpack(const std::vector<int64_t>& description, const std::vector<std::string>& names,
+                                 const std::vector<c10::Storage>& others);
 
 }  // namespace torch_shards

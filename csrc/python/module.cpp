@@ -8,6 +8,21 @@
 //   iterator_handle(iterator)  a handle on a torch.classes.torch_shards.BatchIterator
 //   poll(handle, timeout_ms)   BatchIterator.poll: the next batch (a dict of
 //                              tensors), or None if none came within the timeout
+//   set_batch_type(type)       the dict subclass poll() makes (transfer.Batch)
+//
+// and the batches crossing from DataLoader workers (csrc/loader/transfer.h),
+// pickled and unpickled once a batch by torch_shards/transfer.py:
+//
+//   pack(batches, worker, worker_batches, last)
+//       (description bytes, field names, other storages as uint8 tensors), or
+//       None if a value is not a CPU tensor (dense or sparse CSR)
+//   poll_packed(handle, timeout_ms, max_bytes, endless)
+//       BatchIterator.take_ready's batches, packed as pack() does, or None
+//   unpack(description, names, others)
+//       (list of batch dicts, worker, worker_batches)
+//   mapped_slabs()             {"maps", "mapped", "mapped_bytes"} of this process
+//   forget_dead_workers()      unmaps the slabs of worker processes that are gone
+#include <ATen/ops/empty.h>
 #include <Python.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Exceptions.h>
@@ -16,6 +31,8 @@
 #include <torch/csrc/utils/object_ptr.h>
 #include <torch/custom_class.h>
 
+#include "loader/iteration.h"
+#include "loader/transfer.h"
 #include "torch_shards/dataset.h"
 
 namespace {
@@ -56,6 +73,40 @@ PyObject* iterator_handle(PyObject* /*module*/, PyObject* iterator) {
   END_HANDLE_TH_ERRORS
 }
 
+// The dict type poll() makes batches of (set_batch_type: torch_shards.transfer.Batch), a dict subclass
+// made without running its __init__; plain dicts until it is set.
+PyTypeObject* batch_type = nullptr;
+
+PyObject* new_batch() {
+  if (batch_type == nullptr) return PyDict_New();
+  THPObjectPtr no_arguments(PyTuple_New(0));
+  if (!no_arguments) return nullptr;
+  return PyDict_Type.tp_new(batch_type, no_arguments.get(), nullptr);
+}
+
+PyObject* set_batch_type(PyObject* /*module*/, PyObject* type) {
+  if (!PyType_Check(type) || !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(type), &PyDict_Type)) {
+    PyErr_SetString(PyExc_TypeError, "set_batch_type: expected a subclass of dict");
+    return nullptr;
+  }
+  Py_INCREF(type);  // kept for the module's life
+  Py_XDECREF(reinterpret_cast<PyObject*>(batch_type));
+  batch_type = reinterpret_cast<PyTypeObject*>(type);
+  Py_RETURN_NONE;
+}
+
+PyObject* batch_dict(const torch_shards::Batch& batch, bool typed) {
+  THPObjectPtr dict(typed ? new_batch() : PyDict_New());
+  if (!dict) return nullptr;
+  for (const auto& item : batch) {
+    THPObjectPtr value(THPVariable_Wrap(item.value()));
+    const std::string& name = item.key();  // whole: a C string would end at a NUL inside it
+    THPObjectPtr key(PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size())));
+    if (!value || !key || PyDict_SetItem(dict.get(), key.get(), value.get()) != 0) return nullptr;
+  }
+  return dict.release();
+}
+
 PyObject* poll_batch(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   if (nargs != 2) {
@@ -71,15 +122,187 @@ PyObject* poll_batch(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nar
     batch = impl->poll(timeout_ms);
   }
   if (!batch) Py_RETURN_NONE;
-  THPObjectPtr dict(PyDict_New());
-  if (!dict) return nullptr;
-  for (const auto& item : *batch) {
-    THPObjectPtr value(THPVariable_Wrap(item.value()));
-    const std::string& name = item.key();  // whole: a C string would end at a NUL inside it
-    THPObjectPtr key(PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size())));
-    if (!value || !key || PyDict_SetItem(dict.get(), key.get(), value.get()) != 0) return nullptr;
+  return batch_dict(*batch, /*typed=*/true);
+  END_HANDLE_TH_ERRORS
+}
+
+// The batch a dict of plain CPU tensors (dense or sparse CSR) is, or nullopt for any other dict.
+std::optional<torch_shards::Batch> crossing_batch(PyObject* dict) {
+  if (!PyDict_Check(dict)) return std::nullopt;
+  torch_shards::Batch batch;
+  PyObject *key = nullptr, *value = nullptr;
+  Py_ssize_t position = 0;
+  while (PyDict_Next(dict, &position, &key, &value)) {
+    // A tensor subclass, or one that requires grad, crosses the torch way (which keeps what it is).
+    if (!PyUnicode_Check(key) || !THPVariable_CheckExact(value)) return std::nullopt;
+    const at::Tensor& tensor = THPVariable_Unpack(value);
+    if (!tensor.device().is_cpu() || (tensor.layout() != at::kStrided && tensor.layout() != at::kSparseCsr) ||
+        tensor.requires_grad()) {
+      return std::nullopt;
+    }
+    Py_ssize_t size = 0;
+    const char* name = PyUnicode_AsUTF8AndSize(key, &size);
+    if (name == nullptr) throw python_error();
+    batch.insert(std::string(name, static_cast<size_t>(size)), tensor);
   }
-  return dict.release();
+  return batch;
+}
+
+std::vector<int64_t> int_list(PyObject* sequence, const char* what) {
+  THPObjectPtr fast(PySequence_Fast(sequence, what));
+  if (!fast) throw python_error();
+  const Py_ssize_t size = PySequence_Fast_GET_SIZE(fast.get());
+  std::vector<int64_t> out(static_cast<size_t>(size));
+  for (Py_ssize_t i = 0; i < size; ++i) {
+    out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast.get(), i));
+    if (out[i] == -1 && PyErr_Occurred()) throw python_error();
+  }
+  return out;
+}
+
+// pack()'s result as Python objects: (description bytes, names tuple, others as uint8 tensors).
+PyObject* packed_tuple(const torch_shards::Packed& packed) {
+  THPObjectPtr description(PyBytes_FromStringAndSize(reinterpret_cast<const char*>(packed.description.data()),
+                                                     static_cast<Py_ssize_t>(packed.description.size() * 8)));
+  THPObjectPtr names(PyTuple_New(static_cast<Py_ssize_t>(packed.names.size())));
+  THPObjectPtr others(PyList_New(static_cast<Py_ssize_t>(packed.others.size())));
+  if (!description || !names || !others) return nullptr;
+  for (size_t i = 0; i < packed.names.size(); ++i) {
+    const std::string& name = packed.names[i];
+    PyObject* text = PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size()));
+    if (text == nullptr) return nullptr;
+    PyTuple_SET_ITEM(names.get(), static_cast<Py_ssize_t>(i), text);
+  }
+  for (size_t i = 0; i < packed.others.size(); ++i) {
+    const c10::Storage& storage = packed.others[i];
+    at::Tensor bytes = at::empty({0}, at::TensorOptions().dtype(at::kByte));
+    bytes.set_(storage, 0, {static_cast<int64_t>(storage.nbytes())}, {1});
+    PyObject* tensor = THPVariable_Wrap(bytes);
+    if (tensor == nullptr) return nullptr;
+    PyList_SET_ITEM(others.get(), static_cast<Py_ssize_t>(i), tensor);
+  }
+  return PyTuple_Pack(3, description.get(), names.get(), others.get());
+}
+
+PyObject* pack_batches(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 4) {
+    PyErr_Format(PyExc_TypeError, "pack(batches, worker, worker_batches, last) takes 4 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  THPObjectPtr dicts(PySequence_Fast(args[0], "pack: batches must be a sequence of dicts"));
+  if (!dicts) return nullptr;
+  std::vector<torch_shards::Batch> batches;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(dicts.get()); ++i) {
+    std::optional<torch_shards::Batch> batch = crossing_batch(PySequence_Fast_GET_ITEM(dicts.get(), i));
+    if (!batch) Py_RETURN_NONE;
+    batches.push_back(std::move(*batch));
+  }
+  const long long worker = PyLong_AsLongLong(args[1]);
+  if (worker == -1 && PyErr_Occurred()) return nullptr;
+  const std::vector<int64_t> worker_batches = int_list(args[2], "pack: worker_batches must be a sequence of ints");
+  const int last = PyObject_IsTrue(args[3]);
+  if (last < 0) return nullptr;
+  return packed_tuple(torch_shards::pack(batches, worker, worker_batches, last != 0));
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* poll_packed(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 4) {
+    PyErr_Format(PyExc_TypeError, "poll_packed(handle, timeout_ms, max_bytes, endless) takes 4 arguments, got %zd",
+                 nargs);
+    return nullptr;
+  }
+  torch_shards::BatchIteratorImpl* impl = handle_target(args[0]);
+  const long long timeout_ms = PyLong_AsLongLong(args[1]);
+  if (timeout_ms == -1 && PyErr_Occurred()) return nullptr;
+  const long long max_bytes = PyLong_AsLongLong(args[2]);
+  if (max_bytes == -1 && PyErr_Occurred()) return nullptr;
+  const int endless = PyObject_IsTrue(args[3]);
+  if (endless < 0) return nullptr;
+  std::vector<torch_shards::Batch> batches;
+  {
+    pybind11::gil_scoped_release no_gil;  // as poll()
+    batches = impl->take_ready(timeout_ms, max_bytes);
+  }
+  if (batches.empty()) Py_RETURN_NONE;
+  const bool last = endless == 0 && impl->batches_delivered() == impl->num_batches();
+  return packed_tuple(torch_shards::pack(batches, impl->iteration().worker, impl->worker_batches(), last));
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* unpack_batches(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 3) {
+    PyErr_Format(PyExc_TypeError, "unpack(description, names, others) takes 3 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  char* data = nullptr;
+  Py_ssize_t size = 0;
+  if (PyBytes_AsStringAndSize(args[0], &data, &size) != 0) return nullptr;
+  if (size % 8 != 0) {
+    PyErr_Format(PyExc_ValueError, "unpack: a description is whole int64 words, got %zd bytes", size);
+    return nullptr;
+  }
+  std::vector<int64_t> description(static_cast<size_t>(size / 8));
+  std::memcpy(description.data(), data, static_cast<size_t>(size));
+  std::vector<std::string> names;
+  THPObjectPtr name_items(PySequence_Fast(args[1], "unpack: names must be a sequence of str"));
+  if (!name_items) return nullptr;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(name_items.get()); ++i) {
+    Py_ssize_t length = 0;
+    const char* name = PyUnicode_AsUTF8AndSize(PySequence_Fast_GET_ITEM(name_items.get(), i), &length);
+    if (name == nullptr) return nullptr;
+    names.emplace_back(name, static_cast<size_t>(length));
+  }
+  std::vector<c10::Storage> others;
+  THPObjectPtr other_items(PySequence_Fast(args[2], "unpack: others must be a sequence of tensors"));
+  if (!other_items) return nullptr;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(other_items.get()); ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(other_items.get(), i);
+    if (!THPVariable_Check(item)) {
+      PyErr_Format(PyExc_TypeError, "unpack: others must be tensors, got %s", Py_TYPE(item)->tp_name);
+      return nullptr;
+    }
+    others.push_back(THPVariable_Unpack(item).storage());
+  }
+  torch_shards::Unpacked unpacked;
+  {
+    pybind11::gil_scoped_release no_gil;  // mapping a slab the first time may take a while
+    unpacked = torch_shards::unpack(description, names, others);
+  }
+  THPObjectPtr batches(PyList_New(static_cast<Py_ssize_t>(unpacked.batches.size())));
+  THPObjectPtr counts(PyList_New(static_cast<Py_ssize_t>(unpacked.worker_batches.size())));
+  THPObjectPtr worker(PyLong_FromLongLong(unpacked.worker));
+  if (!batches || !counts || !worker) return nullptr;
+  for (size_t i = 0; i < unpacked.batches.size(); ++i) {
+    PyObject* dict = batch_dict(unpacked.batches[i], /*typed=*/false);  // plain dicts in the training process
+    if (dict == nullptr) return nullptr;
+    PyList_SET_ITEM(batches.get(), static_cast<Py_ssize_t>(i), dict);
+  }
+  for (size_t i = 0; i < unpacked.worker_batches.size(); ++i) {
+    PyObject* count = PyLong_FromLongLong(unpacked.worker_batches[i]);
+    if (count == nullptr) return nullptr;
+    PyList_SET_ITEM(counts.get(), static_cast<Py_ssize_t>(i), count);
+  }
+  return PyTuple_Pack(3, batches.get(), worker.get(), counts.get());
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* mapped_slabs(PyObject* /*module*/, PyObject* /*unused*/) {
+  HANDLE_TH_ERRORS
+  const torch_shards::MappedSlabStats stats = torch_shards::mapped_slab_stats();
+  return Py_BuildValue("{s:L,s:L,s:L}", "maps", static_cast<long long>(stats.maps), "mapped",
+                       static_cast<long long>(stats.mapped), "mapped_bytes",
+                       static_cast<long long>(stats.mapped_bytes));
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* forget_dead_workers(PyObject* /*module*/, PyObject* /*unused*/) {
+  HANDLE_TH_ERRORS
+  torch_shards::forget_dead_slab_owners();
+  Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
 
@@ -88,6 +311,16 @@ PyMethodDef methods[] = {
      "iterator_handle(iterator): a handle on a torch.classes.torch_shards.BatchIterator for poll()"},
     {"poll", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(poll_batch)), METH_FASTCALL,
      "poll(handle, timeout_ms): the iterator's next batch, or None if none came within the timeout"},
+    {"pack", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pack_batches)), METH_FASTCALL,
+     "pack(batches, worker, worker_batches, last): batches as they cross from a DataLoader worker, or None"},
+    {"poll_packed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(poll_packed)), METH_FASTCALL,
+     "poll_packed(handle, timeout_ms, max_bytes, endless): BatchIterator.take_ready's batches, packed, or None"},
+    {"unpack", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(unpack_batches)), METH_FASTCALL,
+     "unpack(description, names, others): (batches, worker, worker_batches) of what pack() made in a worker"},
+    {"set_batch_type", set_batch_type, METH_O, "set_batch_type(type): the dict subclass poll() makes batches of"},
+    {"mapped_slabs", mapped_slabs, METH_NOARGS, "mapped_slabs(): counts of the worker slabs this process maps"},
+    {"forget_dead_workers", forget_dead_workers, METH_NOARGS,
+     "forget_dead_workers(): unmaps the slabs of DataLoader worker processes that are gone"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT,

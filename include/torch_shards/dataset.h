@@ -107,8 +107,8 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   // a DataLoader iteration claims the next epoch and the others join it.
   // generation_seed: DataLoader's base seed of that iteration (worker seed - id);
   // shared_memory: assemble batches in shared memory sent without a copy;
-  // recycled: and recycle it under the main process's leases, for a worker
-  // whose every batch leaves through poll_packed() (transfer.h);
+  // recycled: in slabs recycled under the main process's leases, for a
+  // worker whose batches cross as handles (the Python door's transfer);
   // stream_start: in an endless loop (cycle=True), the batches the loop took
   // (all workers together) before this epoch: the epoch's batches are then
   // dealt to the workers so that DataLoader's round robin takes them as one
@@ -265,13 +265,18 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   // The transformed unit: must keep its rows (count and order); cut into the
   // batches next() returns.
   void push_unit(const Batch& unit);
-  // What a DataLoader worker sends the main process (transfer.h): the next
-  // batch, or with whole_unit every batch left of the current unit, packed
-  // as the storages they view and their description (each counted as
-  // delivered); nullopt as poll(). The description carries this worker and
-  // the batches every worker of the iteration delivers.
-  std::optional<std::tuple<std::vector<at::Tensor>, at::Tensor, std::vector<std::string>>> poll_packed(
-      int64_t timeout_ms, bool whole_unit);
+  // For a DataLoader worker sending many batches at once: waits at most
+  // timeout_ms for the next batch, then takes it, the rest of its unit, and
+  // the next units (waiting for them) until the batches taken hold
+  // max_bytes or the epoch ends, each counted as delivered. Empty if none
+  // came in time, or at the end (finished() is then true). A read error met
+  // after the first unit is raised by the next call. With a per-unit
+  // transform (next_unit / push_unit), pass max_bytes=0: only the pushed
+  // unit's batches are taken.
+  std::vector<Batch> take_ready(int64_t timeout_ms, int64_t max_bytes);
+  // The batches each DataLoader worker of this iteration delivers (empty in
+  // the training process).
+  const std::vector<int64_t>& worker_batches() const;
   // Batches of the current unit not delivered yet.
   int64_t pending() const { return static_cast<int64_t>(pending_.size() - next_pending_); }
   // Stops the reader threads; later reads raise. Idempotent.
@@ -313,6 +318,7 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   int64_t delivered_ = 0;
   bool last_padding_ = false;
   bool finished_ = false;
+  std::exception_ptr deferred_error_;          // met by take_ready() after its first batch
   std::unique_ptr<DeviceStage> device_stage_;  // null: batches stay on the host
 };
 

@@ -1,0 +1,258 @@
+"""DataLoader workers against the same dataset iterated in the training process.
+
+    python benchmarks/workers.py                 # the issue's sources, batches 256 and 4096, 5 rounds
+    python benchmarks/workers.py --rounds 3      # quicker
+
+Sources: TensorSource 400,000 x 64 float32 and an .h5ad, X CSR 200,000 x 2,000 at 5% (anndata's layout,
+in /dev/shm when it has room), both ShardedDataset(source, BlockShuffling(64), batch_size=b) with the
+default fetch_factor (16). For each source and batch size, every round runs one epoch of each way of
+reading, one after the other (alternated, so that the machine's noise falls on all alike):
+
+  in-process          the dataset iterated in this process (its native reader threads only)
+  torch DataLoader k  torch.utils.data.DataLoader(ds, batch_size=None, num_workers=k), k = 1, 2:
+                      batches cross one by one, each as a handle to the worker's slabs (the default
+                      worker_transport="handles")
+  ts.DataLoader k     ts.DataLoader(ds, num_workers=k): several fetches cross as one handle
+  torch, old way k    torch's DataLoader with worker_transport="torch": each batch crosses as torch
+                      sends tensors (a shared-memory segment per fetch, a descriptor per storage):
+                      what every batch cost before the handles (only at batch 256: it is slow)
+  queue floor k       torch's DataLoader over a plain IterableDataset whose workers yield a small int
+                      per batch (as many as the dataset's batches): what torch's queue alone allows,
+                      whatever crosses it (the physical limit of one item per batch)
+
+with workers persistent (persistent_workers=True: the steady state of a training job) and, in a second
+table, started afresh every epoch (torch's default), where each epoch also pays for starting the
+worker processes. rows/s are the median over the rounds after a warm-up epoch; "vs in-process" is the
+ratio of medians, "vs floor" the ratio to the queue floor at the same k.
+
+Memory (one more epoch of each worker row, sampled every 10 ms): the slab bytes the workers hold
+(their shared-memory files, /proc/<pid>/fd) and the training process maps, at most, against
+prefetch_bytes per worker; the slabs made (distinct files) per 1,000 batches after the warm-up epoch
+(0: none made per batch; all recycled); and /dev/shm's growth (slabs never appear there).
+
+Writes benchmarks/results/workers.txt and .json (--out names another prefix).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+import torch_shards as ts
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from storage_throughput import write_csr_h5ad  # noqa: E402
+
+BLOCK = 64
+
+
+class QueueFloor(IterableDataset):
+    """Yields a small int per batch, split among the workers: torch's queue with nothing to carry."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info else (1, 0)
+        return iter(range(worker, self.batches, workers))
+
+
+def rows_of(item):
+    return item["index"].shape[0] if isinstance(item, dict) else 0
+
+
+def epoch_rate(iterable, rows_per_item=None):
+    start = time.perf_counter()
+    rows = 0
+    for item in iterable:
+        rows += rows_per_item if rows_per_item is not None else rows_of(item)
+    return rows / (time.perf_counter() - start)
+
+
+def slab_files(pid):
+    """{inode: bytes} of the slabs a process holds open."""
+    out = {}
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for name in names:
+        path = f"/proc/{pid}/fd/{name}"
+        try:
+            if os.readlink(path).startswith("/memfd:torch_shards_slab"):
+                status = os.stat(path)
+                out[status.st_ino] = status.st_size
+        except OSError:
+            pass
+    return out
+
+
+def dev_shm_bytes():
+    try:
+        stat = os.statvfs("/dev/shm")
+        return (stat.f_blocks - stat.f_bfree) * stat.f_frsize
+    except OSError:
+        return 0
+
+
+def memory_epoch(loader, batches):
+    """One epoch with the workers' slabs sampled: (peak bytes held by workers + mapped here, slabs made per
+    1,000 batches, /dev/shm growth)."""
+    iterator = iter(loader)
+    pids = [w.pid for w in getattr(iterator, "_items", iterator)._workers]  # ts.DataLoader's wraps torch's
+    seen_before = set()
+    for pid in pids:
+        seen_before |= set(slab_files(pid))
+    peak, seen, done = [0], set(), threading.Event()
+    shm_start = dev_shm_bytes()
+    shm_peak = [0]
+
+    def sample():
+        while not done.is_set():
+            held = 0
+            for pid in pids:
+                files = slab_files(pid)
+                seen.update(files)
+                held += sum(files.values())
+            held += ts.transfer.mapped_slabs()["mapped_bytes"]
+            peak[0] = max(peak[0], held)
+            shm_peak[0] = max(shm_peak[0], dev_shm_bytes() - shm_start)
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    for _ in iterator:
+        pass
+    done.set()
+    sampler.join()
+    return peak[0], 1000 * len(seen - seen_before) / batches, shm_peak[0]
+
+
+def sources(data_dir):
+    torch.manual_seed(0)
+    dense = torch.randn(400_000, 64)
+    h5ad = os.path.join(data_dir, "workers_csr_200000.h5ad")
+    if not os.path.exists(h5ad):
+        print(f"writing {h5ad} ...", flush=True)
+        write_csr_h5ad(h5ad, 200_000)
+    return [
+        ("TensorSource 400k x 64 f32", lambda: ts.TensorSource({"X": dense})),
+        (".h5ad CSR 200k x 2000, 5%", lambda: ts.open(h5ad)),
+    ]
+
+
+def measure(make_source, batch_size, rounds, persistent, workers, old_way):
+    dataset = ts.ShardedDataset(make_source(), ts.BlockShuffling(BLOCK), batch_size=batch_size)
+    old = ts.ShardedDataset(make_source(), ts.BlockShuffling(BLOCK), batch_size=batch_size, worker_transport="torch")
+    batches = len(dataset)
+    ways = {"in-process": (dataset, None)}
+    for k in workers:
+        options = dict(num_workers=k, persistent_workers=persistent)
+        ways[f"torch DataLoader {k}"] = (DataLoader(dataset, batch_size=None, **options), None)
+        ways[f"ts.DataLoader {k}"] = (ts.DataLoader(dataset, **options), None)
+        if old_way:
+            ways[f"torch, old way {k}"] = (DataLoader(old, batch_size=None, **options), None)
+        ways[f"queue floor {k}"] = (DataLoader(QueueFloor(batches), batch_size=None, **options), batch_size)
+    for loader, per_item in ways.values():  # warm-up: worker pools, slabs, page cache
+        epoch_rate(loader, per_item)
+    rates = {name: [] for name in ways}
+    for _ in range(rounds):
+        for name, (loader, per_item) in ways.items():
+            rates[name].append(epoch_rate(loader, per_item))
+    memory = {}
+    if persistent:
+        for name, (loader, _) in ways.items():
+            if name.startswith(("torch DataLoader", "ts.DataLoader")):
+                memory[name] = memory_epoch(loader, batches)
+    return {name: statistics.median(values) for name, values in rates.items()}, memory, dataset.prefetch_bytes
+
+
+def table(results, persistent):
+    lines = [
+        "| source | batch | way | rows/s | vs in-process | vs floor | peak slab MB (workers + mapped) "
+        "| of prefetch_bytes per worker | slabs made / 1,000 batches | /dev/shm growth MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in results:
+        if row["persistent"] != persistent:
+            continue
+        base = row["rates"]["in-process"]
+        for way, rate in row["rates"].items():
+            k = way.rsplit(" ", 1)[-1]
+            floor = row["rates"].get(f"queue floor {k}")
+            vs_floor = f"{rate / floor:.2f}" if floor and not way.startswith(("in-process", "queue")) else ""
+            memory = row["memory"].get(way)
+            if memory:
+                peak, made, shm = memory
+                k_workers = int(k)
+                mem = f"{peak / 2**20:.0f} | {peak / (k_workers * row['prefetch_bytes']):.3f} | {made:.1f} | "
+                mem += f"{shm / 2**20:.1f}"
+            else:
+                mem = " |  |  | "
+            lines.append(
+                f"| {row['source']} | {row['batch']} | {way} | {rate:.3g} | {rate / base:.2f} | {vs_floor} | {mem} |"
+            )
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 4096])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "workers"))
+    args = parser.parse_args()
+    data_dir = args.data_dir or (
+        "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    )
+    results = []
+    for persistent in (True, False):
+        for source_name, make_source in sources(data_dir):
+            for batch_size in args.batch_sizes:
+                print(f"{source_name}, batch {batch_size}, persistent={persistent} ...", flush=True)
+                rates, memory, prefetch_bytes = measure(
+                    make_source, batch_size, args.rounds, persistent, args.workers, old_way=batch_size == 256
+                )
+                results.append(
+                    dict(
+                        source=source_name,
+                        batch=batch_size,
+                        persistent=persistent,
+                        rates=rates,
+                        memory=memory,
+                        prefetch_bytes=prefetch_bytes,
+                    )
+                )
+    header = (
+        f"DataLoader workers vs in-process: BlockShuffling({BLOCK}), fetch_factor 16, {args.rounds} alternated "
+        f"rounds (median rows/s after a warm-up epoch), {os.cpu_count()} CPUs, torch {torch.__version__}"
+    )
+    text = "\n\n".join(
+        [
+            header,
+            "Persistent workers (persistent_workers=True):",
+            table(results, True),
+            "Workers started afresh every epoch (torch's default; each epoch pays for starting them):",
+            table(results, False),
+        ]
+    )
+    print("\n" + text)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out + ".txt", "w") as f:
+        f.write(text + "\n")
+    with open(args.out + ".json", "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
