@@ -30,7 +30,7 @@ from .transfer import Batch, PackedUnits
 _POLL_MS = 100
 # What one item of ts.DataLoader's workers carries at most, beyond the unit it starts: enough that torch's
 # per-item cost (~0.1-0.2 ms) is small beside the copy of its bytes.
-_ITEM_BYTES = 16 << 20
+_ITEM_BYTES = 4 << 20
 
 
 def _shares_by_descriptor():
