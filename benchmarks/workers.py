@@ -223,16 +223,8 @@ def main():
                 rates, memory, prefetch_bytes = measure(
                     make_source, batch_size, args.rounds, persistent, args.workers, old_way=batch_size == 256
                 )
-                results.append(
-                    dict(
-                        source=source_name,
-                        batch=batch_size,
-                        persistent=persistent,
-                        rates=rates,
-                        memory=memory,
-                        prefetch_bytes=prefetch_bytes,
-                    )
-                )
+                row = {"source": source_name, "batch": batch_size, "persistent": persistent}
+                results.append({**row, "rates": rates, "memory": memory, "prefetch_bytes": prefetch_bytes})
     header = (
         f"DataLoader workers vs in-process: BlockShuffling({BLOCK}), fetch_factor 16, {args.rounds} alternated "
         f"rounds (median rows/s after a warm-up epoch), {os.cpu_count()} CPUs, torch {torch.__version__}"
