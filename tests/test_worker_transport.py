@@ -3,7 +3,9 @@
 explicit, kept batches are never overwritten, no slab is made per batch, and
 nothing is left behind however the loop or a worker ends."""
 
+import copy
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -89,6 +91,15 @@ def test_no_slab_is_made_per_batch_and_nothing_appears_in_dev_shm(loader_class):
     # Mapped at most once per slab and epoch here (an epoch's end lets go of its mappings).
     assert ts.transfer.mapped_slabs()["maps"] - maps <= 3 * len(made) < 3 * len(ds)
     assert dev_shm() - before == set()
+
+
+def test_a_batch_pickled_or_copied_in_the_training_process_is_a_plain_dict():
+    batch = next(iter(dataset()))
+    assert isinstance(batch, dict)
+    loaded = pickle.loads(pickle.dumps(batch))  # nothing of torch_shards needed to load it
+    assert type(loaded) is dict and intact(loaded)
+    assert b"torch_shards" not in pickle.dumps(batch)
+    assert type(copy.deepcopy(batch)) is dict and intact(copy.deepcopy(batch))
 
 
 def test_batch_size_not_none_is_refused_in_workers_and_in_the_training_process():

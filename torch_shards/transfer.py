@@ -17,6 +17,7 @@ torch's DataLoader passes it through unchanged (``batch_size=None``, whose
 Auto-collation (a DataLoader ``batch_size``) is refused through
 ``default_collate``'s documented extension table."""
 
+from torch.utils.data import get_worker_info
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
 from ._library import direct
@@ -49,8 +50,9 @@ class Batch(dict):
         return copied
 
     def __reduce__(self):
-        packed = direct.pack((self,), -1, (), self.last)
-        if packed is None:  # a value that is not a plain CPU tensor (a batch_transform's): the torch way
+        # Outside a DataLoader worker (torch.save, deepcopy in the training process): a plain dict.
+        packed = direct.pack((self,), -1, (), self.last) if get_worker_info() is not None else None
+        if packed is None:  # or a value that is not a plain CPU tensor (a batch_transform's): the torch way
             return (dict, (dict(self),))
         return (_unpack_batch, packed)
 
