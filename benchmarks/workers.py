@@ -25,10 +25,12 @@ table, started afresh every epoch (torch's default), where each epoch also pays 
 worker processes. rows/s are the median over the rounds after a warm-up epoch; "vs in-process" is the
 ratio of medians, "vs floor" the ratio to the queue floor at the same k.
 
-Memory (one more epoch of each worker row, sampled every 10 ms): the slab bytes the workers hold
-(their shared-memory files, /proc/<pid>/fd) and the training process maps, at most, against
-prefetch_bytes per worker; the slabs made (distinct files) per 1,000 batches after the warm-up epoch
-(0: none made per batch; all recycled); and /dev/shm's growth (slabs never appear there).
+Memory (one more epoch of each worker row, sampled every 10 ms): the bytes of the slabs that exist
+(held by the workers, /proc/<pid>/fd, or mapped by the training process, /proc/self/maps; each
+counted once), at most, against prefetch_bytes per worker; the slabs made (distinct files) per 1,000
+batches after the warm-up epoch (0: none made per batch; all recycled); and /dev/shm's growth (slabs
+never appear there). A last table does the same for 2 persistent workers with prefetch_bytes of 4, 16
+and 64 MB.
 
 Writes benchmarks/results/workers.txt and .json (--out names another prefix).
 """
@@ -96,6 +98,18 @@ def slab_files(pid):
     return out
 
 
+def mapped_here():
+    """{inode: bytes} of the slabs this process maps (/proc/self/maps)."""
+    out = {}
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if "torch_shards_slab" in line:
+                fields = line.split()
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                out[int(fields[4])] = out.get(int(fields[4]), 0) + end - start
+    return out
+
+
 def dev_shm_bytes():
     try:
         stat = os.statvfs("/dev/shm")
@@ -105,8 +119,8 @@ def dev_shm_bytes():
 
 
 def memory_epoch(loader, batches):
-    """One epoch with the workers' slabs sampled: (peak bytes held by workers + mapped here, slabs made per
-    1,000 batches, /dev/shm growth)."""
+    """One epoch with the workers' slabs sampled: (peak bytes of the slabs that exist, held by the workers or
+    mapped here (each counted once), slabs made per 1,000 batches, /dev/shm growth)."""
     iterator = iter(loader)
     pids = [w.pid for w in getattr(iterator, "_items", iterator)._workers]  # ts.DataLoader's wraps torch's
     seen_before = set()
@@ -118,13 +132,12 @@ def memory_epoch(loader, batches):
 
     def sample():
         while not done.is_set():
-            held = 0
+            slabs = mapped_here()
             for pid in pids:
                 files = slab_files(pid)
                 seen.update(files)
-                held += sum(files.values())
-            held += ts.transfer.mapped_slabs()["mapped_bytes"]
-            peak[0] = max(peak[0], held)
+                slabs.update(files)
+            peak[0] = max(peak[0], sum(slabs.values()))
             shm_peak[0] = max(shm_peak[0], dev_shm_bytes() - shm_start)
             time.sleep(0.01)
 
@@ -176,9 +189,27 @@ def measure(make_source, batch_size, rounds, persistent, workers, old_way):
     return {name: statistics.median(values) for name, values in rates.items()}, memory, dataset.prefetch_bytes
 
 
+def memory_bound(make_source, budgets=(4 << 20, 16 << 20, 64 << 20)):
+    """Peak slab bytes per worker against small prefetch_bytes (TensorSource, batch 256, 2 persistent workers)."""
+    lines = [
+        "| prefetch_bytes | way | peak slab MB | per worker, of prefetch_bytes | slabs made / 1,000 batches |",
+        "|---|---|---|---|---|",
+    ]
+    for budget in budgets:
+        dataset = ts.ShardedDataset(make_source(), ts.BlockShuffling(BLOCK), batch_size=256, prefetch_bytes=budget)
+        for name, cls in (("torch DataLoader 2", DataLoader), ("ts.DataLoader 2", ts.DataLoader)):
+            loader = cls(dataset, batch_size=None, num_workers=2, persistent_workers=True)
+            epoch_rate(loader)
+            peak, made, _ = memory_epoch(loader, len(dataset))
+            lines.append(
+                f"| {budget >> 20} MB | {name} | {peak / 2**20:.1f} | {peak / (2 * budget):.2f} | {made:.1f} |"
+            )
+    return "\n".join(lines)
+
+
 def table(results, persistent):
     lines = [
-        "| source | batch | way | rows/s | vs in-process | vs floor | peak slab MB (workers + mapped) "
+        "| source | batch | way | rows/s | vs in-process | vs floor | peak slab MB "
         "| of prefetch_bytes per worker | slabs made / 1,000 batches | /dev/shm growth MB |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -216,8 +247,9 @@ def main():
         "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
     )
     results = []
+    all_sources = sources(data_dir)
     for persistent in (True, False):
-        for source_name, make_source in sources(data_dir):
+        for source_name, make_source in all_sources:
             for batch_size in args.batch_sizes:
                 print(f"{source_name}, batch {batch_size}, persistent={persistent} ...", flush=True)
                 rates, memory, prefetch_bytes = measure(
@@ -236,6 +268,8 @@ def main():
             table(results, True),
             "Workers started afresh every epoch (torch's default; each epoch pays for starting them):",
             table(results, False),
+            f"Slab memory against small prefetch_bytes ({all_sources[0][0]}, batch 256, 2 persistent workers):",
+            memory_bound(all_sources[0][1]),
         ]
     )
     print("\n" + text)

@@ -557,7 +557,9 @@ class ShardedDataset(IterableDataset, NativeBacked):
         close = _closer(iterator)
         whole, endless = crossing if crossing is not None else (False, False)
         left = iterator.num_batches()  # after the last one, the main process may let go of this worker's slabs
-        item_bytes = 0 if fetch_transform is not None else _ITEM_BYTES
+        # Items in flight (torch's prefetch_factor, one in the loop, one being packed) stay within
+        # prefetch_bytes, beside the reader's own read-ahead.
+        item_bytes = 0 if fetch_transform is not None else min(_ITEM_BYTES, self.prefetch_bytes // 4)
         try:
             while True:
                 if fetch_transform is not None and iterator.pending() == 0:
