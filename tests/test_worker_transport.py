@@ -43,8 +43,10 @@ def rows(batches):
 
 
 def dev_shm():
+    """/dev/shm's entries but torch's own segments (torch_<pid>_...: other processes on the machine, such as a
+    test of worker_transport="torch" running beside, make and unlink them at any time)."""
     try:
-        return set(os.listdir("/dev/shm"))
+        return {name for name in os.listdir("/dev/shm") if not name.startswith("torch_")}
     except OSError:
         return set()
 

@@ -43,6 +43,7 @@ class _Batches:
         self._queues = [collections.deque() for _ in range(num_workers)]
         self._other = collections.deque()  # items that are not units (batch_transform's outputs): as they come
         self._left = None  # batches each worker has still to deliver (None: not known yet, or endless)
+        self._total = 0  # their sum
         self._turn = 0  # the worker whose batch comes next
         self._ended = False
 
@@ -68,6 +69,7 @@ class _Batches:
         else:
             if self._left is None and item.worker_batches is not None:
                 self._left = list(item.worker_batches)
+                self._total = sum(self._left)
             self._queues[item.worker].extend(item.batches)
         return True
 
@@ -75,21 +77,24 @@ class _Batches:
         while True:
             if self._other:
                 return self._other.popleft()
-            if self._left is not None:
-                if not any(self._left):
+            left = self._left
+            if left is not None:
+                if self._total == 0:
                     while self._pull():  # the underlying iterator sees its end: workers stop, the epoch ends
                         pass
                     if self._other:
                         continue
                     raise StopIteration
-                while not self._left[self._turn]:  # done workers are skipped, as torch skips them
+                while not left[self._turn]:  # done workers are skipped, as torch skips them
                     self._turn = (self._turn + 1) % self._num_workers
             worker = self._turn
-            if self._queues[worker]:
-                if self._left is not None:
-                    self._left[worker] -= 1
+            queue = self._queues[worker]
+            if queue:
+                if left is not None:
+                    left[worker] -= 1
+                    self._total -= 1
                 self._turn = (worker + 1) % self._num_workers
-                return self._queues[worker].popleft()
+                return queue.popleft()
             if not self._pull():
                 # Ended with batches of other workers left (only if a worker sent fewer than planned): in order.
                 for queue in self._queues:

@@ -31,6 +31,9 @@
 #include <torch/csrc/utils/object_ptr.h>
 #include <torch/custom_class.h>
 
+#include <cstring>
+#include <unordered_map>
+
 #include "loader/iteration.h"
 #include "loader/transfer.h"
 #include "torch_shards/dataset.h"
@@ -95,14 +98,31 @@ PyObject* set_batch_type(PyObject* /*module*/, PyObject* type) {
   Py_RETURN_NONE;
 }
 
-PyObject* batch_dict(const torch_shards::Batch& batch, bool typed) {
+// The field names' Python strings, made once for the many batches of one call.
+class Keys {
+ public:
+  PyObject* get(const std::string& name) {  // borrowed; nullptr with a Python error set
+    auto it = keys_.find(name);
+    if (it == keys_.end()) {
+      // Whole: a C string would end at a NUL inside it.
+      THPObjectPtr key(PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size())));
+      if (!key) return nullptr;
+      it = keys_.emplace(name, std::move(key)).first;
+    }
+    return it->second.get();
+  }
+
+ private:
+  std::unordered_map<std::string, THPObjectPtr> keys_;
+};
+
+PyObject* batch_dict(const torch_shards::Batch& batch, bool typed, Keys& keys) {
   THPObjectPtr dict(typed ? new_batch() : PyDict_New());
   if (!dict) return nullptr;
   for (const auto& item : batch) {
     THPObjectPtr value(THPVariable_Wrap(item.value()));
-    const std::string& name = item.key();  // whole: a C string would end at a NUL inside it
-    THPObjectPtr key(PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size())));
-    if (!value || !key || PyDict_SetItem(dict.get(), key.get(), value.get()) != 0) return nullptr;
+    PyObject* key = keys.get(item.key());
+    if (!value || key == nullptr || PyDict_SetItem(dict.get(), key, value.get()) != 0) return nullptr;
   }
   return dict.release();
 }
@@ -122,7 +142,8 @@ PyObject* poll_batch(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nar
     batch = impl->poll(timeout_ms);
   }
   if (!batch) Py_RETURN_NONE;
-  return batch_dict(*batch, /*typed=*/true);
+  Keys keys;
+  return batch_dict(*batch, /*typed=*/true, keys);
   END_HANDLE_TH_ERRORS
 }
 
@@ -276,8 +297,9 @@ PyObject* unpack_batches(PyObject* /*module*/, PyObject* const* args, Py_ssize_t
   THPObjectPtr counts(PyList_New(static_cast<Py_ssize_t>(unpacked.worker_batches.size())));
   THPObjectPtr worker(PyLong_FromLongLong(unpacked.worker));
   if (!batches || !counts || !worker) return nullptr;
+  Keys keys;
   for (size_t i = 0; i < unpacked.batches.size(); ++i) {
-    PyObject* dict = batch_dict(unpacked.batches[i], /*typed=*/false);  // plain dicts in the training process
+    PyObject* dict = batch_dict(unpacked.batches[i], /*typed=*/false, keys);  // plain dicts in the training process
     if (dict == nullptr) return nullptr;
     PyList_SET_ITEM(batches.get(), static_cast<Py_ssize_t>(i), dict);
   }
