@@ -546,7 +546,11 @@ class ShardedDataset(IterableDataset, NativeBacked):
                     continue
                 positions = batch["position"].numpy()
                 out = fetched[positions] if batch_callback is None else batch_callback(fetched, positions)
-                yield out if batch_transform is None else batch_transform(out)
+                if batch_transform is not None:
+                    out = batch_transform(out)
+                # A dict becomes a Batch, which DataLoader's auto-collation refuses (transfer.py); it crosses
+                # from workers the torch way (its memory is the collection's, not a slab).
+                yield Batch(out) if type(out) is dict else out
         finally:
             close()
 
