@@ -118,6 +118,28 @@ void delete_mapping(void* context) {
 
 bool process_gone(int64_t pid) { return kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
 
+// Gone, or exiting (a zombie, or dead and not reaped yet: /proc/<pid>/stat's state Z or X).
+bool process_ended(int64_t pid) {
+  if (process_gone(pid)) return true;
+  const int fd = open(core::concat("/proc/", pid, "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;
+  char text[512] = {};
+  const ssize_t size = read(fd, text, sizeof(text) - 1);
+  (void)close(fd);
+  const char* end = size > 0 ? std::strrchr(text, ')') : nullptr;  // the name may hold spaces and parentheses
+  return end == nullptr || end[1] == '\0' || end[2] == 'Z' || end[2] == 'X';
+}
+
+// Whether the process ends within 200 ms: a killed process closes its descriptors before it becomes a
+// zombie, so one whose descriptor just vanished may still look alive for a moment.
+bool process_ending(int64_t pid) {
+  for (int attempt = 0; attempt < 40; ++attempt) {
+    if (process_ended(pid)) return true;
+    usleep(5000);
+  }
+  return false;
+}
+
 void forget_dead_locked(Mapped& state) {
   std::map<int64_t, bool> gone;  // by pid: one signal each
   for (auto it = state.slabs.begin(); it != state.slabs.end();) {
@@ -140,7 +162,14 @@ c10::Storage map_new(const SlabOwner& owner, const SlabHandle& handle) {
   const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     const int error = errno;
-    return fail(error == ENOENT ? "the worker has exited or freed it" : why(error));
+    if (error == ENOENT && process_ending(owner.pid)) {
+      // Killed or crashed with this batch in flight (torch may not have noticed yet): say so as torch does.
+      throw std::runtime_error(core::concat("DataLoader worker (pid ", owner.pid,
+                                            ") exited unexpectedly: torch_shards could not map the shared memory of "
+                                            "a batch it sent (",
+                                            path, ")"));
+    }
+    return fail(error == ENOENT ? "the descriptor is closed: the worker freed the slab" : why(error));
   }
   struct stat status {};
   if (fstat(fd, &status) != 0) {

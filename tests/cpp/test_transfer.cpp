@@ -134,6 +134,21 @@ TEST(Transfer, ABatchPackedInAChildIsTheSameBatchMappedInTheParentAndItsLeaseCom
   }
 }
 
+TEST(Transfer, ABatchOfAWorkerThatDiedInFlightSaysTheWorkerExited) {
+  Child child([] {
+    static const c10::Storage own = new_slab(4096);
+    return pack({batch_in(own)}, 0, {}, /*last=*/false).description;
+  });
+  ASSERT_FALSE(child.words.empty());
+  EXPECT_EQ(child.finish(), 0);  // exited (and reaped) before this process mapped its slab
+  try {
+    unpack(child.words, {"X", "index"}, {});
+    FAIL() << "a dead worker's slab was mapped";
+  } catch (const c10::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("exited unexpectedly"), std::string::npos) << error.what();
+  }
+}
+
 TEST(Transfer, StoragesThatAreNotSlabsTravelBesideTheDescription) {
   sources::Batch batch;
   batch.insert("index", at::arange(4, at::kLong));
