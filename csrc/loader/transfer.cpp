@@ -3,6 +3,7 @@
 
 #include <ATen/ops/_sparse_csr_tensor_unsafe.h>
 
+#include <algorithm>
 #include <atomic>
 #include <unordered_map>
 
@@ -54,6 +55,7 @@ class Writer {
     const c10::Storage& storage = tensor.storage();
     auto [it, added] = index_.emplace(storage.unsafeGetStorageImpl(), static_cast<int64_t>(storages_.size()));
     if (added) storages_.push_back(storage);
+    index_words_.push_back(words_.size());
     words_.push_back(it->second);
     words_.push_back(static_cast<int64_t>(tensor.scalar_type()));
     words_.push_back(tensor.storage_offset());
@@ -83,11 +85,16 @@ class Writer {
 
   std::vector<int64_t>& words() { return words_; }
   const std::vector<c10::Storage>& storages() const { return storages_; }
+  // Renumbers every tensor record's storage index: index i becomes renumber[i].
+  void renumber(const std::vector<int64_t>& renumber) {
+    for (size_t position : index_words_) words_[position] = renumber[static_cast<size_t>(words_[position])];
+  }
 
  private:
   std::unordered_map<const c10::StorageImpl*, int64_t> index_;
   std::vector<c10::Storage> storages_;
   std::vector<int64_t> words_;
+  std::vector<size_t> index_words_;  // where the tensor records' storage indices are in words_
 };
 
 class Reader {
@@ -169,19 +176,23 @@ Packed pack_batches(const std::vector<sources::Batch>& batches, int64_t worker,
       writer.field(it->second, item.key(), item.value());
     }
   }
-  // Slabs first (renumbered), then the other storages.
+  // Slabs first, then the other storages: the records' storage indices renumbered to that order.
+  const std::vector<c10::Storage>& storages = writer.storages();
+  std::vector<std::optional<SlabHandle>> handles;
+  for (const c10::Storage& storage : storages) handles.push_back(slab_handle(storage));
   std::vector<std::pair<c10::Storage, SlabHandle>> slabs;
-  std::vector<int64_t> renumber(writer.storages().size());
-  for (size_t i = 0; i < writer.storages().size(); ++i) {
-    const c10::Storage& storage = writer.storages()[i];
-    if (std::optional<SlabHandle> handle = slab_handle(storage)) {
+  std::vector<int64_t> renumber(storages.size());
+  int64_t next_other = std::count_if(handles.begin(), handles.end(), [](const auto& h) { return h.has_value(); });
+  for (size_t i = 0; i < storages.size(); ++i) {
+    if (handles[i]) {
       renumber[i] = static_cast<int64_t>(slabs.size());
-      slabs.emplace_back(storage, *handle);
+      slabs.emplace_back(storages[i], *handles[i]);
     } else {
-      renumber[i] = -1 - static_cast<int64_t>(out.others.size());
-      out.others.push_back(storage);
+      renumber[i] = next_other++;
+      out.others.push_back(storages[i]);
     }
   }
+  writer.renumber(renumber);
   const SlabOwner owner = slab_owner();
   const std::vector<int64_t> freed = take_freed_slabs();
   std::vector<int64_t>& words = out.description;
@@ -194,37 +205,7 @@ Packed pack_batches(const std::vector<sources::Batch>& batches, int64_t worker,
   words.insert(words.end(), {static_cast<int64_t>(out.others.size()), static_cast<int64_t>(batches.size()), worker,
                              static_cast<int64_t>(worker_batches.size())});
   words.insert(words.end(), worker_batches.begin(), worker_batches.end());
-  // The batches' words, with each tensor record's storage index renumbered: walk them as unpack() reads them.
-  const std::vector<int64_t>& body = writer.words();
-  const int64_t num_slabs = static_cast<int64_t>(slabs.size());
-  size_t position = 0;
-  const auto copy = [&](size_t count) {
-    words.insert(words.end(), body.begin() + static_cast<std::ptrdiff_t>(position),
-                 body.begin() + static_cast<std::ptrdiff_t>(position + count));
-    position += count;
-  };
-  const auto record = [&] {
-    const int64_t index = renumber[static_cast<size_t>(body[position++])];
-    words.push_back(index >= 0 ? index : num_slabs + (-1 - index));
-    const int64_t dim = body[position + 2];
-    copy(3 + 2 * static_cast<size_t>(dim));
-  };
-  for (size_t b = 0; b < batches.size(); ++b) {
-    const int64_t fields = body[position];
-    copy(1);
-    for (int64_t f = 0; f < fields; ++f) {
-      const int64_t kind = body[position + 1];
-      copy(2);
-      if (kind == kSparseCsr) {
-        copy(2);
-        record();
-        record();
-        record();
-      } else {
-        record();
-      }
-    }
-  }
+  words.insert(words.end(), writer.words().begin(), writer.words().end());
   // Leases last: nothing above can fail after one is taken.
   for (const auto& [storage, handle] : slabs) lease_word(storage).fetch_add(1, std::memory_order_acq_rel);
   return out;
