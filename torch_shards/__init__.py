@@ -4,6 +4,7 @@ from ._library import LIBRARY_PATH
 from .dataloader import DataLoader
 from .dataset import ShardedDataset, flat_state_dict
 from .device import DeviceLoader
+from .info import build_info
 from .monitor import MonitoredLoader
 from .sampler import DistributedSampler
 from .sources import AnnDataSource, Collection, HDF5Source, RowsSource, Source, TensorSource, ZarrSource, open
@@ -27,6 +28,7 @@ __all__ = [
     "open",
     "BlockShuffling",
     "BlockWeightedSampling",
+    "build_info",
     "ClassBalancedSampling",
     "CustomStrategy",
     "DataLoader",
