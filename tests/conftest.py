@@ -1,4 +1,8 @@
 import collections
+import os
+import shutil
+import subprocess
+import sys
 
 import anndata as ad
 import numpy as np
@@ -193,3 +197,19 @@ def assert_field_rows(batch, name, expected, rows):
     want = torch.from_numpy(np.ascontiguousarray(expected[np.asarray(rows, dtype=np.int64)]))
     assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
     assert torch.equal(got, want), name
+
+
+def cmake_build(source_dir, build_dir, python=sys.executable):
+    """Configures and builds a C++ project that finds TorchShards through `python`'s installed package."""
+    prefix = subprocess.run(
+        [python, "-m", "torch_shards", "--cmake-prefix-path"], check=True, capture_output=True, text=True, cwd="/"
+    ).stdout.strip()
+    configure = ["cmake", "-S", source_dir, "-B", str(build_dir), f"-DCMAKE_PREFIX_PATH={prefix}"]
+    if shutil.which("ninja"):
+        configure += ["-G", "Ninja"]
+    if shutil.which("ccache"):
+        configure.append("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
+    for command in (configure, ["cmake", "--build", str(build_dir), "--parallel", str(os.cpu_count() or 1)]):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, f"{' '.join(command)}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return prefix

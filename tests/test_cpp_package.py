@@ -15,6 +15,7 @@ import torch
 from conftest import (
     PER_CELL_FIELDS,
     PER_CELL_FIELDS_ACROSS_FILES,
+    cmake_build,
     element_of,
     per_cell_anndata,
     read_anndata,
@@ -28,20 +29,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
-
-
-def cmake_build(source_dir, build_dir):
-    prefix = subprocess.run(
-        [sys.executable, "-m", "torch_shards", "--cmake-prefix-path"], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    configure = ["cmake", "-S", source_dir, "-B", str(build_dir), f"-DCMAKE_PREFIX_PATH={prefix}"]
-    if shutil.which("ninja"):
-        configure += ["-G", "Ninja"]
-    if shutil.which("ccache"):
-        configure.append("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
-    for command in (configure, ["cmake", "--build", str(build_dir), "--parallel", str(os.cpu_count() or 1)]):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, f"{' '.join(command)}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
 
 
 @pytest.fixture(scope="module")

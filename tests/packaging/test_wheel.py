@@ -27,6 +27,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 import zarr
+from conftest import cmake_build
 from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
 import torch_shards as ts
@@ -283,19 +284,9 @@ def test_two_gloo_ranks_read_disjoint_shares(venv, cases, tmp_path):
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
 @pytest.mark.timeout(1500)
 def test_the_cpp_package_of_the_installed_wheel_builds_and_trains_two_ranks(venv, tmp_path):
-    prefix = subprocess.run([venv_python(venv), "-m", "torch_shards", "--cmake-prefix-path"], check=True, cwd=OUTSIDE,
-                            capture_output=True, text=True).stdout.strip()  # fmt: skip
-    assert prefix.startswith(str(venv))
     build = tmp_path / "build"
-    example = os.path.join(ROOT, "examples", "cpp")
-    configure = ["cmake", "-S", example, "-B", str(build), f"-DCMAKE_PREFIX_PATH={prefix}"]
-    if shutil.which("ninja"):
-        configure += ["-G", "Ninja"]
-    if shutil.which("ccache"):
-        configure.append("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
-    for command in (configure, ["cmake", "--build", str(build), "--parallel", str(os.cpu_count() or 1)]):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=1200)
-        assert done.returncode == 0, f"{' '.join(command)}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    prefix = cmake_build(os.path.join(ROOT, "examples", "cpp"), build, python=venv_python(venv))
+    assert prefix.startswith(str(venv))
     linked = subprocess.run(["ldd", str(build / "train")], capture_output=True, text=True).stdout
     assert re.search(rf"libtorch_shards\.so => {re.escape(str(venv))}", linked), linked
     model, data = tmp_path / "model.pt", tmp_path / "cells.h5ad"
