@@ -123,7 +123,6 @@ class CMakeBuild(build_ext):
         with open(os.path.join(package_dir, "_build_info.py"), "w") as out:
             out.write(f"TORCH_VERSION = {torch.__version__!r}\n")
             out.write(f"TORCH_CUDA = {torch.version.cuda!r}\n")
-            out.write(f"BUNDLED_DEPENDENCIES = {BUNDLED!r}\n")
 
     def get_outputs(self):
         return []
