@@ -373,6 +373,7 @@ def op_arguments(files):
         "sharded_dataset": (source, ts.Streaming().native, 2),
         "distributed_sampler": (10, 2, 1),
         "merge_state_dicts": ([dict(make_dataset().native.state_dict(None))],),
+        "build_info": (),
     }
 
 
