@@ -60,11 +60,11 @@ BUNDLED_BUILD_LIBRARIES = {"nlohmann_json": SYSTEM_LIBRARIES["nlohmann_json"]}
 TOOLS = {"cmake": "cmake", "ninja": "ninja-build", "pkg-config": "pkg-config"}
 
 
-def check_prerequisites(bundled=BUNDLED):
+def check_prerequisites():
     """Stops with the Debian packages to install when a build tool or library is missing."""
     missing = [f"{tool}: apt-get install {package}" for tool, package in TOOLS.items() if shutil.which(tool) is None]
     if shutil.which("pkg-config") is not None:
-        for name, (header, package) in (BUNDLED_BUILD_LIBRARIES if bundled else SYSTEM_LIBRARIES).items():
+        for name, (header, package) in (BUNDLED_BUILD_LIBRARIES if BUNDLED else SYSTEM_LIBRARIES).items():
             if subprocess.run(["pkg-config", "--exists", name]).returncode != 0:
                 missing.append(f"{name} ({header}): apt-get install {package}")
     # torch_shards._C (csrc/python) builds against this Python's headers.

@@ -6,8 +6,9 @@
 #
 # The sources are the original tarballs of the Debian 12 packages the source build links against
 # (same releases, so the wheel decodes exactly what the tests checked), each checked against the
-# SHA-256 in Debian's signed .dsc (libaec: Debian's archives, see below). HDF5 is built without its read-only S3 driver, so no libcurl or
-# TLS library comes with it; c-blosc without snappy, as numcodecs builds it.
+# SHA-256 in Debian's signed .dsc (libaec: Debian's archives, see below). HDF5 is built without its
+# read-only S3 driver, so no libcurl or TLS library comes with it; c-blosc without snappy, as
+# numcodecs builds it.
 #
 # Defines torch_shards_io_dependencies (an INTERFACE target for torch_shards_io) and
 # TORCH_SHARDS_BUNDLED_ARCHIVES (the archives whose symbols the shared library hides).
@@ -18,6 +19,8 @@ set(TORCH_SHARDS_SOURCES_URL "http://deb.debian.org/debian/pool/main"
 set(TORCH_SHARDS_DOWNLOAD_DIR "${PROJECT_BINARY_DIR}/downloads"
     CACHE PATH "Where the bundled libraries' source tarballs are kept between builds")
 set(BUNDLED_PREFIX "${PROJECT_BINARY_DIR}/bundled")
+set(LIB ${BUNDLED_PREFIX}/lib)
+set(INCLUDE ${BUNDLED_PREFIX}/include)
 
 find_program(CCACHE_PROGRAM ccache)
 set(BUNDLED_CMAKE_ARGS
@@ -48,9 +51,6 @@ function(bundled_library name path sha256)
     LOG_CONFIGURE ON LOG_BUILD ON LOG_INSTALL ON LOG_OUTPUT_ON_FAILURE ON)
 endfunction()
 
-set(LIB ${BUNDLED_PREFIX}/lib)
-set(INCLUDE ${BUNDLED_PREFIX}/include)
-
 # zlib's CMake build needs the Windows resource file Debian's tarball leaves out: its configure script.
 ExternalProject_Add(bundled_zlib
   URL ${TORCH_SHARDS_SOURCES_URL}/z/zlib/zlib_1.2.13.dfsg.orig.tar.bz2
@@ -80,9 +80,9 @@ if(NOT AEC_ARCHIVE OR NOT SZ_ARCHIVE OR NOT SZ_INCLUDE_DIR)
   message(FATAL_ERROR "The wheel links libaec's static archives (libaec.a, libsz.a, szlib.h): apt-get install libaec-dev")
 endif()
 add_custom_target(bundled_aec
-  COMMAND ${CMAKE_COMMAND} -E make_directory ${BUNDLED_PREFIX}/lib ${BUNDLED_PREFIX}/include
-  COMMAND ${CMAKE_COMMAND} -E copy ${AEC_ARCHIVE} ${SZ_ARCHIVE} ${BUNDLED_PREFIX}/lib
-  COMMAND ${CMAKE_COMMAND} -E copy ${SZ_INCLUDE_DIR}/szlib.h ${SZ_INCLUDE_DIR}/libaec.h ${BUNDLED_PREFIX}/include
+  COMMAND ${CMAKE_COMMAND} -E make_directory ${LIB} ${INCLUDE}
+  COMMAND ${CMAKE_COMMAND} -E copy ${AEC_ARCHIVE} ${SZ_ARCHIVE} ${LIB}
+  COMMAND ${CMAKE_COMMAND} -E copy ${SZ_INCLUDE_DIR}/szlib.h ${SZ_INCLUDE_DIR}/libaec.h ${INCLUDE}
   BYPRODUCTS ${LIB}/libaec.a ${LIB}/libsz.a)
 bundled_library(blosc c/c-blosc/c-blosc_1.21.3+ds.orig.tar.xz
   36a5ca0904135be7b6da02cc93adda2e34fec98286b28172e166f8cad79c8fab

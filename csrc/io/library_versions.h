@@ -8,10 +8,10 @@
 namespace torch_shards::io {
 
 struct LibraryVersion {
-  std::string name;      // "hdf5", "blosc", "lz4", "zstd", "zlib", "szip"
+  std::string name;      // "hdf5", "blosc", "lz4", "zstd", "zlib"
   std::string version;   // as the library reports it at run time
   std::string location;  // the file its code was loaded from (libtorch_shards.so itself when bundled)
-  std::string detail;    // what it can do here ("" if nothing to add)
+  std::string detail;    // what it can do here: hdf5's szip filter, blosc's compressors ("" if nothing)
 };
 
 std::vector<LibraryVersion> library_versions();

@@ -49,12 +49,12 @@ def through_workers(case, source, expected, context):
 
 def formats(cases_path):
     cases = json.load(open(cases_path))
+    read = []
     for case in cases:
-        source, expected = read_all(case)
-        print(f"{case['name']}: {expected.shape[0]} rows read back exactly", flush=True)
+        read.append(read_all(case))
+        print(f"{case['name']}: {read[-1][1].shape[0]} rows read back exactly", flush=True)
     # DataLoader workers under every start method, over the formats' two kinds of reader.
-    for case in (cases[0], cases[-1]):
-        source, expected = read_all(case)
+    for case, (source, expected) in ((cases[0], read[0]), (cases[-1], read[-1])):
         for context in ("fork", "spawn", "forkserver"):
             through_workers(case, source, expected, context)
             print(f"{case['name']}: exactly once through 2 {context} workers", flush=True)
