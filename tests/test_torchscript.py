@@ -369,6 +369,7 @@ def op_arguments(files):
         "anndata_source": (str(files / "cells.h5ad"), ["n"], None, True, {"pca": "obsm/X_pca"}),
         "collection": ([source, ts.TensorSource(torch.ones(2, 1)).native],),
         "probe": (str(files / "x.h5"),),
+        "set_storage_options": ("s3://bucket/prefix", json.dumps({"max_requests": 8, "cache_bytes": 1 << 30})),
         "annbatch_datasets": (str(ANNBATCH_COLLECTION),),
         "sharded_dataset": (source, ts.Streaming().native, 2),
         "distributed_sampler": (10, 2, 1),

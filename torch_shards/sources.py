@@ -56,10 +56,18 @@ class Source(NativeBacked):
             state.pop("_opened_stamps", None)
         return state
 
+    storage = None  # the storage= of a source reading a URL (sources pickled before it existed have none)
+
+    def _apply_storage(self):
+        """Registers this source's storage options for its URL in this process (before anything is read)."""
+        if self.storage:
+            native_call(type(self).__name__, ops.set_storage_options, self.path, json.dumps(self.storage))
+
     @property
     def native(self):
         """The native object of this process (checked against the files the spawning process opened)."""
         if self._native_object is None:
+            self._apply_storage()
             native = native_call(type(self).__name__, self._build)
             stamps = self.__dict__.get("_opened_stamps")
             if stamps:
@@ -169,7 +177,44 @@ def _path(who, path):
     path = os.fspath(path)
     if isinstance(path, bytes):
         path = os.fsdecode(path)  # bytes that are not UTF-8 become surrogate escapes, refused below
+    if _is_url(path):
+        return _convert.native_text(who, "path", path)
     return os.path.abspath(_convert.native_text(who, "path", path)) if path else path
+
+
+def _is_url(path):
+    return isinstance(path, str) and path.startswith(("s3://", "http://", "https://"))
+
+
+# How URLs are read (torch_shards.open's keyword arguments of the same names, a source's storage=).
+STORAGE_OPTIONS = (
+    "endpoint_url",
+    "region",
+    "profile",
+    "anonymous",
+    "max_requests",
+    "timeout",
+    "retries",
+    "cache_dir",
+    "cache_bytes",
+)
+
+
+def _storage(who, path, storage):
+    """A source's storage= checked: None, or a dict of STORAGE_OPTIONS for a URL."""
+    if storage is None:
+        return None
+    if not isinstance(storage, dict):
+        raise TypeError(f"{who}: storage must be a dict of {', '.join(STORAGE_OPTIONS)}, got {storage!r}")
+    unknown = sorted(set(storage) - set(STORAGE_OPTIONS))
+    if unknown:
+        raise ValueError(f"{who}: unknown storage option(s) {unknown} (known: {', '.join(STORAGE_OPTIONS)})")
+    storage = {key: value for key, value in storage.items() if value is not None}
+    if storage and not _is_url(path):
+        raise ValueError(f"{who}: storage options apply to URLs (s3://, http://, https://), not to {path!r}")
+    if "cache_dir" in storage:
+        storage["cache_dir"] = os.path.abspath(os.fspath(storage["cache_dir"]))
+    return storage or None
 
 
 class HDF5Source(Source):
@@ -182,8 +227,9 @@ class HDF5Source(Source):
     decoding chunks in parallel, others through HDF5's own read path.
     """
 
-    def __init__(self, path, dataset, *, field="X"):
+    def __init__(self, path, dataset, *, field="X", storage=None):
         self.path = _path("HDF5Source", path)
+        self.storage = _storage("HDF5Source", self.path, storage)
         self.datasets = _field_map("HDF5Source", dataset, field, "dataset")
         self._build_now()
 
@@ -201,8 +247,9 @@ class ZarrSource(Source):
     AnnData zarr stores are read with ``AnnDataSource``.
     """
 
-    def __init__(self, path, array="/", *, field="X"):
+    def __init__(self, path, array="/", *, field="X", storage=None):
         self.path = _path("ZarrSource", path)
+        self.storage = _storage("ZarrSource", self.path, storage)
         self.arrays = _field_map("ZarrSource", array, field, "array")
         self._build_now()
 
@@ -253,8 +300,9 @@ class AnnDataSource(Source):
 
     elements = None  # the fields= of this source (sources pickled before fields= existed have none)
 
-    def __init__(self, path, obs=None, layer=None, *, dense=False, fields=None):
+    def __init__(self, path, obs=None, layer=None, *, dense=False, fields=None, storage=None):
         self.path = _path("AnnDataSource", path)
+        self.storage = _storage("AnnDataSource", self.path, storage)
         if isinstance(obs, str):
             obs = [obs]
         self.obs = list(obs or [])
@@ -276,6 +324,7 @@ class AnnDataSource(Source):
     def anndata(self):
         """The torch.classes.torch_shards.AnnData of this process."""
         if self._anndata is None:
+            self._apply_storage()
             self._anndata = ops.anndata(self.path)
         return self._anndata
 
@@ -391,10 +440,27 @@ def open(path, **kwargs):  # noqa: A001 - mirrors the builtin for paths
     """The source for a path: .h5ad / AnnData zarr store -> AnnDataSource, other
     HDF5 file -> HDF5Source (pass dataset=), zarr array -> ZarrSource, an annbatch
     DatasetCollection -> a Collection of its datasets (in annbatch's order); a list of
-    paths -> a Collection of them. Keyword arguments go to the source(s)."""
+    paths -> a Collection of them. Keyword arguments go to the source(s).
+
+    Paths may be URLs: ``s3://bucket/key``, ``https://host/path``, ``http://...``.
+    Keyword arguments for them (each also a source's ``storage=`` entry; unset ones come
+    from the environment): ``endpoint_url`` (an S3-compatible server; AWS_ENDPOINT_URL),
+    ``region`` (AWS_REGION), ``profile`` (AWS_PROFILE), ``anonymous`` (unsigned requests,
+    for public buckets), ``max_requests`` (in flight per reading thread, default 64),
+    ``timeout`` (seconds per request attempt, default 60), ``retries`` (default 6),
+    ``cache_dir`` (a node-local cache shared by every process on the node;
+    TORCH_SHARDS_CACHE_DIR) and ``cache_bytes`` (its bound, default 64 GiB)."""
     if isinstance(path, (list, tuple)):
         return Collection([open(item, **kwargs) for item in path])
     path = _path("torch_shards.open", path)
+    storage = dict(kwargs.pop("storage", None) or {})
+    for key in STORAGE_OPTIONS:
+        if key in kwargs:
+            storage[key] = kwargs.pop(key)
+    storage = _storage("torch_shards.open", path, storage)
+    if storage:
+        kwargs["storage"] = storage
+        native_call("torch_shards.open", ops.set_storage_options, path, json.dumps(storage))
     kind = ops.probe(path)
     if kind == "missing":
         raise FileNotFoundError(errno.ENOENT, f"torch_shards.open: {os.strerror(errno.ENOENT)}", path)

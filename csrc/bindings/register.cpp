@@ -258,6 +258,7 @@ TORCH_LIBRARY(torch_shards, m) {
       "collection(__torch__.torch.classes.torch_shards.Source[] parts) -> __torch__.torch.classes.torch_shards.Source",
       &SourceImpl::collection);
   m.def("probe(str path) -> str", &probe);
+  m.def("set_storage_options(str url, str options_json) -> ()", &set_storage_options_json);
   m.def("build_info() -> str", [] { return torch_shards::build_info(); });
   m.def("annbatch_datasets(str path) -> str[]?", &annbatch_datasets);
   m.def("merge_state_dicts(Dict(str, int)[] states) -> Dict(str, int)", &ShardedDatasetImpl::merge_state_dicts);

@@ -121,6 +121,21 @@ std::vector<Span> plan_spans(const std::vector<Segment>& segments, size_t row_by
   return spans;
 }
 
+namespace {
+
+// Copies each segment of `span` from the span's bytes to its place in out.
+void copy_span_segments(const Span& span, const std::vector<Segment>& segments, size_t row_bytes,
+                        const uint8_t* bytes_of_span, uint8_t* out, bool streaming) {
+  for (size_t i = span.first; i < span.last; ++i) {
+    const Segment& segment = segments[i];
+    core::copy_bytes(out + segment.dest * row_bytes, bytes_of_span + (segment.source - span.begin) * row_bytes,
+                     static_cast<size_t>(segment.length) * row_bytes, streaming);
+  }
+  if (streaming) core::streaming_fence();
+}
+
+}  // namespace
+
 void read_span(const File& file, int64_t region_offset, const Span& span, const std::vector<Segment>& segments,
                size_t row_bytes, uint8_t* out, core::FunctionRef<std::string()> what, bool streaming) {
   const int64_t offset = region_offset + span.begin * static_cast<int64_t>(row_bytes);
@@ -133,18 +148,28 @@ void read_span(const File& file, int64_t region_offset, const Span& span, const 
   // Mapped: no request cost, every segment straight from the mapping to its place, under one
   // guard and one fence for the span (a fence per row would wait on every row's stores).
   const auto copy_segments = [&](const uint8_t* bytes_of_span) {
-    for (size_t i = span.first; i < span.last; ++i) {
-      const Segment& segment = segments[i];
-      core::copy_bytes(out + segment.dest * row_bytes, bytes_of_span + (segment.source - span.begin) * row_bytes,
-                       static_cast<size_t>(segment.length) * row_bytes, streaming);
-    }
-    if (streaming) core::streaming_fence();
+    copy_span_segments(span, segments, row_bytes, bytes_of_span, out, streaming);
   };
   if (file.use_mapped(offset, bytes, copy_segments, what)) return;
   thread_local core::ScratchBuffer scratch;
   uint8_t* buffer = scratch.get(bytes);
   file.read_at(offset, bytes, buffer, what);
   copy_segments(buffer);
+}
+
+void read_spans_together(const File& file, int64_t region_offset, const std::vector<Span>& spans,
+                         const std::vector<Segment>& segments, size_t row_bytes, uint8_t* out,
+                         core::FunctionRef<std::string()> what) {
+  std::vector<std::vector<uint8_t>> buffers(spans.size());
+  std::vector<File::Range> ranges(spans.size());
+  for (size_t s = 0; s < spans.size(); ++s) {
+    buffers[s].resize(static_cast<size_t>(spans[s].end - spans[s].begin) * row_bytes);
+    ranges[s] = {region_offset + spans[s].begin * static_cast<int64_t>(row_bytes), buffers[s].size(),
+                 buffers[s].data()};
+  }
+  file.read_ranges(ranges, what);
+  for (size_t s = 0; s < spans.size(); ++s)
+    copy_span_segments(spans[s], segments, row_bytes, buffers[s].data(), out, false);
 }
 
 bool streams_output(const std::vector<Segment>& segments, size_t row_bytes) {

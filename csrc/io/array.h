@@ -94,6 +94,11 @@ std::vector<Span> plan_spans(const std::vector<Segment>& segments, size_t row_by
 // bytes in an error message (called only for one).
 void read_span(const File& file, int64_t region_offset, const Span& span, const std::vector<Segment>& segments,
                size_t row_bytes, uint8_t* out, core::FunctionRef<std::string()> what, bool streaming = false);
+// Reads every span as read_span does, all requested together: for objects
+// behind URLs, where a request costs a round trip.
+void read_spans_together(const File& file, int64_t region_offset, const std::vector<Span>& spans,
+                         const std::vector<Segment>& segments, size_t row_bytes, uint8_t* out,
+                         core::FunctionRef<std::string()> what);
 
 // Whether a read of `segments` writes enough (core::streams) that its
 // output is read only once it has left the caches: it is then streamed out.

@@ -5,6 +5,7 @@
 #include <exception>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -59,6 +60,29 @@ std::string ChunkStore::describe_chunk(const std::vector<int64_t>& coords) const
 
 std::optional<ChunkLocation> ChunkStore::locate(const std::vector<int64_t>& coords) const {
   throw std::logic_error("this chunk store cannot locate " + describe_chunk(coords));
+}
+
+std::vector<std::optional<std::vector<uint8_t>>> ChunkStore::read_chunks(
+    const std::vector<std::vector<int64_t>>& coords, core::ThreadPool& /*pool*/) const {
+  std::vector<std::optional<std::vector<uint8_t>>> out(coords.size());
+  if (!can_locate()) {
+    for (size_t i = 0; i < coords.size(); ++i) out[i] = read_chunk(coords[i]);
+    return out;
+  }
+  // By file: each file's ranges requested together.
+  std::map<const File*, std::vector<File::Range>> by_file;
+  std::map<const File*, std::shared_ptr<const File>> files;
+  for (size_t i = 0; i < coords.size(); ++i) {
+    const std::optional<ChunkLocation> location = locate(coords[i]);
+    if (!location) continue;
+    out[i].emplace(static_cast<size_t>(location->size));
+    by_file[location->file.get()].push_back({location->offset, static_cast<size_t>(location->size), out[i]->data()});
+    files[location->file.get()] = location->file;
+  }
+  for (const auto& [file, ranges] : by_file) {
+    file->read_ranges(ranges, [&] { return concat(ranges.size(), " chunks"); });
+  }
+  return out;
 }
 
 ChunkedArray::ChunkedArray(ArrayInfo info, std::vector<int64_t> chunk_shape, std::shared_ptr<const ChunkStore> store,
@@ -274,7 +298,8 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
   }
   starts.push_back(touches.size());
   const int64_t chunk_rows = static_cast<int64_t>(starts.size()) - 1;
-  if (whole_rows_ && decoder_->stores_raw() && store_->can_locate()) {
+  const bool together = store_->reads_together();
+  if (whole_rows_ && decoder_->stores_raw() && store_->can_locate() && !together) {
     const bool streaming = streams_output(segments, row_size);
     pool.parallel_for(chunk_rows, [&](int64_t group) {
       std::vector<const Segment*> touching;
@@ -284,19 +309,36 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
     return;
   }
 
-  const bool decodes_rows = whole_rows_ && decoder_->decodes_ranges();  // only the rows wanted, into place
-  pool.parallel_for(chunk_rows * inner_chunks_, [&](int64_t task) {
-    const int64_t group = task / inner_chunks_;
+  const bool decodes_rows = whole_rows_ && decoder_->decodes_ranges() && !together;  // only the rows wanted, into place
+  // The grid coordinates of task's chunk: chunk row `group`, inner chunk task % inner_chunks_.
+  const auto coords_of = [&](int64_t task, std::vector<int64_t>& coords) {
     int64_t inner = task % inner_chunks_;
-    const int64_t chunk_row = touches[starts[group]].first;
-    Reused<std::vector<int64_t>> coords_of_thread;
-    std::vector<int64_t>& coords = coords_of_thread.get();
     coords.resize(info_.shape.size());
-    coords[0] = chunk_row;
+    coords[0] = touches[starts[task / inner_chunks_]].first;
     for (size_t d = info_.shape.size() - 1; d >= 1; --d) {
       coords[d] = inner % grid_[d];
       inner /= grid_[d];
     }
+  };
+  // Fetched together before decoding (ChunkStore::reads_together).
+  std::vector<std::optional<std::vector<uint8_t>>> fetched;
+  if (together) {
+    std::vector<std::vector<int64_t>> all(static_cast<size_t>(chunk_rows * inner_chunks_));
+    for (int64_t task = 0; task < chunk_rows * inner_chunks_; ++task) coords_of(task, all[static_cast<size_t>(task)]);
+    try {
+      fetched = store_->read_chunks(all, pool);
+    } catch (const ReadError&) {
+      throw;
+    } catch (const std::exception& error) {
+      throw ReadError(concat(where(), ": ", error.what()));
+    }
+  }
+  pool.parallel_for(chunk_rows * inner_chunks_, [&](int64_t task) {
+    const int64_t group = task / inner_chunks_;
+    const int64_t chunk_row = touches[starts[group]].first;
+    Reused<std::vector<int64_t>> coords_of_thread;
+    std::vector<int64_t>& coords = coords_of_thread.get();
+    coords_of(task, coords);
     const int64_t first_row = chunk_row * rows_per_chunk;
     const int64_t end_row = first_row + std::min(rows_per_chunk, rows - first_row);
     // A whole chunk wanted once, in one piece, decodes straight into the output.
@@ -317,11 +359,13 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
         for (size_t t = starts[group]; t < starts[group + 1]; ++t) touching.push_back(&segments[touches[t].second]);
         if (decode_rows_from_mapping(coords, first_row, end_row, touching, out)) return;
       }
-      const bool mapped = decoder_->decodes_views() && use_mapped_chunk(coords, [&](const uint8_t* bytes, size_t size) {
-                            decoder_->decode_view(bytes, size, chunk_bytes_, reserve);
-                          });
+      const bool mapped =
+          !together && decoder_->decodes_views() && use_mapped_chunk(coords, [&](const uint8_t* bytes, size_t size) {
+            decoder_->decode_view(bytes, size, chunk_bytes_, reserve);
+          });
       if (!mapped) {
-        std::optional<std::vector<uint8_t>> encoded = store_->read_chunk(coords);
+        std::optional<std::vector<uint8_t>> encoded =
+            together ? std::move(fetched[static_cast<size_t>(task)]) : store_->read_chunk(coords);
         if (encoded) {
           const uint32_t skipped = store_->skipped_filters(coords);
           decoder_->check_encoded(*encoded, chunk_bytes_, skipped);

@@ -38,6 +38,14 @@ class ChunkStore {
   // The encoded bytes of the chunk at grid coordinates `coords`, or nullopt
   // if it was never written (the array's fill value stands in for it).
   virtual std::optional<std::vector<uint8_t>> read_chunk(const std::vector<int64_t>& coords) const = 0;
+  // Whether a read fetches its chunks together (read_chunks) rather than
+  // each when decoded: objects behind URLs, where each request costs a round
+  // trip and many can be in flight at once.
+  virtual bool reads_together() const { return false; }
+  // read_chunk of each of `coords`, fetched together: located chunks by one
+  // File::read_ranges per file, others one by one.
+  virtual std::vector<std::optional<std::vector<uint8_t>>> read_chunks(const std::vector<std::vector<int64_t>>& coords,
+                                                                       core::ThreadPool& pool) const;
   // Where the chunk lives, for messages ("chunk (3, 0) at offset 1234").
   virtual std::string describe_chunk(const std::vector<int64_t>& coords) const;
   // Bit i set: filter i of the pipeline was not applied to this chunk (HDF5

@@ -18,6 +18,10 @@ ContiguousArray::ContiguousArray(ArrayInfo info, std::shared_ptr<const File> fil
 void ContiguousArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const {
   const size_t row_size = row_bytes();
   const std::vector<Span> spans = plan_spans(segments, row_size, kMaxGapBytes, kMaxSpanBytes);
+  if (file_->remote()) {
+    read_spans_together(*file_, offset_, spans, segments, row_size, out, [&] { return info_.path; });
+    return;
+  }
   const bool streaming = streams_output(segments, row_size);
   pool.parallel_for(static_cast<int64_t>(spans.size()), [&](int64_t s) {
     // File adds the offsets on error.

@@ -13,11 +13,15 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <new>
+#include <system_error>
 
 #include "../core/errors.h"
 #include "../core/random.h"
+#include "../core/stable_hash.h"
 #include "../core/streaming_copy.h"
+#include "storage/remote_paths.h"
 
 namespace torch_shards::io {
 
@@ -139,9 +143,12 @@ void install_sigbus_handler() {
 
 std::optional<FileStamp> stamp_of(int result, const struct stat& info) {
   if (result != 0) return std::nullopt;
-  return FileStamp{static_cast<uint64_t>(info.st_dev), static_cast<uint64_t>(info.st_ino),
-                   static_cast<int64_t>(info.st_size),
-                   static_cast<int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec};
+  FileStamp stamp;
+  stamp.device = static_cast<uint64_t>(info.st_dev);
+  stamp.inode = static_cast<uint64_t>(info.st_ino);
+  stamp.size = static_cast<int64_t>(info.st_size);
+  stamp.modified_ns = static_cast<int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec;
+  return stamp;
 }
 
 }  // namespace
@@ -151,12 +158,29 @@ std::optional<FileStamp> FileStamp::of_descriptor(int fd) {
   return stamp_of(::fstat(fd, &info), info);
 }
 
+namespace {
+
+FileStamp stamp_of_object(const storage::ObjectStamp& object) {
+  FileStamp stamp;
+  stamp.size = object.size;
+  stamp.etag = object.etag;
+  return stamp;
+}
+
+}  // namespace
+
 std::optional<FileStamp> FileStamp::of_path(const std::string& path) {
+  if (storage::is_url(path)) {
+    const std::optional<storage::ObjectStamp> object = storage::stat_remote(path);
+    if (!object) return std::nullopt;
+    return stamp_of_object(*object);
+  }
   struct stat info {};
   return stamp_of(::stat(path.c_str(), &info), info);
 }
 
 std::string FileStamp::changes_to(const FileStamp& now) const {
+  if (now.etag != etag) return concat("ETag ", etag, " -> ", now.etag, " (replaced)");
   if (now.device != device || now.inode != inode) {
     return concat("another file now: inode ", inode, " -> ", now.inode, " (replaced)");
   }
@@ -182,6 +206,7 @@ uint64_t FileStamp::digest() const {
   h = core::mix64(h ^ inode);
   h = core::mix64(h ^ static_cast<uint64_t>(size));
   h = core::mix64(h ^ static_cast<uint64_t>(modified_ns));
+  if (!etag.empty()) h = core::mix64(h ^ static_cast<uint64_t>(core::stable_hash(etag)));
   return h == 0 ? 1 : h;
 }
 
@@ -203,7 +228,22 @@ std::mutex& first_use_mutex() {
 
 File::File(std::string path, Access access)
     : path_(std::move(path)), map_(access == Access::kMapped && mapping_enabled()) {
+  if (storage::is_url(path_)) {
+    std::optional<storage::RemoteObject> object = storage::open_remote(path_);
+    if (!object) throw core::FileNotFound(path_);
+    map_ = false;
+    remote_ = std::make_shared<const storage::RemoteObject>(std::move(*object));
+    stamp_ = stamp_of_object(remote_->stamp);
+    size_ = stamp_.size;
+    return;
+  }
   take_stamp(descriptor());
+}
+
+File::File(std::string path, std::shared_ptr<const storage::RemoteObject> remote)
+    : path_(std::move(path)), remote_(std::move(remote)) {
+  stamp_ = stamp_of_object(remote_->stamp);
+  size_ = stamp_.size;
 }
 
 File::File(std::string path, Access access, int fd)
@@ -221,6 +261,12 @@ void File::take_stamp(int fd) {
 }
 
 std::shared_ptr<const File> File::open_if_exists(const std::string& path, Access access) {
+  if (storage::is_url(path)) {
+    std::optional<storage::RemoteObject> object = storage::open_remote(path);
+    if (!object) return nullptr;
+    return std::shared_ptr<const File>(
+        new File(path, std::make_shared<const storage::RemoteObject>(std::move(*object))));
+  }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0 && errno == ENOENT) return nullptr;
   if (fd < 0) throw ReadError(concat(path, ": cannot open: ", std::strerror(errno)));
@@ -291,7 +337,9 @@ std::string File::change_since_opened(int fd) const {
 }
 
 void File::check_unchanged() const {
-  if (!file_checks_enabled()) return;
+  // An object behind a URL: every request for its bytes carries the ETag stamped at open (If-Match),
+  // and the cache serves that version only: a replaced object fails the read that would mix.
+  if (!file_checks_enabled() || remote_) return;
   const std::string change = change_since_opened(descriptor());
   if (change.empty()) return;
   throw ReadError(concat(path_, ": the file changed while being read (", change,
@@ -321,6 +369,10 @@ void File::read_at(int64_t offset, size_t bytes, void* out, core::FunctionRef<st
                    bool streaming) const {
   if (!contains(offset, bytes)) check_range(offset, bytes, what());  // raises
   note_use();
+  if (remote_) {
+    read_remote({Range{offset, bytes, out}}, what);
+    return;
+  }
   if (const uint8_t* mapped = mapping()) {
     if (!guarded_copy(out, mapped + offset, bytes, streaming)) throw mapping_fault(path_, offset, bytes, what());
     return;
@@ -348,6 +400,27 @@ bool File::use_mapped(int64_t offset, size_t bytes, core::FunctionRef<void(const
   return true;
 }
 
+void File::read_ranges(const std::vector<Range>& ranges, core::FunctionRef<std::string()> what) const {
+  for (const Range& range : ranges) {
+    if (!contains(range.offset, range.bytes)) check_range(range.offset, range.bytes, what());  // raises
+  }
+  if (!remote_) {
+    for (const Range& range : ranges) read_at(range.offset, range.bytes, range.out, what);
+    return;
+  }
+  note_use();
+  read_remote(ranges, what);
+}
+
+void File::read_remote(const std::vector<Range>& ranges, core::FunctionRef<std::string()> what) const {
+  std::vector<storage::RangeRead> reads;
+  reads.reserve(ranges.size());
+  for (const Range& range : ranges) {
+    reads.push_back({range.offset, static_cast<int64_t>(range.bytes), static_cast<uint8_t*>(range.out)});
+  }
+  storage::read_remote(*remote_, reads, [&] { return what(); });
+}
+
 std::vector<uint8_t> File::read_at(int64_t offset, size_t bytes, const std::string& what) const {
   check_range(offset, bytes, what);  // before allocating: `bytes` may come from a corrupt file
   std::vector<uint8_t> out(bytes);
@@ -365,18 +438,67 @@ void check_files_unchanged(std::vector<const File*>& files, int64_t since) {
 }
 
 std::vector<uint8_t> read_whole_file(const std::string& path) {
+  if (storage::is_url(path)) {
+    std::vector<std::optional<std::vector<uint8_t>>> objects = storage::read_remote_objects({path});
+    if (!objects[0].has_value()) throw core::FileNotFound(path);
+    return std::vector<uint8_t>(std::move(objects[0].value()));
+  }
   File file(path);
   return file.read_at(0, static_cast<size_t>(file.size()), "the whole file");
 }
 
+std::vector<std::optional<std::vector<uint8_t>>> read_whole_files_if_exist(const std::vector<std::string>& paths,
+                                                                           std::vector<FileStamp>* stamps) {
+  std::vector<std::optional<std::vector<uint8_t>>> out(paths.size());
+  if (stamps != nullptr) stamps->assign(paths.size(), FileStamp{});
+  std::vector<std::string> urls;
+  std::vector<size_t> remote;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (storage::is_url(paths[i])) {
+      urls.push_back(paths[i]);
+      remote.push_back(i);
+      continue;
+    }
+    const std::shared_ptr<const File> file = File::open_if_exists(paths[i]);
+    if (!file) continue;
+    out[i] = file->read_at(0, static_cast<size_t>(file->size()), "the whole file");
+    if (stamps != nullptr) (*stamps)[i] = file->stamp();
+  }
+  if (urls.empty()) return out;
+  std::vector<std::string> etags;
+  std::vector<std::optional<std::vector<uint8_t>>> fetched = storage::read_remote_objects(urls, &etags);
+  for (size_t k = 0; k < remote.size(); ++k) {
+    if (stamps != nullptr && fetched[k]) {
+      (*stamps)[remote[k]] = stamp_of_object({static_cast<int64_t>(fetched[k]->size()), etags[k]});
+    }
+    out[remote[k]] = std::move(fetched[k]);
+  }
+  return out;
+}
+
 bool file_exists(const std::string& path) {
+  if (storage::is_url(path)) return storage::remote_exists(path);
   struct stat info {};
   return ::stat(path.c_str(), &info) == 0;
 }
 
 bool is_directory(const std::string& path) {
+  if (storage::is_url(path)) return storage::remote_is_directory(path);
   struct stat info {};
   return ::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
+}
+
+std::vector<std::pair<std::string, bool>> list_directory(const std::string& path) {
+  if (storage::is_url(path)) return storage::list_remote(path);
+  std::vector<std::pair<std::string, bool>> entries;
+  std::error_code error;
+  for (std::filesystem::directory_iterator entry(path, error), end; !error && entry != end; entry.increment(error)) {
+    std::error_code kind_error;
+    entries.emplace_back(entry->path().filename().string(), entry->is_directory(kind_error));
+  }
+  if (error) throw ReadError(concat(path, ": cannot list the directory: ", error.message()));
+  std::sort(entries.begin(), entries.end());
+  return entries;
 }
 
 }  // namespace torch_shards::io

@@ -6,6 +6,11 @@
 // read that faults (the file shrank, the storage failed) is turned into a
 // ReadError instead of a SIGBUS. TORCH_SHARDS_MMAP=0 turns mapping off.
 //
+// Paths may be URLs (s3://, http://, https://: storage/url.h): a File of a
+// URL is an object stamped with its size and ETag when opened, read with
+// ranged requests (storage/object_store.h), never mapped; the functions
+// below take URLs too.
+//
 // A file rewritten while a job reads it would hand out rows that mix old and
 // new contents: each File keeps the stamp it had when opened (FileStamp), and
 // readers check the files a unit read once it is read (check_unchanged);
@@ -29,12 +34,17 @@
 
 namespace torch_shards::io {
 
+namespace storage {
+struct RemoteObject;
+}
+
 // What tells one state of a file from another: the file itself (device and
 // inode: a path replaced by a rename has another) and when it last changed
 // (size and modification time: a file written in place).
 struct FileStamp {
   uint64_t device = 0, inode = 0;
   int64_t size = 0, modified_ns = 0;
+  std::string etag;  // objects behind URLs: their ETag (device and inode are then 0)
   // The stamp of an open descriptor / of the file at `path`; nullopt when
   // it cannot be stat'ed (errno says why).
   static std::optional<FileStamp> of_descriptor(int fd);
@@ -77,6 +87,16 @@ class File {
   void read_at(int64_t offset, size_t bytes, void* out, core::FunctionRef<std::string()> what,
                bool streaming = false) const;
   std::vector<uint8_t> read_at(int64_t offset, size_t bytes, const std::string& what) const;
+  // Reads each range (out: `bytes` bytes); those of an object behind a URL
+  // are requested together. what() names them in messages.
+  struct Range {
+    int64_t offset = 0;
+    size_t bytes = 0;
+    void* out = nullptr;
+  };
+  void read_ranges(const std::vector<Range>& ranges, core::FunctionRef<std::string()> what) const;
+  // Whether the file is an object behind a URL.
+  bool remote() const { return remote_ != nullptr; }
   // Runs use(bytes) on [offset, offset + bytes) of the mapping itself, no copy
   // made, and returns true; returns false, running nothing, when the file is
   // not mapped (the caller reads a copy instead). A fault in the mapping while
@@ -109,9 +129,13 @@ class File {
   const uint8_t* mapping() const;                     // the mapping (made on first use), or null to use pread
   void note_use() const;                              // last_use_ = now (never moved back)
 
+  File(std::string path, std::shared_ptr<const storage::RemoteObject> remote);
+  void read_remote(const std::vector<Range>& ranges, core::FunctionRef<std::string()> what) const;
+
   std::string path_;
   int64_t size_ = 0;
   bool map_ = false;
+  std::shared_ptr<const storage::RemoteObject> remote_;  // set for an object behind a URL
   mutable std::atomic<int> fd_{-1};
   mutable std::atomic<int> owner_pid_{0};
   mutable std::atomic<const uint8_t*> mapped_{nullptr};
@@ -140,7 +164,15 @@ void check_files_unchanged(std::vector<const File*>& files, int64_t since);
 
 // Reads a whole (small) file; throws ReadError naming it.
 std::vector<uint8_t> read_whole_file(const std::string& path);
+// Whole files, nullopt for those that do not exist; objects behind URLs are
+// fetched together. stamps (if given) gets each one's stamp.
+std::vector<std::optional<std::vector<uint8_t>>> read_whole_files_if_exist(const std::vector<std::string>& paths,
+                                                                           std::vector<FileStamp>* stamps = nullptr);
 bool file_exists(const std::string& path);
 bool is_directory(const std::string& path);
+// The entries of a directory (or the objects and prefixes below a URL):
+// (name, is a directory), sorted, hidden names included. ReadError naming
+// it when it cannot be listed.
+std::vector<std::pair<std::string, bool>> list_directory(const std::string& path);
 
 }  // namespace torch_shards::io

@@ -315,9 +315,7 @@ class Hdf5Group : public Group {
 bool is_hdf5_file(const std::string& path) {
   if (!file_exists(path) || is_directory(path)) return false;
   auto lock = hdf5_lock();
-  const htri_t result = H5Fis_hdf5(path.c_str());
-  H5Eclear2(H5E_DEFAULT);
-  return result > 0;
+  return is_hdf5_signature(path);
 }
 
 std::shared_ptr<const Group> open_hdf5_group(const std::string& file, const std::string& path) {

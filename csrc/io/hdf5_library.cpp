@@ -4,6 +4,9 @@
 
 #include "../core/errors.h"
 #include "file.h"
+#include "hdf5_format.h"
+#include "hdf5_remote_driver.h"
+#include "storage/url.h"
 
 namespace torch_shards::io {
 namespace {
@@ -88,13 +91,28 @@ std::string hdf5_error_detail() {
 
 Hid open_hdf5_file(const std::string& path) {
   if (!file_exists(path)) throw core::FileNotFound(path);
-  if (H5Fis_hdf5(path.c_str()) <= 0) {
-    H5Eclear2(H5E_DEFAULT);
-    throw core::ReadError(path + ": not an HDF5 file");
-  }
-  Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!is_hdf5_signature(path)) throw core::ReadError(path + ": not an HDF5 file");
+  const Hid access(hdf5_file_access(path), [](hid_t id) { return id == H5P_DEFAULT ? herr_t{0} : H5Pclose(id); });
+  Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, access.get()), H5Fclose);
   if (!file.valid()) throw core::ReadError(path + ": cannot open as HDF5: " + hdf5_error_detail());
   return file;
+}
+
+bool is_hdf5_signature(const std::string& path) {
+  if (storage::is_url(path)) {
+    // HDF5's own check reads through its default driver: the signature is looked for here instead.
+    try {
+      (void)hdf5::read_format_info(File(path));
+      return true;
+    } catch (const core::FileNotFound&) {
+      throw;
+    } catch (const core::ReadError&) {
+      return false;
+    }
+  }
+  const htri_t result = H5Fis_hdf5(path.c_str());
+  H5Eclear2(H5E_DEFAULT);
+  return result > 0;
 }
 
 bool hdf5_path_exists(hid_t file, const std::string& path) {

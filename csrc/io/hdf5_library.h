@@ -47,6 +47,10 @@ std::unique_lock<Hdf5Mutex> hdf5_lock();
 // Whether the calling thread holds hdf5_lock() (for checks and tests).
 bool hdf5_lock_held();
 
+// Whether the file at `path` (a URL too) starts with HDF5's signature, where
+// HDF5 looks for it. Hold hdf5_lock().
+bool is_hdf5_signature(const std::string& path);
+
 // The innermost message of HDF5's error stack ("" if empty), for errors.
 std::string hdf5_error_detail();
 

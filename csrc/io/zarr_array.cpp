@@ -19,6 +19,7 @@
 #include "chunked_array.h"
 #include "codecs.h"
 #include "file.h"
+#include "storage/url.h"
 #include "text.h"
 
 namespace torch_shards::io {
@@ -1042,9 +1043,28 @@ class ChunkFiles : public ChunkStore {
   ~ChunkFiles() override { delete[] stamps_.load(); }
 
   std::optional<std::vector<uint8_t>> read_chunk(const std::vector<int64_t>& coords) const override {
+    if (reads_together()) {
+      core::ThreadPool inline_pool(0);
+      return std::move(read_chunks({coords}, inline_pool)[0]);
+    }
     const std::shared_ptr<const File> file = open_chunk(coords);
     if (!file) return std::nullopt;
     return file->read_at(0, static_cast<size_t>(file->size()), "the whole file");
+  }
+  // Chunks behind URLs: each a whole object, all fetched together.
+  bool reads_together() const override { return storage::is_url(dir_); }
+  std::vector<std::optional<std::vector<uint8_t>>> read_chunks(const std::vector<std::vector<int64_t>>& coords,
+                                                               core::ThreadPool& /*pool*/) const override {
+    std::vector<std::string> paths;
+    paths.reserve(coords.size());
+    for (const std::vector<int64_t>& chunk : coords) paths.push_back(dir_ + "/" + keys_.key(chunk));
+    std::vector<FileStamp> stamps;
+    std::vector<std::optional<std::vector<uint8_t>>> chunks = read_whole_files_if_exist(paths, &stamps);
+    metadata_.check();
+    for (size_t i = 0; i < coords.size(); ++i) {
+      if (chunks[i]) check_chunk(coords[i], paths[i], stamps[i].digest());
+    }
+    return chunks;
   }
   bool can_locate() const override { return true; }
   std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const override {
@@ -1067,11 +1087,11 @@ class ChunkFiles : public ChunkStore {
   std::shared_ptr<const File> open_chunk(const std::vector<int64_t>& coords) const {
     std::shared_ptr<const File> file = File::open_if_exists(dir_ + "/" + keys_.key(coords));
     metadata_.check();
-    if (file) check_chunk(coords, *file);
+    if (file) check_chunk(coords, file->path(), file->stamp().digest());
     return file;
   }
 
-  void check_chunk(const std::vector<int64_t>& coords, const File& file) const {
+  void check_chunk(const std::vector<int64_t>& coords, const std::string& path, uint64_t now) const {
     if (!file_checks_enabled() || chunks_ > kMaxStampedChunks || coords.size() != grid_.size()) return;
     int64_t chunk = 0;
     for (size_t d = 0; d < coords.size(); ++d) {
@@ -1079,10 +1099,9 @@ class ChunkFiles : public ChunkStore {
       chunk = chunk * grid_[d] + coords[d];
     }
     std::atomic<uint64_t>& slot = stamps()[chunk];
-    const uint64_t now = file.stamp().digest();
     uint64_t first = 0;
     if (slot.compare_exchange_strong(first, now, std::memory_order_relaxed) || first == now) return;
-    throw ReadError(concat(file.path(),
+    throw ReadError(concat(path,
                            ": the zarr chunk changed while being read (written again since it was first "
                            "read, the array's metadata as it was): rows read from it may mix its old and "
                            "new contents, so they are not delivered; open the dataset again once the "
@@ -1153,6 +1172,19 @@ class ShardedChunkStore : public ChunkStore {
 
   bool can_locate() const override { return true; }
   bool maps_chunks() const override { return true; }
+  // Shards behind URLs: the indexes a read needs are loaded in parallel
+  // first, then each shard's chunks requested together.
+  bool reads_together() const override { return storage::is_url(dir_); }
+  std::vector<std::optional<std::vector<uint8_t>>> read_chunks(const std::vector<std::vector<int64_t>>& coords,
+                                                               core::ThreadPool& pool) const override {
+    std::map<std::vector<int64_t>, size_t> first_of_shard;  // a chunk of each shard touched
+    for (size_t i = 0; i < coords.size(); ++i) first_of_shard.emplace(shard_of(coords[i]), i);
+    std::vector<size_t> firsts;
+    for (const auto& [shard, i] : first_of_shard) firsts.push_back(i);
+    pool.parallel_for(static_cast<int64_t>(firsts.size()),
+                      [&](int64_t k) { (void)locate(coords[firsts[static_cast<size_t>(k)]]); });
+    return ChunkStore::read_chunks(coords, pool);
+  }
   std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const override {
     // shard: the position in the grid, or -1 (too many shards, or outside the grid) to look it up by key.
     int64_t entry = 0, shard = indexed_shards_ >= 0 ? 0 : -1;
@@ -1265,6 +1297,8 @@ class ShardedChunkStore : public ChunkStore {
       held.assign(cache.files.begin() + static_cast<std::ptrdiff_t>(first), cache.files.end());
     }
     for (const File* file : held) {
+      // Shards behind URLs need no look: every read of one carries its ETag (If-Match).
+      if (file->remote()) continue;
       const std::optional<FileStamp> now = FileStamp::of_path(file->path());
       if (now && now->device == file->stamp().device && now->inode == file->stamp().inode) continue;
       throw ReadError(concat(file->path(), ": the zarr store changed while being read (",

@@ -1,10 +1,9 @@
 #include "zarr_group.h"
 
 #include <algorithm>
-#include <filesystem>
-#include <system_error>
 
 #include "../core/errors.h"
+#include "file.h"
 #include "zarr_array.h"
 
 namespace torch_shards::io {
@@ -23,18 +22,17 @@ class ZarrGroup : public Group {
 
   std::vector<std::string> children() const override {
     std::vector<std::string> names;
-    std::error_code error;
-    for (std::filesystem::directory_iterator entry(directory(), error), end; !error && entry != end;
-         entry.increment(error)) {
-      const std::string name = entry->path().filename().string();
-      if (name.empty() || name[0] == '.') continue;  // .zarray, .zattrs ... and hidden directories
-      std::error_code status_error;
-      if (!entry->is_directory(status_error)) continue;
-      const std::string dir = entry->path().string();
+    std::vector<std::pair<std::string, bool>> entries;
+    try {
+      entries = list_directory(directory());
+    } catch (const ReadError& error) {
+      throw ReadError(concat(where(), ": cannot list the group: ", error.what()));
+    }
+    for (const auto& [name, is_dir] : entries) {
+      if (name.empty() || name[0] == '.' || !is_dir) continue;  // .zarray, .zattrs ... and hidden directories
+      const std::string dir = directory() + "/" + name;
       if (is_zarr_array(dir) || is_zarr_group(dir)) names.push_back(name);
     }
-    if (error) throw ReadError(concat(where(), ": cannot list the group: ", error.message()));
-    std::sort(names.begin(), names.end());
     return names;
   }
 

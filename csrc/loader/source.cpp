@@ -16,6 +16,8 @@
 #include "io/file.h"
 #include "io/hdf5_array.h"
 #include "io/hdf5_group.h"
+#include "io/storage/storage_options.h"
+#include "io/storage/url.h"
 #include "io/zarr_array.h"
 #include "io/zarr_group.h"
 #include "loader/errors.h"
@@ -35,7 +37,7 @@ using NoTensors = c10::Dict<std::string, at::Tensor>;
 // made, so that a source pickled (a saved TorchScript module) opens the same files wherever it is loaded.
 // Lexically normalised, as Python's os.path.abspath does.
 std::string absolute_path(const std::string& path) {
-  if (path.empty() || std::filesystem::path(path).is_absolute()) return path;
+  if (path.empty() || std::filesystem::path(path).is_absolute() || io::storage::is_url(path)) return path;
   std::error_code error;
   const std::filesystem::path cwd = std::filesystem::current_path(error);
   TORCH_CHECK(!error, path, ": cannot make it absolute: the working directory is unknown (", error.message(), ")");
@@ -264,6 +266,70 @@ c10::intrusive_ptr<SourceImpl> AnnDataImpl::source(const std::vector<std::string
   });
 }
 
+void set_storage_options(const std::string& url, const StorageOptions& options) {
+  translate_errors([&] {
+    io::storage::parse_url(url);  // InvalidArgument naming it unless a URL
+    io::storage::StorageOptions native;
+    native.aws.endpoint_url = options.endpoint_url;
+    native.aws.region = options.region;
+    native.aws.profile = options.profile;
+    native.aws.anonymous = options.anonymous;
+    native.max_requests = options.max_requests;
+    native.timeout_s = options.timeout;
+    native.retries = options.retries;
+    native.cache_dir = options.cache_dir;
+    native.cache_bytes = options.cache_bytes;
+    io::storage::set_storage_options(io::storage::parse_url(url).text, native);
+  });
+}
+
+void set_storage_options_json(const std::string& url, const std::string& options_json) {
+  StorageOptions options;
+  translate_errors([&] {
+    json given;
+    try {
+      given = json::parse(options_json);
+    } catch (const json::exception& error) {
+      throw core::InvalidArgument(core::concat("storage options: not JSON: ", error.what()));
+    }
+    core::check_argument(given.is_object(), "storage options must be a JSON object, got ", options_json);
+    for (const auto& [key, value] : given.items()) {
+      const auto expect = [&](bool ok, const char* kind) {
+        core::check_argument(ok, "storage option ", key, " must be ", kind, ", got ", value.dump());
+      };
+      if (value.is_null()) continue;
+      if (key == "endpoint_url" || key == "region" || key == "profile" || key == "cache_dir") {
+        expect(value.is_string(), "a string");
+        std::string& field = key == "endpoint_url" ? options.endpoint_url
+                             : key == "region"     ? options.region
+                             : key == "profile"    ? options.profile
+                                                   : options.cache_dir;
+        field = value.get<std::string>();
+      } else if (key == "anonymous") {
+        expect(value.is_boolean(), "true or false");
+        options.anonymous = value.get<bool>();
+      } else if (key == "max_requests" || key == "retries") {
+        expect(value.is_number_integer(), "an integer");
+        (key == "max_requests" ? options.max_requests : options.retries) = value.get<int>();
+        core::check_argument(key != "max_requests" || options.max_requests >= 1,
+                             "storage option max_requests must be at least 1, got ", value.dump());
+      } else if (key == "cache_bytes") {
+        expect(value.is_number_integer() && value.get<int64_t>() > 0, "a positive integer");
+        options.cache_bytes = value.get<int64_t>();
+      } else if (key == "timeout") {
+        expect(value.is_number() && value.get<double>() > 0, "a positive number of seconds");
+        options.timeout = value.get<double>();
+      } else {
+        throw core::InvalidArgument(core::concat(
+            "unknown storage option ", key,
+            " (known: endpoint_url, region, profile, anonymous, max_requests, timeout, retries, cache_dir, "
+            "cache_bytes)"));
+      }
+    }
+  });
+  set_storage_options(url, options);
+}
+
 std::string probe(const std::string& path) {
   return translate_errors([&]() -> std::string {
     if (!io::file_exists(path)) return "missing";
@@ -317,14 +383,10 @@ std::optional<std::vector<std::string>> annbatch_datasets(const std::string& pat
     }
     // (number without leading zeros, name): sorted by number, as annbatch numbers them.
     std::vector<std::pair<std::string, std::string>> found;
-    std::error_code error;
-    for (std::filesystem::directory_iterator entry(path, error), end; !error && entry != end; entry.increment(error)) {
-      const std::string name = entry->path().filename().string();
+    for (const auto& [name, is_directory] : io::list_directory(path)) {
       const std::optional<std::string> number = annbatch_number(name, !zarr);
-      std::error_code kind_error;
-      if (number && entry->is_directory(kind_error) == zarr) found.emplace_back(*number, name);
+      if (number && is_directory == zarr) found.emplace_back(*number, name);
     }
-    if (error) throw core::ReadError(path + ": cannot list the directory: " + error.message());
     if (found.empty() && !zarr) return std::nullopt;
     core::check_argument(!found.empty(), "annbatch_datasets: ", path,
                          " is an annbatch DatasetCollection without datasets (dataset_<i>)");
@@ -332,7 +394,7 @@ std::optional<std::vector<std::string>> annbatch_datasets(const std::string& pat
       return std::make_tuple(a.first.size(), a.first, a.second) < std::make_tuple(b.first.size(), b.first, b.second);
     });
     std::vector<std::string> datasets;
-    for (const auto& [number, name] : found) datasets.push_back((std::filesystem::path(path) / name).string());
+    for (const auto& [number, name] : found) datasets.push_back(path + "/" + name);
     return datasets;
   });
 }

@@ -132,6 +132,29 @@ class TORCH_SHARDS_API AnnDataImpl : public torch::CustomClassHolder {
 // "zarr-group", "zarr-anndata" or "unknown".
 TORCH_SHARDS_API std::string probe(const std::string& path);
 
+// How URLs (s3://bucket/key, https://host/path, http://...) are read. Paths
+// may be URLs wherever a source takes one; reads of URLs below `url` use
+// these options in this process from now on (set them before the source is
+// made; the longest registered URL wins). Unset fields come from the
+// environment: the AWS variables and files (AWS_PROFILE, AWS_REGION,
+// AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ~/.aws/credentials ...),
+// TORCH_SHARDS_CACHE_DIR, TORCH_SHARDS_CACHE_BYTES, TORCH_SHARDS_MAX_REQUESTS.
+struct StorageOptions {
+  std::string endpoint_url;         // an S3-compatible server ("http://127.0.0.1:9000"); "": AWS
+  std::string region;               // "": AWS_REGION, the profile's, or us-east-1
+  std::string profile;              // "": AWS_PROFILE or "default"
+  std::optional<bool> anonymous{};  // true: unsigned requests (public buckets); unset: when no credentials
+  int max_requests = 0;             // requests in flight per reading thread; 0: 64
+  double timeout = 0;               // seconds per request attempt; 0: 60
+  int retries = -1;                 // attempts after a transient failure; -1: 6
+  std::string cache_dir;            // node-local cache shared by every process of the node; "": none
+  int64_t cache_bytes = 0;          // its bound; 0: 64 GiB
+};
+TORCH_SHARDS_API void set_storage_options(const std::string& url, const StorageOptions& options);
+// The same from JSON ({"endpoint_url": ..., "cache_bytes": ...}), as the
+// Python door passes them; ValueError naming an unknown key or a bad value.
+TORCH_SHARDS_API void set_storage_options_json(const std::string& url, const std::string& options_json);
+
 // The datasets of an annbatch DatasetCollection at `path`, in annbatch's
 // order (by number): the dataset_<i> groups of a zarr group whose
 // encoding-type is "annbatch-preshuffled", or the dataset_<i>.h5ad files of

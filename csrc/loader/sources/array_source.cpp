@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "core/errors.h"
+#include "io/storage/url.h"
 #include "loader/sources/array_tensors.h"
 
 namespace torch_shards::sources {
@@ -81,6 +82,7 @@ std::string ArraySource::describe() const {
 }
 
 int64_t storage_bytes(const std::string& path) {
+  if (io::storage::is_url(path)) return -1;  // not listed for a description
   std::error_code error;
   if (!std::filesystem::is_directory(path, error)) {
     const auto size = std::filesystem::file_size(path, error);

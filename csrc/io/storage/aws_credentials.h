@@ -1,0 +1,80 @@
+// The settings and credentials an S3 client uses, resolved the way the AWS CLI
+// v2 and boto3 resolve them, from the environment and the two shared files
+// only (no network: no instance metadata, no SSO, no assume-role, no
+// credential_process):
+//
+//   profile      options.profile, AWS_PROFILE, "default"
+//   files        AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials ([NAME] sections),
+//                AWS_CONFIG_FILE or ~/.aws/config ([default], [profile NAME], also [NAME]);
+//                a file that does not exist is as good as an empty one
+//   credentials  none when anonymous; else AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY
+//                (+ AWS_SESSION_TOKEN); else aws_access_key_id / aws_secret_access_key
+//                (/ aws_session_token) of the profile in the credentials file, then in the
+//                config file; none found: anonymous, unless options.anonymous is false
+//   anonymous    options.anonymous, else AWS_NO_SIGN_REQUEST (true/1, false/0)
+//   region       options.region, AWS_REGION, AWS_DEFAULT_REGION, the profile's region,
+//                "us-east-1"
+//   endpoint     options.endpoint_url, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's
+//                services section's s3 endpoint_url, the profile's s3.endpoint_url, the
+//                profile's endpoint_url, "" (AWS itself); all but the option are ignored with
+//                AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true (or the profile's
+//                ignore_configured_endpoint_urls = true)
+//
+// An environment variable set to "" counts as unset. Errors: core::InvalidArgument
+// for what a user chose (an option, a variable, a profile name), core::ReadError
+// for a file that cannot be read or parsed. No message ever holds a secret key
+// or a session token.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace torch_shards::io::storage {
+
+// What a user passed explicitly; empty / nullopt = not given.
+struct AwsOptions {
+  std::string profile, region, endpoint_url;
+  std::optional<bool> anonymous;  // true: never sign; false: credentials required
+};
+
+struct AwsCredentials {
+  std::string access_key_id, secret_access_key, session_token;
+  // Where they came from, for messages: "environment", "/home/u/.aws/credentials [prod]",
+  // "/home/u/.aws/config [profile prod]".
+  std::string source;
+  bool empty() const { return access_key_id.empty(); }
+};
+
+struct AwsSettings {
+  std::string profile;         // the profile used ("default" when none was named)
+  std::string region;          // never empty: "us-east-1" when nothing says otherwise
+  std::string endpoint_url;    // "" = AWS itself; else http(s)://host[:port][/path], no trailing '/'
+  bool anonymous = false;      // requests go unsigned
+  AwsCredentials credentials;  // empty when anonymous
+  // Where credentials were looked for (the places in order, ending with the
+  // one they came from), or why they were not ("nowhere: ..."), for a 403's
+  // message.
+  std::string searched;
+};
+
+// The value of an environment variable; nullopt when unset.
+using Environment = std::function<std::optional<std::string>(const std::string&)>;
+
+// getenv; HOME falls back to the user's home directory in the password database.
+Environment process_environment();
+
+AwsSettings resolve_aws_settings(const AwsOptions& options, const Environment& env = process_environment());
+
+// One shared file parsed: section (as written between the brackets, trimmed)
+// -> key -> value. Keys are lower-cased (as Python's configparser, which the
+// CLI uses, does); a sub-setting (an indented `key = value` under a `parent =`
+// with an empty value) is recorded as "parent.key". Comments are whole lines
+// starting with '#' or ';'. A section or key that appears twice: the later
+// value wins. Anything else is a ReadError naming `path` and the line (never
+// the line's text: it may hold a secret).
+using AwsIniSections = std::map<std::string, std::map<std::string, std::string>>;
+AwsIniSections parse_aws_ini(const std::string& text, const std::string& path);
+
+}  // namespace torch_shards::io::storage

@@ -1,0 +1,384 @@
+#include "object_store.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "../../core/errors.h"
+#include "../file.h"
+
+namespace torch_shards::io::storage {
+
+using core::concat;
+using core::ReadError;
+
+namespace {
+
+// Ranges this close are read with one request (the gap is read and dropped),
+// up to this size: a request costs a round trip, a few hundred KB cost less.
+constexpr int64_t kCoalesceGap = int64_t{256} << 10;
+constexpr int64_t kCoalesceLimit = int64_t{32} << 20;
+
+// This process's stores, by bucket/host and options. A forked child starts
+// its own table (a parent thread may have held the lock at the fork).
+struct Stores {
+  std::mutex mutex;
+  std::map<std::string, std::shared_ptr<const ObjectStore>> by_key;
+};
+
+Stores& stores() {
+  static std::atomic<int> pid{0};
+  static std::atomic<Stores*> table{nullptr};
+  const int now = current_process_id();
+  if (pid.load(std::memory_order_acquire) != now) {
+    std::lock_guard<std::mutex> lock(first_use_mutex());
+    if (pid.load(std::memory_order_relaxed) != now) {
+      table.store(new Stores(), std::memory_order_release);  // the inherited one is abandoned, never destroyed
+      pid.store(now, std::memory_order_release);
+    }
+  }
+  return *table.load(std::memory_order_acquire);
+}
+
+std::string decode_xml(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '&') {
+      out.push_back(text[i]);
+      continue;
+    }
+    const size_t end = text.find(';', i);
+    if (end == std::string::npos) {
+      out.push_back('&');
+      continue;
+    }
+    const std::string entity = text.substr(i + 1, end - i - 1);
+    if (entity == "amp") {
+      out.push_back('&');
+    } else if (entity == "lt") {
+      out.push_back('<');
+    } else if (entity == "gt") {
+      out.push_back('>');
+    } else if (entity == "quot") {
+      out.push_back('"');
+    } else if (entity == "apos") {
+      out.push_back('\'');
+    } else if (!entity.empty() && entity[0] == '#') {
+      const unsigned long code = entity.size() > 1 && (entity[1] == 'x' || entity[1] == 'X')
+                                     ? std::strtoul(entity.c_str() + 2, nullptr, 16)
+                                     : std::strtoul(entity.c_str() + 1, nullptr, 10);
+      if (code < 0x80) {
+        out.push_back(static_cast<char>(code));
+      } else if (code < 0x800) {
+        out.push_back(static_cast<char>(0xC0 | (code >> 6)));
+        out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
+      } else if (code < 0x10000) {
+        out.push_back(static_cast<char>(0xE0 | (code >> 12)));
+        out.push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
+        out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
+      } else {
+        out.push_back(static_cast<char>(0xF0 | (code >> 18)));
+        out.push_back(static_cast<char>(0x80 | ((code >> 12) & 0x3F)));
+        out.push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
+        out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
+      }
+    } else {
+      out += text.substr(i, end - i + 1);
+    }
+    i = end;
+  }
+  return out;
+}
+
+// The text of every <tag>...</tag> inside `xml`, in order.
+std::vector<std::string> xml_values(const std::string& xml, const std::string& tag) {
+  std::vector<std::string> values;
+  const std::string open = "<" + tag + ">", close = "</" + tag + ">";
+  for (size_t at = xml.find(open); at != std::string::npos; at = xml.find(open, at)) {
+    const size_t end = xml.find(close, at);
+    if (end == std::string::npos) break;
+    values.push_back(decode_xml(xml.substr(at + open.size(), end - at - open.size())));
+    at = end + close.size();
+  }
+  return values;
+}
+
+std::string cache_key(const Url& url, const ObjectStamp& stamp, int64_t offset, int64_t size) {
+  return concat(url.text, '\n', stamp.etag, '\n', stamp.size, '\n', offset, '+', size);
+}
+
+}  // namespace
+
+std::shared_ptr<const ObjectStore> ObjectStore::of(const Url& url) {
+  const StorageOptions options = storage_options_for(url.text).resolved();
+  const std::string key = concat(url.scheme, "://", url.host, '\n', options.identity());
+  Stores& table = stores();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  std::shared_ptr<const ObjectStore>& store = table.by_key[key];
+  if (!store) store = std::make_shared<const ObjectStore>(url, options);
+  return store;
+}
+
+ObjectStore::ObjectStore(const Url& url, const StorageOptions& options)
+    : scheme_(url.scheme), host_(url.host), options_(options) {
+  Signing signing;
+  if (scheme_ == "s3") {
+    aws_ = resolve_aws_settings(options_.aws);
+    if (!aws_.anonymous) {
+      signing.sigv4 = concat("aws:amz:", aws_.region, ":s3");
+      signing.user_password = aws_.credentials.access_key_id + ":" + aws_.credentials.secret_access_key;
+      signing.session_token = aws_.credentials.session_token;
+    }
+  }
+  ClientSettings settings;
+  settings.max_requests = options_.max_requests;
+  settings.timeout_s = options_.timeout_s;
+  settings.retries = options_.retries;
+  client_ = std::make_unique<HttpClient>(settings, std::move(signing));
+  if (!options_.cache_dir.empty()) cache_ = std::make_unique<DiskCache>(options_.cache_dir, options_.cache_bytes);
+}
+
+std::string ObjectStore::bucket_url() const {
+  if (!aws_.endpoint_url.empty()) return concat(aws_.endpoint_url, "/", host_);
+  if (host_.find('.') != std::string::npos) return concat("https://s3.", aws_.region, ".amazonaws.com/", host_);
+  return concat("https://", host_, ".s3.", aws_.region, ".amazonaws.com");
+}
+
+std::string ObjectStore::request_url(const Url& url) const {
+  if (scheme_ != "s3") return url.text;
+  return concat(bucket_url(), "/", percent_encode(url.path, true));
+}
+
+void ObjectStore::fail(const std::string& url, const HttpResponse& response, const std::string& what) const {
+  const std::string detail = describe_error_body(response.body);
+  const std::string because = detail.empty() ? "" : concat(" (", detail, ")");
+  if (response.status == 0) {
+    throw ReadError(concat(url, ": ", what, ": no answer after ", response.attempts, " attempt",
+                           response.attempts == 1 ? "" : "s", ": ", response.error));
+  }
+  if (response.status == 401 || response.status == 403) {
+    std::string credentials;
+    if (scheme_ == "s3") {
+      credentials = aws_.anonymous ? concat("; the request was unsigned: no credentials were found (", aws_.searched,
+                                            "); set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile")
+                                   : concat("; signed with the credentials from ", aws_.credentials.source);
+    }
+    throw ReadError(concat(url, ": ", what, ": access denied (HTTP ", response.status, ")", because, credentials));
+  }
+  if (response.status == 404) throw ReadError(concat(url, ": ", what, ": no such object (HTTP 404)", because));
+  if (response.status == 412) {
+    throw ReadError(concat(url,
+                           ": the object changed since the dataset opened it (its ETag is no longer the one "
+                           "stamped at open): rows read from it may mix its old and new contents, so they are not "
+                           "delivered; open the dataset again once the object is written"));
+  }
+  if (response.status == 416) {
+    throw ReadError(concat(url, ": ", what, ": the range lies beyond the object's end (HTTP 416; truncated?)"));
+  }
+  throw ReadError(concat(url, ": ", what, ": HTTP ", response.status, because,
+                         response.attempts > 1 ? concat(" after ", response.attempts, " attempts") : ""));
+}
+
+std::optional<ObjectStamp> ObjectStore::head(const Url& url) const {
+  HttpRequest request;
+  request.url = request_url(url);
+  request.head = true;
+  const HttpResponse response = client_->perform(request);
+  if (response.status == 404) return std::nullopt;
+  if (response.status < 200 || response.status >= 300) fail(url.text, response, "cannot stat the object");
+  if (response.total_size < 0) throw ReadError(concat(url.text, ": the server sent no Content-Length for the object"));
+  return ObjectStamp{response.total_size, response.etag};
+}
+
+std::vector<std::optional<std::vector<uint8_t>>> ObjectStore::get(const std::vector<Url>& urls,
+                                                                  std::vector<std::string>* etags) const {
+  std::vector<HttpRequest> requests(urls.size());
+  std::vector<std::optional<std::vector<uint8_t>>> cached(urls.size());
+  std::vector<std::string> cached_etags(urls.size());
+  for (size_t i = 0; i < urls.size(); ++i) {
+    requests[i].url = request_url(urls[i]);
+    if (!cache_) continue;
+    // A cached object: its ETag's length (8 bytes), its ETag, its bytes.
+    std::optional<std::vector<uint8_t>> entry = cache_->read("whole\n" + urls[i].text);
+    if (!entry || entry->size() < 8) continue;
+    uint64_t length = 0;
+    std::memcpy(&length, entry->data(), 8);
+    if (length == 0 || length > entry->size() - 8) continue;
+    cached_etags[i].assign(reinterpret_cast<const char*>(entry->data()) + 8, length);
+    entry->erase(entry->begin(), entry->begin() + 8 + static_cast<std::ptrdiff_t>(length));
+    cached[i] = std::move(entry);
+    requests[i].headers.push_back("If-None-Match: " + cached_etags[i]);
+  }
+  std::vector<HttpResponse> responses;
+  client_->perform(requests, responses);
+  std::vector<std::optional<std::vector<uint8_t>>> out(urls.size());
+  if (etags != nullptr) etags->assign(urls.size(), "");
+  for (size_t i = 0; i < urls.size(); ++i) {
+    HttpResponse& response = responses[i];
+    if (response.status == 404) continue;
+    if (response.status == 304 && cached[i]) {
+      out[i] = std::move(cached[i]);
+      if (etags != nullptr) (*etags)[i] = cached_etags[i];
+      continue;
+    }
+    if (response.status < 200 || response.status >= 300) fail(urls[i].text, response, "cannot read the object");
+    if (response.total_size >= 0 && response.received != response.total_size) {
+      throw ReadError(
+          concat(urls[i].text, ": the answer ended after ", response.received, " of ", response.total_size, " bytes"));
+    }
+    if (cache_ && !response.etag.empty()) {
+      std::vector<uint8_t> entry(8 + response.etag.size());
+      const uint64_t length = response.etag.size();
+      std::memcpy(entry.data(), &length, 8);
+      std::memcpy(entry.data() + 8, response.etag.data(), response.etag.size());
+      entry.insert(entry.end(), response.body.begin(), response.body.end());
+      cache_->write("whole\n" + urls[i].text, entry.data(), entry.size());
+    }
+    if (etags != nullptr) (*etags)[i] = response.etag;
+    out[i] = std::move(response.body);
+  }
+  return out;
+}
+
+void ObjectStore::read(const Url& url, const ObjectStamp& stamp, std::vector<RangeRead>& ranges,
+                       const std::function<std::string()>& what) const {
+  // What the cache lacks, by offset.
+  std::vector<const RangeRead*> missing;
+  for (const RangeRead& range : ranges) {
+    if (range.size <= 0) continue;
+    if (range.offset < 0 || range.offset + range.size > stamp.size) {
+      throw ReadError(concat(url.text, ": ", what(), ": bytes [", range.offset, ", ", range.offset + range.size,
+                             ") lie beyond the object's ", stamp.size, " bytes (truncated?)"));
+    }
+    if (cache_ && !stamp.etag.empty() &&
+        cache_->read(cache_key(url, stamp, range.offset, range.size), range.out, static_cast<size_t>(range.size))) {
+      continue;
+    }
+    missing.push_back(&range);
+  }
+  if (missing.empty()) return;
+  std::sort(missing.begin(), missing.end(),
+            [](const RangeRead* a, const RangeRead* b) { return a->offset < b->offset; });
+  // Requests: each covers one or more ranges [first, last] of `missing`.
+  struct Group {
+    size_t first, last;
+    int64_t offset, end;
+    std::vector<uint8_t> buffer;  // when it covers more than one range
+  };
+  std::vector<Group> groups;
+  for (size_t i = 0; i < missing.size(); ++i) {
+    const RangeRead& range = *missing[i];
+    if (!groups.empty()) {
+      Group& group = groups.back();
+      const int64_t end = std::max(group.end, range.offset + range.size);
+      if (range.offset <= group.end + kCoalesceGap && end - group.offset <= kCoalesceLimit) {
+        group.last = i;
+        group.end = end;
+        continue;
+      }
+    }
+    groups.push_back(Group{i, i, range.offset, range.offset + range.size, {}});
+  }
+  const std::string target = request_url(url);
+  std::vector<HttpRequest> requests(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    Group& group = groups[g];
+    HttpRequest& request = requests[g];
+    request.url = target;
+    request.offset = group.offset;
+    request.size = group.end - group.offset;
+    if (group.first == group.last) {
+      request.out = missing[group.first]->out;
+    } else {
+      group.buffer.resize(static_cast<size_t>(request.size));
+      request.out = group.buffer.data();
+    }
+    if (!stamp.etag.empty()) request.headers.push_back("If-Match: " + stamp.etag);
+  }
+  std::vector<HttpResponse> responses;
+  client_->perform(requests, responses);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const HttpResponse& response = responses[g];
+    if (response.status != 206 &&
+        !(response.status == 200 && requests[g].offset == 0 && response.received == requests[g].size)) {
+      if (response.status >= 200 && response.status < 300 && response.error.empty()) {
+        throw ReadError(concat(url.text, ": ", what(), ": the server answered a range request with HTTP ",
+                               response.status, " (it does not serve ranges)"));
+      }
+      fail(url.text, response, what());
+    }
+    if (!stamp.etag.empty() && !response.etag.empty() && response.etag != stamp.etag) {
+      HttpResponse changed = response;
+      changed.status = 412;
+      fail(url.text, changed, what());
+    }
+    if (response.total_size >= 0 && response.total_size != stamp.size) {
+      throw ReadError(concat(url.text, ": the object changed since the dataset opened it (size ", stamp.size, " -> ",
+                             response.total_size, " bytes); open the dataset again once the object is written"));
+    }
+    const Group& group = groups[g];
+    for (size_t i = group.first; i <= group.last; ++i) {
+      const RangeRead& range = *missing[i];
+      if (group.first != group.last) {
+        std::memcpy(range.out, group.buffer.data() + (range.offset - group.offset), static_cast<size_t>(range.size));
+      }
+      if (cache_ && !stamp.etag.empty()) {
+        cache_->write(cache_key(url, stamp, range.offset, range.size), range.out, static_cast<size_t>(range.size));
+      }
+    }
+  }
+}
+
+std::vector<std::pair<std::string, bool>> ObjectStore::list(const Url& dir) const {
+  if (scheme_ != "s3") {
+    throw core::Unsupported(concat(dir.text,
+                                   ": listing is not possible over HTTP (no directory listings): open a "
+                                   "store with consolidated metadata, or the objects by their URLs"));
+  }
+  const std::string prefix = dir.path.empty() ? "" : dir.path + "/";
+  std::vector<std::pair<std::string, bool>> entries;
+  std::string token;
+  for (int page = 0; page < 100000; ++page) {
+    // Query parameters in the order SigV4 signs them (sorted by name).
+    std::string query = token.empty() ? "" : "continuation-token=" + percent_encode(token, false) + "&";
+    query += "delimiter=%2F&list-type=2&prefix=" + percent_encode(prefix, false);
+    HttpRequest request;
+    request.url = concat(bucket_url(), "/?", query);
+    const HttpResponse response = client_->perform(request);
+    if (response.status < 200 || response.status >= 300) fail(dir.text, response, "cannot list the objects below it");
+    const std::string xml(response.body.begin(), response.body.end());
+    for (const std::string& key : xml_values(xml, "Key")) {
+      if (key.size() > prefix.size() && key.compare(0, prefix.size(), prefix) == 0) {
+        entries.emplace_back(key.substr(prefix.size()), false);
+      }
+    }
+    for (const std::string& below : xml_values(xml, "Prefix")) {
+      if (below.size() > prefix.size() + 1 && below.compare(0, prefix.size(), prefix) == 0 && below.back() == '/') {
+        entries.emplace_back(below.substr(prefix.size(), below.size() - prefix.size() - 1), true);
+      }
+    }
+    const std::vector<std::string> truncated = xml_values(xml, "IsTruncated");
+    const std::vector<std::string> next = xml_values(xml, "NextContinuationToken");
+    if (truncated.empty() || truncated[0] != "true" || next.empty()) break;
+    token = next[0];
+  }
+  std::sort(entries.begin(), entries.end());
+  entries.erase(std::unique(entries.begin(), entries.end()), entries.end());
+  return entries;
+}
+
+bool ObjectStore::has_objects_below(const Url& dir) const {
+  if (scheme_ != "s3") return false;
+  const std::string prefix = dir.path.empty() ? "" : dir.path + "/";
+  HttpRequest request;
+  request.url = concat(bucket_url(), "/?list-type=2&max-keys=1&prefix=", percent_encode(prefix, false));
+  const HttpResponse response = client_->perform(request);
+  if (response.status == 404) return false;  // no such bucket
+  if (response.status < 200 || response.status >= 300) fail(dir.text, response, "cannot list the objects below it");
+  const std::string xml(response.body.begin(), response.body.end());
+  return !xml_values(xml, "Key").empty();
+}
+
+}  // namespace torch_shards::io::storage

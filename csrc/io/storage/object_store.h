@@ -1,0 +1,83 @@
+// Objects behind URLs: one ObjectStore per bucket (s3://) or host (http(s)://)
+// and options, with the requests each read needs (HEAD for an object's size
+// and ETag, ranged GETs, whole GETs, S3 listings), the errors that name the
+// URL, and the node-local cache. The readers above see Files (file.h) and
+// never this; this sees bytes and never a format.
+//
+// Ranged reads of an object opened with a stamp (size + ETag) carry
+// If-Match: an object replaced since it was opened fails the read (412)
+// instead of mixing its versions, and cache entries are keyed by the ETag,
+// so a replaced object's old bytes are never served for its new ETag.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "aws_credentials.h"
+#include "disk_cache.h"
+#include "http_client.h"
+#include "storage_options.h"
+#include "url.h"
+
+namespace torch_shards::io::storage {
+
+struct ObjectStamp {
+  int64_t size = 0;
+  std::string etag;  // as the server sent it ("" when it sent none)
+};
+
+struct RangeRead {
+  int64_t offset = 0;
+  int64_t size = 0;
+  uint8_t* out = nullptr;
+};
+
+class ObjectStore {
+ public:
+  // The store for `url` with the options registered for it (storage_options.h):
+  // one per bucket/host and options in each process.
+  static std::shared_ptr<const ObjectStore> of(const Url& url);
+
+  ObjectStore(const Url& url, const StorageOptions& options);
+
+  // The object's size and ETag; nullopt when there is none (404).
+  std::optional<ObjectStamp> head(const Url& url) const;
+  // Whole objects (zarr metadata, unsharded chunks), fetched together;
+  // nullopt for those that do not exist. etags (if given) receives each
+  // object's ETag. Served from the cache when the server says the cached
+  // copy is current (If-None-Match).
+  std::vector<std::optional<std::vector<uint8_t>>> get(const std::vector<Url>& urls,
+                                                       std::vector<std::string>* etags = nullptr) const;
+  // Reads every range of the object stamped `stamp`, all requested
+  // together (near ranges coalesced into one request), from the cache where
+  // it holds them. what() names the bytes in messages.
+  void read(const Url& url, const ObjectStamp& stamp, std::vector<RangeRead>& ranges,
+            const std::function<std::string()>& what) const;
+  // The entries directly below `dir` (name, is a "directory"), sorted: S3
+  // listings; over HTTP there are none to ask for (Unsupported).
+  std::vector<std::pair<std::string, bool>> list(const Url& dir) const;
+  // Whether some object lies below `dir` (S3); false over HTTP.
+  bool has_objects_below(const Url& dir) const;
+
+  const StorageOptions& options() const { return options_; }
+  const AwsSettings& aws() const { return aws_; }
+  const DiskCache* cache() const { return cache_.get(); }
+
+ private:
+  std::string request_url(const Url& url) const;  // where requests for `url` go
+  std::string bucket_url() const;                 // s3: the bucket's URL, for listings
+  [[noreturn]] void fail(const std::string& url, const HttpResponse& response, const std::string& what) const;
+
+  std::string scheme_, host_;
+  StorageOptions options_;
+  AwsSettings aws_;
+  std::unique_ptr<HttpClient> client_;
+  std::unique_ptr<DiskCache> cache_;
+};
+
+}  // namespace torch_shards::io::storage

@@ -1,0 +1,134 @@
+#include "remote_paths.h"
+
+#include <chrono>
+#include <map>
+#include <mutex>
+
+#include "../../core/errors.h"
+#include "../file.h"
+
+namespace torch_shards::io::storage {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kKeep = std::chrono::seconds(10);  // how long stats and small objects are reused
+constexpr size_t kSmallObject = 1 << 20;
+
+// This process's recent stats and small objects. A forked child starts its
+// own (a parent thread may have held the lock at the fork).
+struct Recent {
+  std::mutex mutex;
+  std::map<std::string, std::pair<Clock::time_point, std::optional<ObjectStamp>>> stats;
+  std::map<std::string, std::pair<Clock::time_point, std::optional<std::vector<uint8_t>>>> objects;
+};
+
+Recent& recent() {
+  static std::atomic<int> pid{0};
+  static std::atomic<Recent*> table{nullptr};
+  const int now = current_process_id();
+  if (pid.load(std::memory_order_acquire) != now) {
+    std::lock_guard<std::mutex> lock(first_use_mutex());
+    if (pid.load(std::memory_order_relaxed) != now) {
+      table.store(new Recent(), std::memory_order_release);  // the inherited one is abandoned
+      pid.store(now, std::memory_order_release);
+    }
+  }
+  return *table.load(std::memory_order_acquire);
+}
+
+template <typename Map>
+const typename Map::mapped_type::second_type* fresh(Map& map, const std::string& key) {
+  const auto it = map.find(key);
+  if (it == map.end() || Clock::now() - it->second.first > kKeep) return nullptr;
+  return &it->second.second;
+}
+
+}  // namespace
+
+std::optional<RemoteObject> open_remote(const std::string& text) {
+  const Url url = parse_url(text);
+  std::optional<ObjectStamp> stamp = stat_remote(url.text);
+  if (!stamp) return std::nullopt;
+  return RemoteObject{url, *stamp};
+}
+
+void read_remote(const RemoteObject& object, std::vector<RangeRead>& ranges, const std::function<std::string()>& what) {
+  ObjectStore::of(object.url)->read(object.url, object.stamp, ranges, what);
+}
+
+std::optional<ObjectStamp> stat_remote(const std::string& text) {
+  const Url url = parse_url(text);
+  Recent& table = recent();
+  {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    if (const auto* known = fresh(table.stats, url.text)) return *known;
+  }
+  std::optional<ObjectStamp> stamp = ObjectStore::of(url)->head(url);
+  std::lock_guard<std::mutex> lock(table.mutex);
+  table.stats[url.text] = {Clock::now(), stamp};
+  return stamp;
+}
+
+bool remote_exists(const std::string& url) { return stat_remote(url).has_value() || remote_is_directory(url); }
+
+bool remote_is_directory(const std::string& text) {
+  const Url url = parse_url(text);
+  if (stat_remote(url.text)) return false;
+  if (url.scheme == "s3") return ObjectStore::of(url)->has_objects_below(url);
+  for (const char* name : {"/zarr.json", "/.zgroup", "/.zarray"}) {
+    if (stat_remote(url.text + name)) return true;
+  }
+  return false;
+}
+
+std::vector<std::pair<std::string, bool>> list_remote(const std::string& text) {
+  const Url url = parse_url(text);
+  return ObjectStore::of(url)->list(url);
+}
+
+std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::vector<std::string>& texts,
+                                                                     std::vector<std::string>* etags) {
+  std::vector<std::optional<std::vector<uint8_t>>> out(texts.size());
+  if (etags != nullptr) etags->assign(texts.size(), "");
+  Recent& table = recent();
+  // Small objects read in the last seconds are reused (metadata asked for many times while opening).
+  std::vector<size_t> wanted;
+  {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    for (size_t i = 0; i < texts.size(); ++i) {
+      const auto* known = etags == nullptr ? fresh(table.objects, texts[i]) : nullptr;
+      if (known != nullptr) {
+        out[i] = *known;
+      } else {
+        wanted.push_back(i);
+      }
+    }
+  }
+  // Fetched together, per store (a bucket or host).
+  std::map<const ObjectStore*, std::pair<std::shared_ptr<const ObjectStore>, std::vector<size_t>>> by_store;
+  for (size_t i : wanted) {
+    const Url url = parse_url(texts[i]);
+    std::shared_ptr<const ObjectStore> store = ObjectStore::of(url);
+    auto& entry = by_store[store.get()];
+    entry.first = std::move(store);
+    entry.second.push_back(i);
+  }
+  for (auto& [raw, entry] : by_store) {
+    std::vector<Url> urls;
+    for (size_t i : entry.second) urls.push_back(parse_url(texts[i]));
+    std::vector<std::string> got_etags;
+    std::vector<std::optional<std::vector<uint8_t>>> got = entry.first->get(urls, &got_etags);
+    std::lock_guard<std::mutex> lock(table.mutex);
+    for (size_t k = 0; k < entry.second.size(); ++k) {
+      const size_t i = entry.second[k];
+      if (etags == nullptr && (!got[k] || got[k]->size() <= kSmallObject))
+        table.objects[texts[i]] = {Clock::now(), got[k]};
+      if (etags != nullptr) (*etags)[i] = got_etags[k];
+      out[i] = std::move(got[k]);
+    }
+  }
+  return out;
+}
+
+}  // namespace torch_shards::io::storage

@@ -1,0 +1,42 @@
+// What file.h does for local paths, for URLs: stat, exists, is a
+// "directory" (objects below it), list, read whole, read ranges of an
+// opened object. Metadata read while a dataset opens (zarr.json and the
+// like, asked for many times) is kept for a few seconds per process so that
+// opening costs few round trips.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "object_store.h"
+#include "url.h"
+
+namespace torch_shards::io::storage {
+
+struct RemoteObject {
+  Url url;
+  ObjectStamp stamp;
+};
+
+// The object at `url` stamped now, or nullopt when there is none.
+std::optional<RemoteObject> open_remote(const std::string& url);
+// Reads ranges of an opened object (ObjectStore::read).
+void read_remote(const RemoteObject& object, std::vector<RangeRead>& ranges, const std::function<std::string()>& what);
+// The object's stamp (kept a few seconds), or nullopt when there is none.
+std::optional<ObjectStamp> stat_remote(const std::string& url);
+// An object at `url`, or objects below it.
+bool remote_exists(const std::string& url);
+// Objects below `url` and none at it (S3); over HTTP, a zarr store's
+// metadata below it (zarr.json, .zgroup or .zarray) and no object at it.
+bool remote_is_directory(const std::string& url);
+std::vector<std::pair<std::string, bool>> list_remote(const std::string& url);
+// Whole objects, fetched together; nullopt for those missing. etags gets
+// each one's ETag when given.
+std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::vector<std::string>& urls,
+                                                                     std::vector<std::string>* etags = nullptr);
+
+}  // namespace torch_shards::io::storage

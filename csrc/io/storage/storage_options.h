@@ -1,0 +1,38 @@
+// How URLs are read: the S3 settings, request limits and the node-local
+// cache. Sources register the options they were given for their URL
+// (set_storage_options); every read of a URL below it uses them. Unset
+// fields come from the environment:
+//   TORCH_SHARDS_CACHE_DIR      cache_dir (off when unset)
+//   TORCH_SHARDS_CACHE_BYTES    cache_bytes (default 64 GiB)
+//   TORCH_SHARDS_MAX_REQUESTS   max_requests (default 64)
+// and the AWS variables and files (aws_credentials.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "aws_credentials.h"
+
+namespace torch_shards::io::storage {
+
+struct StorageOptions {
+  AwsOptions aws;
+  int max_requests = 0;     // 0: TORCH_SHARDS_MAX_REQUESTS or 64
+  double timeout_s = 0;     // 0: 60 s per request attempt
+  int retries = -1;         // -1: 6
+  std::string cache_dir;    // "": TORCH_SHARDS_CACHE_DIR, or no cache
+  int64_t cache_bytes = 0;  // 0: TORCH_SHARDS_CACHE_BYTES or 64 GiB
+
+  // The options with every unset field taken from the environment or its
+  // default; InvalidArgument naming a bad value (and the variable it came from).
+  StorageOptions resolved() const;
+  // Equal options read the same way (one client and cache for them).
+  std::string identity() const;
+};
+
+// Reads of URLs starting with `url` (a store, a file) use `options` from now
+// on in this process (the longest registered prefix wins).
+void set_storage_options(const std::string& url, const StorageOptions& options);
+StorageOptions storage_options_for(const std::string& url);
+
+}  // namespace torch_shards::io::storage
