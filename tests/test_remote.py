@@ -1,0 +1,255 @@
+"""Sources read from URLs: a plain HTTP server with Range support and an S3-compatible server
+(moto), both started by the tests on 127.0.0.1, a fault-injecting proxy in front of them, and every
+read compared with the same read of the local files."""
+
+import os
+
+import anndata as ad
+import h5py
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+import zarr
+from remote_servers import FaultProxy, RangeHTTPServer, S3Server
+from torch.utils.data import DataLoader
+
+import torch_shards as ts
+
+pytestmark = pytest.mark.timeout(180)
+
+ROWS = 600
+STORES = ["cells.h5ad", "cells_v2.zarr", "cells_v3.zarr", "sharded.zarr", "chunks_v2.zarr", "plain.h5"]
+
+
+def dense(value):
+    return value.to_dense() if value.is_sparse_csr else value
+
+
+def same_batches(a, b):
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert torch.equal(dense(a[key]), dense(b[key])), key
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """One of each kind of store users keep in object storage."""
+    root = tmp_path_factory.mktemp("remote")
+    rng = np.random.default_rng(0)
+    X = sp.random(ROWS, 50, density=0.1, format="csr", dtype=np.float32, random_state=1)
+    adata = ad.AnnData(X=X)
+    adata.obs["cell_type"] = pd_categorical(rng)
+    adata.write_h5ad(root / "cells.h5ad")
+    with ad.settings.override(zarr_write_format=2):
+        adata.write_zarr(root / "cells_v2.zarr")
+    with ad.settings.override(zarr_write_format=3):
+        adata.write_zarr(root / "cells_v3.zarr")
+    values = rng.standard_normal((ROWS, 12)).astype(np.float32)
+    sharded = zarr.create_array(
+        root / "sharded.zarr", shape=values.shape, chunks=(16, 12), shards=(128, 12), dtype="float32"
+    )
+    sharded[:] = values
+    chunks = zarr.create_array(
+        root / "chunks_v2.zarr", shape=values.shape, chunks=(32, 12), dtype="float32", zarr_format=2
+    )
+    chunks[:] = values
+    with h5py.File(root / "plain.h5", "w") as f:
+        f.create_dataset("values", data=values, chunks=(40, 12), compression="gzip", shuffle=True)
+        f.create_dataset("contiguous", data=values)
+    return root
+
+
+def pd_categorical(rng):
+    import pandas as pd
+
+    return pd.Categorical(rng.choice(["B", "T", "NK"], ROWS))
+
+
+def source_of(location, name, **storage):
+    if name == "plain.h5":
+        return ts.open(f"{location}/{name}", dataset={"X": "/values", "c": "/contiguous"}, **storage)
+    if name.endswith("cells.h5ad") or name.startswith("cells"):
+        return ts.open(f"{location}/{name}", obs=["cell_type"], **storage)
+    return ts.open(f"{location}/{name}", **storage)
+
+
+@pytest.fixture(scope="module")
+def http(data_dir):
+    with RangeHTTPServer(data_dir) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def s3(data_dir):
+    with S3Server() as server:
+        server.create_bucket("cells")
+        server.put_tree("cells", "stores", data_dir)
+        yield server
+
+
+@pytest.fixture
+def s3_credentials(s3, monkeypatch, tmp_path):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret_key)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint_url)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+
+
+ROW_SETS = [torch.arange(ROWS), torch.tensor([5, 3, 590, 3, 128, 127, 400]), torch.arange(ROWS - 1, -1, -7)]
+
+
+@pytest.mark.parametrize("name", STORES)
+def test_http_reads_equal_local_reads(data_dir, http, name):
+    local, remote = source_of(data_dir, name), source_of(http.url, name)
+    assert len(local) == len(remote) == ROWS
+    for rows in ROW_SETS:
+        same_batches(local.read(rows, num_threads=2), remote.read(rows, num_threads=2))
+
+
+@pytest.mark.parametrize("name", STORES)
+def test_s3_reads_equal_local_reads(data_dir, s3, s3_credentials, name):
+    local, remote = source_of(data_dir, name), source_of("s3://cells/stores", name)
+    assert len(local) == len(remote) == ROWS
+    for rows in ROW_SETS:
+        same_batches(local.read(rows, num_threads=2), remote.read(rows, num_threads=2))
+
+
+def test_endpoint_url_option_overrides_the_environment(data_dir, s3, s3_credentials, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    remote = ts.open("s3://cells/stores/sharded.zarr", endpoint_url=s3.endpoint_url)
+    same_batches(ts.open(data_dir / "sharded.zarr").read(ROW_SETS[1]), remote.read(ROW_SETS[1]))
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_s3_dataloader_workers_deliver_every_row_once(s3, s3_credentials, context):
+    source = ts.open("s3://cells/stores/cells_v3.zarr", obs=["cell_type"])
+    dataset = ts.ShardedDataset(source, ts.BlockShuffling(block_size=16), batch_size=32)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=context)
+    seen = torch.cat([batch["index"] for batch in loader])
+    assert sorted(seen.tolist()) == list(range(ROWS))
+
+
+@pytest.mark.parametrize("fault", ["status_503", "status_500", "status_429", "reset", "drop_mid_body", "truncate"])
+def test_transient_faults_are_retried(data_dir, http, fault):
+    with FaultProxy(http.url) as proxy:
+        remote = source_of(proxy.url, "sharded.zarr", retries=6)
+        proxy.inject(fault, count=3)
+        same_batches(source_of(data_dir, "sharded.zarr").read(ROW_SETS[0]), remote.read(ROW_SETS[0]))
+        assert proxy.pending() == 0 and len(proxy.fired) == 3
+
+
+def test_faults_past_the_retries_raise_naming_the_url(http):
+    with FaultProxy(http.url) as proxy:
+        remote = source_of(proxy.url, "plain.h5", retries=1)
+        proxy.inject("status_503", count=10, path_contains="plain.h5")
+        with pytest.raises(RuntimeError, match=r"plain\.h5: dataset /values chunk .*HTTP 503 .*after 2 attempts"):
+            remote.read(torch.arange(ROWS))
+
+
+def test_a_slow_server_times_out_naming_the_url(http):
+    with FaultProxy(http.url) as proxy:
+        remote = source_of(proxy.url, "sharded.zarr", timeout=0.5, retries=0)
+        proxy.inject("slow", count=5, seconds=3, path_contains="sharded.zarr/c")
+        with pytest.raises(RuntimeError, match=r"sharded\.zarr.*(Timeout|timed out)"):
+            remote.read(torch.arange(ROWS))
+
+
+def test_missing_objects_raise_file_not_found(http, s3, s3_credentials):
+    with pytest.raises(FileNotFoundError, match="nothing.h5ad"):
+        ts.open(f"{http.url}/nothing.h5ad")
+    with pytest.raises(FileNotFoundError, match="s3://cells/stores/nothing.zarr"):
+        ts.open("s3://cells/stores/nothing.zarr")
+    with pytest.raises(FileNotFoundError, match="s3://no-such-bucket/x.zarr"):
+        ts.open("s3://no-such-bucket/x.zarr")
+
+
+def test_bad_credentials_are_refused_naming_the_url(data_dir, monkeypatch, tmp_path):
+    with S3Server(verify_signatures=True) as server:
+        server.create_bucket("private")
+        server.put_tree("private", "p", data_dir / "sharded.zarr")
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret_key)
+        good = ts.open("s3://private/p", endpoint_url=server.endpoint_url, max_requests=4)
+        same_batches(ts.open(data_dir / "sharded.zarr").read(ROW_SETS[1]), good.read(ROW_SETS[1]))
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong" + server.secret_key)
+        with pytest.raises(RuntimeError, match=r"s3://private/p.*access denied.*SignatureDoesNotMatch") as error:
+            ts.open("s3://private/p", endpoint_url=server.endpoint_url, max_requests=5)
+        assert server.secret_key not in str(error.value)
+
+
+def test_an_object_replaced_while_read_is_refused(data_dir, tmp_path):
+    import shutil
+
+    shutil.copy(data_dir / "plain.h5", tmp_path / "plain.h5")
+    with RangeHTTPServer(tmp_path) as server:
+        remote = source_of(server.url, "plain.h5")
+        remote.read(torch.arange(10))
+        with h5py.File(tmp_path / "rewritten.h5", "w") as f:
+            f.create_dataset("values", data=np.ones((ROWS, 12), np.float32), chunks=(40, 12), compression="gzip")
+            f.create_dataset("contiguous", data=np.ones((ROWS, 12), np.float32))
+        os.replace(tmp_path / "rewritten.h5", tmp_path / "plain.h5")
+        with pytest.raises(RuntimeError, match="plain.h5: the object changed since the dataset opened it"):
+            remote.read(torch.arange(ROWS))
+
+
+def test_the_cache_serves_the_second_read(data_dir, http, tmp_path):
+    cache = tmp_path / "cache"
+    local = source_of(data_dir, "sharded.zarr").read(ROW_SETS[0])
+    first = source_of(http.url, "sharded.zarr", cache_dir=cache)
+    same_batches(local, first.read(ROW_SETS[0]))
+    http.reset_log()
+    again = source_of(http.url, "sharded.zarr", cache_dir=cache)  # another process would open it as this does
+    same_batches(local, again.read(ROW_SETS[0]))
+    ranged = [entry for entry in http.requests if entry[2]]
+    assert ranged == [], ranged  # every chunk from the cache: no ranged GET
+    assert sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) > 0
+
+
+def test_the_cache_never_serves_a_replaced_object(data_dir, tmp_path):
+    import shutil
+
+    served = tmp_path / "served"
+    shutil.copytree(data_dir / "sharded.zarr", served / "a.zarr")
+    with RangeHTTPServer(served) as server:
+        cache = tmp_path / "cache"
+        source_of(server.url, "a.zarr", cache_dir=cache).read(ROW_SETS[0])
+        new = np.full((ROWS, 12), 7, np.float32)
+        shutil.rmtree(served / "a.zarr")
+        array = zarr.create_array(
+            served / "a.zarr", shape=new.shape, chunks=(16, 12), shards=(128, 12), dtype="float32"
+        )
+        array[:] = new
+        import time
+
+        time.sleep(11)  # past the few seconds an open's stats are reused
+        fresh = source_of(server.url, "a.zarr", cache_dir=cache).read(ROW_SETS[0])
+        assert torch.equal(fresh["X"], torch.from_numpy(new))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_requests": 0}, "max_requests"),
+        ({"cache_bytes": -1}, "cache_bytes"),
+        ({"timeout": "soon"}, "timeout"),
+        ({"storage": {"colour": 1}}, "unknown storage option"),
+        ({"endpoint_url": "http://127.0.0.1:1"}, "apply to s3:// URLs only"),
+    ],
+)
+def test_bad_storage_options_are_refused(http, options, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        ts.open(f"{http.url}/sharded.zarr", **options)
+
+
+def test_storage_options_apply_to_urls_only(data_dir):
+    with pytest.raises(ValueError, match="apply to URLs"):
+        ts.ZarrSource(data_dir / "sharded.zarr", storage={"max_requests": 4})
+
+
+def test_a_bad_endpoint_url_is_refused_naming_it():
+    with pytest.raises(ValueError, match="ftp://x"):
+        ts.open("s3://cells/stores/sharded.zarr", endpoint_url="ftp://x")
