@@ -241,7 +241,8 @@ class ShardedDataset(IterableDataset, NativeBacked):
             agree on the seed and check, over this group, that they all read
             the same data with the same arguments; loading never communicates.
         num_threads: native threads reading for one process (None: this
-            process's CPUs shared among the DataLoader workers).
+            process's CPUs shared among the DataLoader workers; at least 32
+            for sources reading URLs, whose threads mostly wait on round trips).
         prefetch: units (fetches) read ahead by the native threads while the
             training loop runs (None: two per thread, so that every thread
             has a unit to read while finished ones wait their turn); 0 reads

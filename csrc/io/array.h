@@ -60,6 +60,10 @@ class Array {
   // Adds the files this array's reads rest on, stamped when the array was
   // opened (a zarr array's metadata file, an HDF5 file).
   virtual void opened_stamps(FileStamps& /*stamps*/) const {}
+  // Whether reads are requests to a server (objects behind URLs): a read
+  // then costs a round trip, so callers read in few large calls rather than
+  // in many small ones.
+  virtual bool remote() const { return false; }
 
  protected:
   virtual void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const = 0;

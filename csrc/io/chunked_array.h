@@ -113,6 +113,7 @@ class ChunkedArray : public Array {
   const std::vector<int64_t>& chunk_shape() const { return chunk_shape_; }
   void open_files(std::vector<const File*>& files) const override { store_->open_files(files); }
   void opened_stamps(FileStamps& stamps) const override { store_->opened_stamps(stamps); }
+  bool remote() const override { return store_->reads_together(); }
 
  protected:
   void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override;

@@ -14,6 +14,7 @@ class ContiguousArray : public Array {
   ContiguousArray(ArrayInfo info, std::shared_ptr<const File> file, int64_t offset);
   void open_files(std::vector<const File*>& files) const override { files.push_back(file_.get()); }
   void opened_stamps(FileStamps& stamps) const override { stamps[file_->path()] = file_->stamp().digest(); }
+  bool remote() const override { return file_->remote(); }
 
  protected:
   void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override;

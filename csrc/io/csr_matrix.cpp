@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 #include <type_traits>
 
@@ -432,9 +433,11 @@ void CsrMatrix::read_rows(const CsrPlan& plan, const std::vector<int64_t>* start
   const DType stored = indices_->info().dtype;
   const std::vector<Segment> placed = starts ? placed_segments(plan, *starts) : std::vector<Segment>{};
   const std::vector<Segment>& segments = starts ? placed : plan.segments;
-  // (A shuffled fetch's segments are read gathered: see read_gathered.)
+  // (A shuffled fetch's segments are read gathered: see read_gathered. Arrays behind URLs are read in
+  // one call each, values and indices at once: each call costs round trips.)
   const std::vector<Segment> stretches = source_stretches(segments);
-  const bool gathered = stretches.size() * kGatherSegments <= segments.size();
+  const bool remote = data_->remote() || indices_->remote();
+  const bool gathered = !remote && stretches.size() * kGatherSegments <= segments.size();
   const auto read_segments = [&](const Array& array, void* out) {
     if (!gathered) return array.read(segments, out, pool);
     const size_t element_bytes = array.row_bytes();
@@ -442,8 +445,25 @@ void CsrMatrix::read_rows(const CsrPlan& plan, const std::vector<int64_t>* start
       std::memcpy(static_cast<uint8_t*>(out) + segment.dest * element_bytes, staged, segment.length * element_bytes);
     });
   };
-  read_segments(*data_, values_out);
   const bool direct = stored == index_dtype;
+  if (!remote || starts != nullptr) read_segments(*data_, values_out);
+  if (starts != nullptr && remote) {
+    // Placed rows from arrays behind URLs: the indices read in one call into a staging laid out as the
+    // output, then each segment converted (or copied) and checked into place.
+    const size_t stored_bytes = dtype_size(stored), out_bytes = dtype_size(index_dtype);
+    int64_t extent = 0;
+    for (const Segment& segment : segments) extent = std::max(extent, segment.dest + segment.length);
+    thread_local core::ScratchBuffer placed_staging;
+    uint8_t* staged = placed_staging.get(static_cast<size_t>(extent) * stored_bytes);
+    indices_->read(segments, staged, pool);
+    for (const Segment& segment : segments) {
+      const uint8_t* from = staged + segment.dest * stored_bytes;
+      uint8_t* out = static_cast<uint8_t*>(indices_out) + segment.dest * out_bytes;
+      convert_indices(from, segment.length, index_dtype, out);
+      if (direct) std::memcpy(out, from, segment.length * stored_bytes);
+    }
+    return;
+  }
   if (starts != nullptr) {
     // Placed rows are not one stretch of the output: each segment's indices
     // are converted (or copied) and checked from the staging, into place.
@@ -458,7 +478,19 @@ void CsrMatrix::read_rows(const CsrPlan& plan, const std::vector<int64_t>* start
   thread_local core::ScratchBuffer staging;  // stored indices of another width, converted below
   uint8_t* raw =
       direct ? static_cast<uint8_t*>(indices_out) : staging.get(static_cast<size_t>(nnz) * dtype_size(stored));
-  read_segments(*indices_, raw);
+  if (remote) {
+    // Both requested at once, each on its own thread.
+    pool.parallel_for(2, [&](int64_t part) {
+      core::ThreadPool inline_pool(0);
+      if (part == 0) {
+        data_->read(segments, values_out, inline_pool);
+      } else {
+        indices_->read(segments, raw, inline_pool);
+      }
+    });
+  } else {
+    read_segments(*indices_, raw);
+  }
   convert_indices(raw, nnz, index_dtype, indices_out);
 }
 
@@ -473,7 +505,10 @@ void CsrMatrix::read_groups(const CsrPlan& plan, DType index_dtype, core::Thread
   // segments (a cut inside one decodes the chunk it falls in twice) unless
   // a segment is much longer.
   const size_t value_bytes = dtype_size(data_->info().dtype), stored_bytes = dtype_size(indices_->info().dtype);
-  const auto target = static_cast<int64_t>(std::max<size_t>(1, kGroupBytes / (value_bytes + stored_bytes)));
+  // Arrays behind URLs: one group (each read costs round trips).
+  const bool remote = data_->remote() || indices_->remote();
+  const auto target = remote ? std::numeric_limits<int64_t>::max() / 8
+                             : static_cast<int64_t>(std::max<size_t>(1, kGroupBytes / (value_bytes + stored_bytes)));
   const auto rows = static_cast<int64_t>(plan.row_offsets.size()) - 1;
   std::vector<int64_t> cuts{0};
   size_t s = 0;  // the first segment ending after the current row's end

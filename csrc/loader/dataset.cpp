@@ -20,6 +20,7 @@
 #include "core/shared_state.h"
 #include "core/stable_hash.h"
 #include "core/stream_dealing.h"
+#include "io/storage/url.h"
 #include "loader/batches.h"
 #include "loader/buffer_pool.h"
 #include "loader/device_stage.h"
@@ -221,6 +222,20 @@ std::vector<core::ResumeSegment> ShardedDatasetImpl::prior_segments(int64_t epoc
   return record->segments;
 }
 
+namespace {
+
+// Reader threads of a process reading a source behind URLs, by default.
+constexpr int64_t kRemoteReaderThreads = 32;
+
+// Whether any file the source reads is a URL (s3://, http(s)://).
+bool reads_urls(const sources::Source& source) {
+  io::FileStamps stamps;
+  source.opened_stamps(stamps);
+  return std::any_of(stamps.begin(), stamps.end(), [](const auto& entry) { return io::storage::is_url(entry.first); });
+}
+
+}  // namespace
+
 c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iteration, int64_t slot,
                                                                 sources::Memory memory) {
   const int64_t epoch = iteration.epoch, worker = iteration.worker, num_workers = iteration.num_workers;
@@ -230,8 +245,11 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
   iteration.rank = rank_;
   iteration.world_size = world_size_;
   ReaderOptions reader;
-  reader.num_threads =
-      options_.num_threads.value_or(std::clamp<int64_t>(available_cpus() / num_workers, 1, kMaxThreads));
+  // Sources behind URLs: reader threads mostly wait on round trips, and each reads its own fetch, so there
+  // are more of them than CPUs: fetches in flight together hide the latency (prefetch_bytes bounds them).
+  const int64_t cpu_threads = std::clamp<int64_t>(available_cpus() / num_workers, 1, kMaxThreads);
+  reader.num_threads = options_.num_threads.value_or(
+      reads_urls(*source_->get()) ? std::max(cpu_threads, kRemoteReaderThreads) : cpu_threads);
   // Two units per reader thread: small units are read one per thread and finish out of order, and
   // with one each, a thread whose unit is done waits for the slowest one to be taken (CSR at block
   // 64 on 2 threads: 10-16% more rows/s with two); the planning of large ones (whose copies all
