@@ -27,6 +27,7 @@ import urllib.parse
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
+from xml.sax.saxutils import escape
 
 import boto3
 import botocore.config
@@ -217,6 +218,10 @@ class _LoopbackServer(ThreadingHTTPServer):
     its threads hold open (keep-alive) and joins those threads. `owner` is the RangeHTTPServer or
     FaultProxy its handlers serve for; `closing` is set once it closes (handlers wait on it)."""
 
+    # Connections waiting to be accepted: a client opening dozens at once (a reader's threads) must not
+    # overflow the backlog (socketserver's default of 5), or its SYNs are dropped and retried seconds later.
+    request_queue_size = 256
+
     def __init__(self, handler_class, owner):
         self.owner = owner
         self.closing = threading.Event()
@@ -367,6 +372,9 @@ class _FileHandler(_Handler):
         range_header = self.headers.get("Range")
         files.record(self.command, self.path, range_header)
         files.wait(files.latency)
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+        if files.s3_listing and self.command == "GET" and query.get("list-type") == ["2"]:
+            return self._list_objects(files, query)
         path = files.resolve(self.path)
         if path is None:
             return self.send_complete(403, b"outside the served directory\n")
@@ -410,6 +418,46 @@ class _FileHandler(_Handler):
                     self.wfile.write(chunk)
                     left -= len(chunk)
 
+    def _list_objects(self, files, query):
+        """S3's ListObjectsV2 of the bucket (the request path's first directory): keys are the
+        files' paths below it; with delimiter "/", directories below the prefix as CommonPrefixes."""
+        bucket = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path).strip("/").split("/")[0]
+        base = files.resolve("/" + bucket)
+        if not bucket or base is None or not os.path.isdir(base):
+            return self.send_complete(404, b"<Error><Code>NoSuchBucket</Code></Error>")
+        prefix = query.get("prefix", [""])[0]
+        delimiter = query.get("delimiter", [""])[0]
+        max_keys = int(query.get("max-keys", ["1000"])[0])
+        after = query.get("continuation-token", [""])[0]
+        entries = set()  # (key or common prefix, is a prefix)
+        for directory, _, names in os.walk(base):
+            for name in names:
+                key = os.path.relpath(os.path.join(directory, name), base).replace(os.sep, "/")
+                if not key.startswith(prefix):
+                    continue
+                cut = key.find(delimiter, len(prefix)) if delimiter else -1
+                entries.add((key[: cut + 1], True) if cut >= 0 else (key, False))
+        listed = sorted(entry for entry in entries if entry[0] > after)
+        page, truncated = listed[:max_keys], len(listed) > max_keys
+        body = ["<?xml version='1.0' encoding='UTF-8'?><ListBucketResult>"]
+        body.append(f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(page)}</KeyCount>")
+        body.append(f"<MaxKeys>{max_keys}</MaxKeys><IsTruncated>{'true' if truncated else 'false'}</IsTruncated>")
+        if truncated:
+            body.append(f"<NextContinuationToken>{escape(page[-1][0])}</NextContinuationToken>")
+        for name, is_prefix in page:
+            if is_prefix:
+                body.append(f"<CommonPrefixes><Prefix>{escape(name)}</Prefix></CommonPrefixes>")
+            else:
+                info = os.stat(os.path.join(base, name))
+                modified = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(info.st_mtime))
+                etag = escape(f'"{info.st_size:x}-{info.st_mtime_ns:x}-{info.st_ino:x}"')
+                body.append(
+                    f"<Contents><Key>{escape(name)}</Key><LastModified>{modified}</LastModified><ETag>{etag}</ETag>"
+                    f"<Size>{info.st_size}</Size><StorageClass>STANDARD</StorageClass></Contents>"
+                )
+        body.append("</ListBucketResult>")
+        self.send_complete(200, "".join(body).encode(), [("Content-Type", "application/xml")])
+
 
 class RangeHTTPServer(_HTTPService):
     """The files under root over HTTP/1.1 with keep-alive, as an object store's HTTP endpoint
@@ -418,14 +466,18 @@ class RangeHTTPServer(_HTTPService):
     file changes it) and Content-Length on every 200, 206 and HEAD; If-Match with another ETag
     answered 412; missing files and directories 404 (no listings); paths outside root 403.
 
-    latency: seconds slept before each response (settable; for benchmarks)."""
+    latency: seconds slept before each response (settable; for benchmarks).
+    s3_listing: also answer S3's ListObjectsV2 (GET /<bucket>?list-type=2...), each directory of
+    root a bucket: an unsigned, path-style S3 endpoint for benchmarks, where moto's server (a
+    connection per request, in Python) would be the bottleneck."""
 
     handler_class = _FileHandler
 
-    def __init__(self, root, latency: float = 0.0):
+    def __init__(self, root, latency: float = 0.0, s3_listing: bool = False):
         super().__init__()
         self.root = os.path.realpath(root)
         self.latency = latency
+        self.s3_listing = s3_listing
 
     def resolve(self, request_path: str) -> Optional[str]:
         """The local path a request's path names, None if outside root."""
