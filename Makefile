@@ -101,7 +101,7 @@ $(ANNBATCH_VENV)/.installed:
 	@test -n "$(NEW_PYTHON)" || { echo "annbatch needs Python >= 3.12: pass NEW_PYTHON=/path/to/python"; exit 1; }
 	$(NEW_PYTHON) -m venv $(ANNBATCH_VENV)
 	$(ANNBATCH_VENV)/bin/python -m pip install -q --upgrade pip
-	$(ANNBATCH_VENV)/bin/python -m pip install -q annbatch zarrs anndata
+	$(ANNBATCH_VENV)/bin/python -m pip install -q annbatch zarrs anndata obstore
 	touch $@
 
 # Side-by-side benchmarks (tables in benchmarks/results/, see the README). annbatch runs in its own

@@ -4,6 +4,7 @@
     python annbatch_side.py write INPUT.h5ad COLLECTION.zarr      # annbatch's add_adatas, its defaults
     python annbatch_side.py write INPUT.h5ad COLLECTION.zarr --dataset-size 250000   # datasets of that many rows
     python annbatch_side.py read COLLECTION.zarr --chunk-size 64 --preload-nchunks 32 --seconds 8
+    python annbatch_side.py read s3://bucket/COLLECTION.zarr --endpoint http://127.0.0.1:PORT   # through obstore
 
 `read` prints one JSON line: rows, seconds, cpu_seconds (the process's, every thread), batches.
 It reads X only (annbatch's documented load_adata for X), epoch after epoch as a training loop
@@ -51,6 +52,26 @@ def use_zarrs():
     return True
 
 
+def open_store(args):
+    """The collection's store: a local path, or s3://bucket/prefix through obstore (annbatch's documented
+    cloud setup: zarr-python's ObjectStore over an obstore S3Store), unsigned, at --endpoint."""
+    if not args.collection.startswith("s3://"):
+        return args.collection
+    import zarr
+    from obstore.store import S3Store
+
+    bucket, _, prefix = args.collection[len("s3://") :].partition("/")
+    store = S3Store(
+        bucket,
+        prefix=prefix,
+        endpoint=args.endpoint,
+        skip_signature=True,
+        virtual_hosted_style_request=False,
+        client_options={"allow_http": True},
+    )
+    return zarr.storage.ObjectStore(store, read_only=True)
+
+
 def read(args):
     import anndata as ad
     import zarr
@@ -58,7 +79,7 @@ def read(args):
 
     warnings.filterwarnings("ignore")
     zarrs = use_zarrs() if args.zarrs else False
-    collection = DatasetCollection(zarr.open_group(args.collection, mode="r"))
+    collection = DatasetCollection(zarr.open_group(open_store(args), mode="r"))
     loader = Loader(
         chunk_size=args.chunk_size,
         preload_nchunks=args.preload_nchunks,
@@ -99,6 +120,7 @@ def main():
     reading.add_argument("--batch-size", type=int, default=256)
     reading.add_argument("--seconds", type=float, default=8.0)
     reading.add_argument("--no-zarrs", dest="zarrs", action="store_false", help="zarr-python's own codec pipeline")
+    reading.add_argument("--endpoint", default=None, help="the S3 endpoint of an s3:// collection")
     args = parser.parse_args()
     {"write": write, "read": read}[args.command](args)
 
