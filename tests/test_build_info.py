@@ -28,6 +28,7 @@ def test_build_info_names_every_library_with_its_version_and_the_file_it_runs_fr
     inside = [os.path.samefile(entry["location"], ts.LIBRARY_PATH) for entry in libraries.values()]
     assert inside == [info["bundled_dependencies"]] * len(inside)
     assert "szip filter" in libraries["hdf5"]["detail"]
+    assert info["url_reader"].startswith("libcurl "), info["url_reader"]  # the system's, loaded for URLs
     assert info["cpu"]["architecture"] in ("x86_64", "aarch64", "unknown")
     assert info["compiler"]
 

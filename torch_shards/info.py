@@ -41,6 +41,7 @@ def format_info(info):
     for library in info["libraries"]:
         detail = f"; {library['detail']}" if library["detail"] else ""
         lines.append(f"  {library['name']:<6} {library['version']:<10} {library['location']}{detail}")
+    lines.append(f"URLs read with: {info['url_reader']}")
     cpu = info["cpu"]
     lines.append(f"cpu: {cpu['architecture']}, {' '.join(cpu['features']) or 'no vector extensions detected'}")
     return "\n".join(lines)

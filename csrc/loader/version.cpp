@@ -6,6 +6,7 @@
 
 #include "../core/errors.h"
 #include "../io/library_versions.h"
+#include "../io/storage/curl_library.h"
 
 namespace torch_shards {
 namespace {
@@ -59,6 +60,8 @@ std::string build_info() {
       {"torch", core::concat(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, ".", TORCH_VERSION_PATCH)},
       {"bundled_dependencies", bundled},
       {"libraries", libraries},
+      // URLs are read through the system's libcurl, loaded when first needed (io/storage/curl_library.h).
+      {"url_reader", io::storage::curl_description()},
       {"compiler", compiler},
       {"cpu", cpu_description()},
   };
