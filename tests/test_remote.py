@@ -3,6 +3,9 @@
 read compared with the same read of the local files."""
 
 import os
+import shutil
+import time
+from pathlib import Path
 
 import anndata as ad
 import h5py
@@ -19,6 +22,7 @@ import torch_shards as ts
 pytestmark = pytest.mark.timeout(180)
 
 ROWS = 600
+COLLECTION = Path(__file__).parent / "data" / "anndata" / "annbatch-0.3.1" / "collection.zarr"
 STORES = ["cells.h5ad", "cells_v2.zarr", "cells_v3.zarr", "sharded.zarr", "chunks_v2.zarr", "plain.h5"]
 
 
@@ -57,6 +61,7 @@ def data_dir(tmp_path_factory):
     with h5py.File(root / "plain.h5", "w") as f:
         f.create_dataset("values", data=values, chunks=(40, 12), compression="gzip", shuffle=True)
         f.create_dataset("contiguous", data=values)
+    shutil.copytree(COLLECTION, root / "collection.zarr")  # written by annbatch 0.3.1
     return root
 
 
@@ -85,6 +90,7 @@ def s3(data_dir):
     with S3Server() as server:
         server.create_bucket("cells")
         server.put_tree("cells", "stores", data_dir)
+        server.local_copy = data_dir
         yield server
 
 
@@ -116,19 +122,53 @@ def test_s3_reads_equal_local_reads(data_dir, s3, s3_credentials, name):
         same_batches(local.read(rows, num_threads=2), remote.read(rows, num_threads=2))
 
 
+def test_an_annbatch_collection_on_s3_reads_as_its_local_copy(data_dir, s3, s3_credentials):
+    local, remote = ts.open(data_dir / "collection.zarr"), ts.open("s3://cells/stores/collection.zarr")
+    assert len(remote.sources) == len(local.sources) > 1
+    rows = torch.randperm(len(local))[:200]
+    same_batches(local.read(rows), remote.read(rows))
+
+
+def test_an_unsigned_s3_endpoint_lists_a_collection(data_dir, tmp_path):
+    # Anonymous (unsigned) requests to an S3-compatible endpoint: the HTTP server answering ListObjectsV2.
+    (tmp_path / "public").mkdir()
+    shutil.copytree(COLLECTION, tmp_path / "public" / "collection.zarr")
+    with RangeHTTPServer(tmp_path, s3_listing=True) as server:
+        remote = ts.open("s3://public/collection.zarr", endpoint_url=server.url, anonymous=True)
+        local = ts.open(COLLECTION)
+        same_batches(local.read(torch.arange(len(local))), remote.read(torch.arange(len(local))))
+        assert not any("Authorization" in str(entry) for entry in server.requests)
+
+
 def test_endpoint_url_option_overrides_the_environment(data_dir, s3, s3_credentials, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
     remote = ts.open("s3://cells/stores/sharded.zarr", endpoint_url=s3.endpoint_url)
     same_batches(ts.open(data_dir / "sharded.zarr").read(ROW_SETS[1]), remote.read(ROW_SETS[1]))
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_s3_dataloader_workers_deliver_every_row_once(s3, s3_credentials, context):
-    source = ts.open("s3://cells/stores/cells_v3.zarr", obs=["cell_type"])
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_s3_dataloader_workers_deliver_every_row_once(s3, s3_credentials, context, tmp_path):
+    # The workers share one node-local cache: two epochs, the second from it.
+    source = ts.open("s3://cells/stores/cells_v3.zarr", obs=["cell_type"], cache_dir=tmp_path / "cache")
     dataset = ts.ShardedDataset(source, ts.BlockShuffling(block_size=16), batch_size=32)
     loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=context)
-    seen = torch.cat([batch["index"] for batch in loader])
-    assert sorted(seen.tolist()) == list(range(ROWS))
+    local = ts.open(s3.local_copy / "cells_v3.zarr", obs=["cell_type"])
+    for _ in range(2):
+        batches = list(loader)
+        seen = torch.cat([batch["index"] for batch in batches])
+        assert sorted(seen.tolist()) == list(range(ROWS))
+        for batch in batches[:3]:
+            same_batches({k: v for k, v in batch.items() if k != "index"}, local.read(batch["index"]))
+    assert any(path.is_file() for path in (tmp_path / "cache").rglob("*"))
+
+
+def test_the_torchscript_door_reads_urls(data_dir, http):
+    ops = torch.ops.torch_shards
+    ops.set_storage_options(http.url, '{"max_requests": 4, "retries": 2}')
+    source = ops.zarr_source(f"{http.url}/sharded.zarr", {"X": "/"})
+    same_batches(ts.open(data_dir / "sharded.zarr").read(ROW_SETS[1]), dict(source.read(ROW_SETS[1], 2)))
+    with pytest.raises(ValueError, match="unknown storage option colour"):
+        ops.set_storage_options(http.url, '{"colour": 1}')
 
 
 @pytest.mark.parametrize("fault", ["status_503", "status_500", "status_429", "reset", "drop_mid_body", "truncate"])
@@ -182,8 +222,6 @@ def test_bad_credentials_are_refused_naming_the_url(data_dir, monkeypatch, tmp_p
 
 
 def test_an_object_replaced_while_read_is_refused(data_dir, tmp_path):
-    import shutil
-
     shutil.copy(data_dir / "plain.h5", tmp_path / "plain.h5")
     with RangeHTTPServer(tmp_path) as server:
         remote = source_of(server.url, "plain.h5")
@@ -210,8 +248,6 @@ def test_the_cache_serves_the_second_read(data_dir, http, tmp_path):
 
 
 def test_the_cache_never_serves_a_replaced_object(data_dir, tmp_path):
-    import shutil
-
     served = tmp_path / "served"
     shutil.copytree(data_dir / "sharded.zarr", served / "a.zarr")
     with RangeHTTPServer(served) as server:
@@ -223,8 +259,6 @@ def test_the_cache_never_serves_a_replaced_object(data_dir, tmp_path):
             served / "a.zarr", shape=new.shape, chunks=(16, 12), shards=(128, 12), dtype="float32"
         )
         array[:] = new
-        import time
-
         time.sleep(11)  # past the few seconds an open's stats are reused
         fresh = source_of(server.url, "a.zarr", cache_dir=cache).read(ROW_SETS[0])
         assert torch.equal(fresh["X"], torch.from_numpy(new))
