@@ -154,6 +154,24 @@ int current_process_id();
 // the child, and the child's first read would wait forever.
 std::mutex& first_use_mutex();
 
+// This process's T, made at its first use in each process. One inherited
+// through a fork is abandoned, never used or destroyed: a parent thread may
+// have held its locks.
+template <typename T>
+T& per_process() {
+  static std::atomic<int> pid{0};
+  static std::atomic<T*> instance{nullptr};
+  const int now = current_process_id();
+  if (pid.load(std::memory_order_acquire) != now) {
+    std::lock_guard<std::mutex> lock(first_use_mutex());
+    if (pid.load(std::memory_order_relaxed) != now) {
+      instance.store(new T(), std::memory_order_release);
+      pid.store(now, std::memory_order_release);
+    }
+  }
+  return *instance.load(std::memory_order_acquire);
+}
+
 // Files by path, each with its stamp's digest when opened: what a process
 // that opens a dataset again compares with the one that opened it first.
 using FileStamps = std::map<std::string, uint64_t>;

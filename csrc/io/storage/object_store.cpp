@@ -21,26 +21,12 @@ namespace {
 constexpr int64_t kCoalesceGap = int64_t{256} << 10;
 constexpr int64_t kCoalesceLimit = int64_t{32} << 20;
 
-// This process's stores, by bucket/host and options. A forked child starts
-// its own table (a parent thread may have held the lock at the fork).
+// This process's stores, by bucket/host and options (per_process: a forked
+// child starts its own).
 struct Stores {
   std::mutex mutex;
   std::map<std::string, std::shared_ptr<const ObjectStore>> by_key;
 };
-
-Stores& stores() {
-  static std::atomic<int> pid{0};
-  static std::atomic<Stores*> table{nullptr};
-  const int now = current_process_id();
-  if (pid.load(std::memory_order_acquire) != now) {
-    std::lock_guard<std::mutex> lock(first_use_mutex());
-    if (pid.load(std::memory_order_relaxed) != now) {
-      table.store(new Stores(), std::memory_order_release);  // the inherited one is abandoned, never destroyed
-      pid.store(now, std::memory_order_release);
-    }
-  }
-  return *table.load(std::memory_order_acquire);
-}
 
 std::string decode_xml(const std::string& text) {
   std::string out;
@@ -114,7 +100,7 @@ std::string cache_key(const Url& url, const ObjectStamp& stamp, int64_t offset, 
 std::shared_ptr<const ObjectStore> ObjectStore::of(const Url& url) {
   const StorageOptions options = storage_options_for(url.text).resolved();
   const std::string key = concat(url.scheme, "://", url.host, '\n', options.identity());
-  Stores& table = stores();
+  Stores& table = per_process<Stores>();
   std::lock_guard<std::mutex> lock(table.mutex);
   std::shared_ptr<const ObjectStore>& store = table.by_key[key];
   if (!store) store = std::make_shared<const ObjectStore>(url, options);

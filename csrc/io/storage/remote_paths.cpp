@@ -15,27 +15,15 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kKeep = std::chrono::seconds(10);  // how long stats and small objects are reused
 constexpr size_t kSmallObject = 1 << 20;
 
-// This process's recent stats and small objects. A forked child starts its
-// own (a parent thread may have held the lock at the fork).
+// This process's recent stats and small objects (per_process: a forked
+// child starts its own).
 struct Recent {
   std::mutex mutex;
   std::map<std::string, std::pair<Clock::time_point, std::optional<ObjectStamp>>> stats;
   std::map<std::string, std::pair<Clock::time_point, std::optional<std::vector<uint8_t>>>> objects;
 };
 
-Recent& recent() {
-  static std::atomic<int> pid{0};
-  static std::atomic<Recent*> table{nullptr};
-  const int now = current_process_id();
-  if (pid.load(std::memory_order_acquire) != now) {
-    std::lock_guard<std::mutex> lock(first_use_mutex());
-    if (pid.load(std::memory_order_relaxed) != now) {
-      table.store(new Recent(), std::memory_order_release);  // the inherited one is abandoned
-      pid.store(now, std::memory_order_release);
-    }
-  }
-  return *table.load(std::memory_order_acquire);
-}
+Recent& recent() { return per_process<Recent>(); }
 
 template <typename Map>
 const typename Map::mapped_type::second_type* fresh(Map& map, const std::string& key) {
