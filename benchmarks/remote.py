@@ -92,6 +92,58 @@ def run_annbatch(path, args):
     return result
 
 
+def served_bytes(requests):
+    """Bytes the server sent for ranged GETs in its log (whole-object GETs of metadata are small)."""
+    total = 0
+    for method, _, range_header in requests:
+        if method == "GET" and range_header and range_header.startswith("bytes="):
+            first, _, last = range_header[len("bytes=") :].partition("-")
+            if first and last:
+                total += int(last) - int(first) + 1
+    return total
+
+
+def curl_many(urls, parallel, extra=()):
+    """Fetches every URL with one curl process, `parallel` transfers at once (the list in a config
+    file); returns the bytes downloaded and the seconds it took."""
+    with tempfile.NamedTemporaryFile("w", suffix=".curl") as config:
+        for url in urls:
+            config.write(f'url = "{url}"\noutput = "/dev/null"\n')
+        config.flush()
+        command = ["curl", "-sf", "--parallel", "--parallel-max", str(parallel), "-w", "%{size_download}\n"]
+        start = time.perf_counter()
+        done = subprocess.run(command + list(extra) + ["-K", config.name], capture_output=True, text=True)
+        elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(f"curl failed ({done.returncode}) fetching {urls[0]} and others: {done.stderr.strip()}")
+    return sum(int(line) for line in done.stdout.split()), elapsed
+
+
+def collection_objects(collection):
+    """(size, path relative to the collection) of every object, largest first."""
+    objects = []
+    for directory, _, names in os.walk(collection):
+        for name in names:
+            path = os.path.join(directory, name)
+            objects.append((os.path.getsize(path), os.path.relpath(path, collection)))
+    return sorted(objects, reverse=True)
+
+
+def server_limit(url, collection, parallel=16):
+    """What the server delivers (bytes/s): the collection's largest objects fetched whole, 16 at once."""
+    largest = [f"{url}/{relative}" for _, relative in collection_objects(collection)[:parallel]]
+    total, elapsed = curl_many(largest * 8, parallel)
+    return total / elapsed
+
+
+def server_request_limit(url, collection, parallel=32, count=1000, size=48 << 10):
+    """Requests/s the server answers: `count` ranged GETs of `size` bytes (about an inner chunk) of the
+    collection's largest object, `parallel` at once."""
+    largest = f"{url}/{collection_objects(collection)[0][1]}"
+    _, elapsed = curl_many([largest] * count, parallel, ["-r", f"0-{size - 1}"])
+    return count / elapsed
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=200_000)
@@ -134,9 +186,17 @@ def main():
             fill = time.perf_counter()
             run_torch_shards(url, args, cache_dir=cache, seconds=0)  # one epoch fills the cache
             print(f"cache filled by one epoch in {time.perf_counter() - fill:.1f} s", flush=True)
+            limits, request_limits = [], []
             results = {method: [] for method in METHODS}
             for round_ in range(args.rounds):
+                served_url = f"{server.url}/bench/collection.zarr"
+                limits.append(server_limit(served_url, collection))
+                request_limits.append(server_request_limit(served_url, collection))
+                rates = f"{limits[-1] / 1e6:7.1f} MB/s, {request_limits[-1]:.0f} requests/s"
+                print(f"  round {round_ + 1} server limits    {rates}", flush=True)
                 for method in METHODS:
+                    if method == "remote":
+                        server.reset_log()
                     if method == "local":
                         result = run_torch_shards(collection, args)
                     elif method == "remote":
@@ -149,8 +209,10 @@ def main():
                         result = run_annbatch(url, args)
                     result["rate"] = result["rows"] / result["seconds"]
                     results[method].append(result)
+                    if method == "remote":
+                        result["served_bytes"] = served_bytes(server.requests)
+                        result["requests"] = len(server.requests)
                     print(f"  round {round_ + 1} {method:16s} {result['rate'] / 1e6:7.3f}M rows/s", flush=True)
-            requests = server.count()
     finally:
         shutil.rmtree(served, ignore_errors=True)
         shutil.rmtree(cache, ignore_errors=True)
@@ -173,15 +235,38 @@ def main():
         lines.append(f"| {method:16s} | {statistics.median(rates) / 1e6:.3f}M | {shown} | {peak} |")
     remote = [r["rate"] for r in results["remote"]]
     theirs = [r["rate"] for r in results["annbatch remote"]]
+    # The most rows/s this server could feed a reader that makes the requests torch_shards made per row:
+    # its bytes/s over the bytes per row, or its requests/s over the requests per row, whichever is less.
+    per_row = [r["served_bytes"] / max(r["rows"], 1) for r in results["remote"]]
+    requests_per_row = [r["requests"] / max(r["rows"], 1) for r in results["remote"]]
+    limit_rows = [
+        min(limit / max(b, 1e-9), request_limit / max(q, 1e-9))
+        for limit, request_limit, b, q in zip(limits, request_limits, per_row, requests_per_row)
+    ]
     lines += [
         "",
+        f"server limits (curl): {statistics.median(limits) / 1e6:.0f} MB/s (16 whole objects at once), "
+        f"{statistics.median(request_limits):.0f} requests/s (48 KB ranges, 32 at once); torch_shards remote made "
+        f"{statistics.median(per_row):.0f} bytes and {statistics.median(requests_per_row) * 1000:.1f} requests per "
+        f"1000 delivered rows: at most {statistics.median(limit_rows) / 1e6:.3f}M rows/s from this server; remote / "
+        "that limit, per round: " + ", ".join(f"{rate / limit:.2f}" for rate, limit in zip(remote, limit_rows)),
         "torch_shards remote / annbatch remote, per round: "
         + ", ".join(f"{a / b:.1f}x" for a, b in zip(remote, theirs)),
-        f"requests served in all: {requests}",
     ]
     print("\n".join(lines))
     with open(args.json, "w") as f:
-        json.dump({"args": {k: v for k, v in vars(args).items() if k != "child_path"}, "results": results}, f, indent=1)
+        json.dump(
+            {
+                "args": {k: v for k, v in vars(args).items() if k != "child_path"},
+                "server_limit_bytes_per_s": limits,
+                "server_limit_requests_per_s": request_limits,
+                "results": results,
+            },
+            f,
+            indent=1,
+        )
+    with open(os.path.splitext(args.json)[0] + ".txt", "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

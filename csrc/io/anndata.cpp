@@ -281,9 +281,11 @@ class DecodedChunkCache : public Array {
   // Chunks served from the cache use no file: the inner array's are checked when it is read.
   void open_files(std::vector<const File*>& files) const override { inner_->open_files(files); }
   void opened_stamps(FileStamps& stamps) const override { inner_->opened_stamps(stamps); }
+  bool remote() const override { return inner_->remote(); }
 
  protected:
   void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override {
+    if (inner_->remote()) load_together(segments, pool);
     const size_t row_size = row_bytes();
     std::shared_ptr<const std::vector<uint8_t>> chunk;
     int64_t chunk_index = -1;
@@ -309,15 +311,42 @@ class DecodedChunkCache : public Array {
     return info;
   }
 
-  std::shared_ptr<const std::vector<uint8_t>> decoded(int64_t index, core::ThreadPool& pool) const {
+  // Behind URLs: the chunks `segments` need and the cache lacks, read in one call (their requests in
+  // flight together) instead of one round trip each.
+  void load_together(const std::vector<Segment>& segments, core::ThreadPool& pool) const {
+    std::vector<int64_t> missing;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (chunks_[index]) return chunks_[index];
+      for (const Segment& segment : segments) {
+        if (segment.length <= 0) continue;
+        for (int64_t index = segment.source / chunk_rows_; index <= (segment.source + segment.length - 1) / chunk_rows_;
+             ++index) {
+          if (!chunks_[index] && (missing.empty() || missing.back() != index)) missing.push_back(index);
+        }
+      }
     }
-    const int64_t first = index * chunk_rows_;
-    const int64_t rows = std::min(chunk_rows_, num_rows() - first);
-    auto chunk = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(rows) * row_bytes());
-    inner_->read({Segment{first, rows, 0}}, chunk->data(), pool);
+    std::sort(missing.begin(), missing.end());
+    missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+    if (missing.size() < 2) return;
+    std::vector<Segment> wanted;
+    int64_t placed = 0;
+    for (int64_t index : missing) {
+      const int64_t first = index * chunk_rows_, rows = std::min(chunk_rows_, num_rows() - first);
+      wanted.push_back(Segment{first, rows, placed});
+      placed += rows;
+    }
+    std::vector<uint8_t> bytes(static_cast<size_t>(placed) * row_bytes());
+    inner_->read(wanted, bytes.data(), pool);
+    for (const Segment& part : wanted) {
+      const uint8_t* begin = bytes.data() + part.dest * row_bytes();
+      keep(part.source / chunk_rows_,
+           std::make_shared<std::vector<uint8_t>>(begin, begin + part.length * static_cast<int64_t>(row_bytes())));
+    }
+  }
+
+  // Keeps a decoded chunk (within kIndptrCacheBytes) and returns the one kept.
+  std::shared_ptr<const std::vector<uint8_t>> keep(int64_t index,
+                                                   std::shared_ptr<const std::vector<uint8_t>> chunk) const {
     const auto size = static_cast<int64_t>(chunk->size());
     std::lock_guard<std::mutex> lock(mutex_);
     if (chunks_[index]) return chunks_[index];  // another thread decoded it meanwhile
@@ -328,6 +357,18 @@ class DecodedChunkCache : public Array {
       indptr_cache_bytes -= size;
     }
     return chunk;
+  }
+
+  std::shared_ptr<const std::vector<uint8_t>> decoded(int64_t index, core::ThreadPool& pool) const {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (chunks_[index]) return chunks_[index];
+    }
+    const int64_t first = index * chunk_rows_;
+    const int64_t rows = std::min(chunk_rows_, num_rows() - first);
+    auto chunk = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(rows) * row_bytes());
+    inner_->read({Segment{first, rows, 0}}, chunk->data(), pool);
+    return keep(index, std::move(chunk));
   }
 
   std::shared_ptr<const Array> inner_;

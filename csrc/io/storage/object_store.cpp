@@ -17,8 +17,9 @@ using core::ReadError;
 namespace {
 
 // Ranges this close are read with one request (the gap is read and dropped),
-// up to this size: a request costs a round trip, a few hundred KB cost less.
-constexpr int64_t kCoalesceGap = int64_t{256} << 10;
+// up to this size: a request costs a round trip (and, on S3, a fee), a MB of
+// gap costs less (Rust's object_store coalesces at 1 MiB too).
+constexpr int64_t kCoalesceGap = int64_t{1} << 20;
 constexpr int64_t kCoalesceLimit = int64_t{32} << 20;
 
 // This process's stores, by bucket/host and options (per_process: a forked
