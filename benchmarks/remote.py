@@ -157,9 +157,15 @@ def main():
     parser.add_argument("--child", dest="child_path", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", default="", help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--report", action="store_true", help="print the table of --json again, measuring nothing")
     args = parser.parse_args()
     if args.child_path:
         return child(args)
+    if args.report:
+        with open(args.json) as f:
+            saved = json.load(f)
+        args.__dict__.update({k: v for k, v in saved["args"].items() if k not in ("json", "report")})
+        return report(args, saved["results"], saved["server_limit_bytes_per_s"], saved["server_limit_requests_per_s"])
 
     import annbatch_format
 
@@ -217,6 +223,11 @@ def main():
         shutil.rmtree(served, ignore_errors=True)
         shutil.rmtree(cache, ignore_errors=True)
 
+    report(args, results, limits, request_limits)
+
+
+def report(args, results, limits, request_limits):
+    """Prints the table and writes it (txt) beside the measurements (json)."""
     local = [r["rate"] for r in results["local"]]
     lines = [
         f"annbatch collection of {args.rows} rows (CSR, 5%), block/chunk {BLOCK}, batch {BATCH}, {args.cores} cores; "
@@ -231,25 +242,19 @@ def main():
         ratios = [rate / base for rate, base in zip(rates, local)]
         peaks = [r["peak_rss"] for r in results[method] if r["peak_rss"]]
         peak = f"{max(peaks) / 2**20:.0f} MiB" if peaks else "-"
-        shown = ", ".join(f"{ratio:.2f}" for ratio in ratios)
-        lines.append(f"| {method:16s} | {statistics.median(rates) / 1e6:.3f}M | {shown} | {peak} |")
+        shown = ", ".join(f"{ratio:.3f}" if ratio < 0.01 else f"{ratio:.2f}" for ratio in ratios)
+        lines.append(f"| {method:16s} | {statistics.median(rates):,.0f} | {shown} | {peak} |")
     remote = [r["rate"] for r in results["remote"]]
     theirs = [r["rate"] for r in results["annbatch remote"]]
-    # The most rows/s this server could feed a reader that makes the requests torch_shards made per row:
-    # its bytes/s over the bytes per row, or its requests/s over the requests per row, whichever is less.
-    per_row = [r["served_bytes"] / max(r["rows"], 1) for r in results["remote"]]
-    requests_per_row = [r["requests"] / max(r["rows"], 1) for r in results["remote"]]
-    limit_rows = [
-        min(limit / max(b, 1e-9), request_limit / max(q, 1e-9))
-        for limit, request_limit, b, q in zip(limits, request_limits, per_row, requests_per_row)
-    ]
+    bytes_per_row = statistics.median(r["served_bytes"] / max(r["rows"], 1) for r in results["remote"])
+    requests_per_row = statistics.median(r["requests"] / max(r["rows"], 1) for r in results["remote"])
     lines += [
         "",
-        f"server limits (curl): {statistics.median(limits) / 1e6:.0f} MB/s (16 whole objects at once), "
-        f"{statistics.median(request_limits):.0f} requests/s (48 KB ranges, 32 at once); torch_shards remote made "
-        f"{statistics.median(per_row):.0f} bytes and {statistics.median(requests_per_row) * 1000:.1f} requests per "
-        f"1000 delivered rows: at most {statistics.median(limit_rows) / 1e6:.3f}M rows/s from this server; remote / "
-        "that limit, per round: " + ", ".join(f"{rate / limit:.2f}" for rate, limit in zip(remote, limit_rows)),
+        f"the server (curl): {statistics.median(limits) / 1e6:,.0f} MB/s fetching 16 whole objects at once; "
+        f"{statistics.median(request_limits):,.0f} requests/s for 48 KB ranges 32 at once (a new connection each)",
+        f"torch_shards remote: {bytes_per_row:,.0f} bytes and {requests_per_row * 1000:.1f} ranged requests per 1000 "
+        f"rows, so {statistics.median(remote) * requests_per_row:,.0f} requests/s and "
+        f"{statistics.median(remote) * bytes_per_row / 1e6:,.0f} MB/s answered by the server",
         "torch_shards remote / annbatch remote, per round: "
         + ", ".join(f"{a / b:.1f}x" for a, b in zip(remote, theirs)),
     ]
