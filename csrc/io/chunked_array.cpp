@@ -198,6 +198,14 @@ std::atomic<uint64_t>* ChunkedArray::checked_chunks() const {
 bool ChunkedArray::decode_rows_from_mapping(const std::vector<int64_t>& coords, int64_t first_row, int64_t end_row,
                                             const std::vector<const Segment*>& touching, uint8_t* out) const {
   if (!store_->maps_chunks()) return false;  // before the bits are made: chunks read by copy are never trusted
+  return decode_rows_from(
+      coords, first_row, end_row, touching, out,
+      [&](core::FunctionRef<void(const uint8_t*, size_t)> use) { return use_mapped_chunk(coords, use); });
+}
+
+bool ChunkedArray::decode_rows_from(
+    const std::vector<int64_t>& coords, int64_t first_row, int64_t end_row, const std::vector<const Segment*>& touching,
+    uint8_t* out, core::FunctionRef<bool(core::FunctionRef<void(const uint8_t*, size_t)>)> with_bytes) const {
   const size_t row_size = row_bytes();
   thread_local std::vector<codecs::ByteRange> ranges;
   ranges.clear();
@@ -215,7 +223,7 @@ bool ChunkedArray::decode_rows_from_mapping(const std::vector<int64_t>& coords, 
   std::atomic<uint64_t>* word = bits != nullptr ? &bits[static_cast<size_t>(chunk) / 64] : nullptr;
   const uint64_t bit = uint64_t{1} << (chunk % 64);
   const bool trusted = word != nullptr && (word->load(std::memory_order_relaxed) & bit) != 0;
-  return use_mapped_chunk(coords, [&](const uint8_t* bytes, size_t size) {
+  return with_bytes([&](const uint8_t* bytes, size_t size) {
     if (decoder_->decode_view_ranges(bytes, size, chunk_bytes_, ranges, trusted) && word != nullptr && !trusted) {
       word->fetch_or(bit, std::memory_order_relaxed);
     }
@@ -309,7 +317,9 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
     return;
   }
 
-  const bool decodes_rows = whole_rows_ && decoder_->decodes_ranges() && !together;  // only the rows wanted, into place
+  // Only the rows wanted, into place: from a shard's mapping, or from the bytes fetched (behind URLs, a
+  // chunk's bytes are those of the object stamped at open, every time: checked once, then trusted).
+  const bool decodes_rows = whole_rows_ && decoder_->decodes_ranges();
   // The grid coordinates of task's chunk: chunk row `group`, inner chunk task % inner_chunks_.
   const auto coords_of = [&](int64_t task, std::vector<int64_t>& coords) {
     int64_t inner = task % inner_chunks_;
@@ -357,7 +367,19 @@ void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, 
         thread_local std::vector<const Segment*> touching;
         touching.clear();
         for (size_t t = starts[group]; t < starts[group + 1]; ++t) touching.push_back(&segments[touches[t].second]);
-        if (decode_rows_from_mapping(coords, first_row, end_row, touching, out)) return;
+        if (together) {
+          const std::optional<std::vector<uint8_t>>& bytes = fetched[static_cast<size_t>(task)];
+          if (bytes && store_->skipped_filters(coords) == 0 &&
+              decode_rows_from(coords, first_row, end_row, touching, out,
+                               [&](core::FunctionRef<void(const uint8_t*, size_t)> use) {
+                                 use(bytes->data(), bytes->size());
+                                 return true;
+                               })) {
+            return;
+          }
+        } else if (decode_rows_from_mapping(coords, first_row, end_row, touching, out)) {
+          return;
+        }
       }
       const bool mapped =
           !together && decoder_->decodes_views() && use_mapped_chunk(coords, [&](const uint8_t* bytes, size_t size) {

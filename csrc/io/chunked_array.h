@@ -133,6 +133,11 @@ class ChunkedArray : public Array {
   // is decoded whole the first time, then trusted (checked_chunks_).
   bool decode_rows_from_mapping(const std::vector<int64_t>& coords, int64_t first_row, int64_t end_row,
                                 const std::vector<const Segment*>& touching, uint8_t* out) const;
+  // The same from the chunk's bytes wherever they are: with_bytes(use) runs use(bytes, size) on them and
+  // returns true, or returns false (running nothing) when it has none.
+  bool decode_rows_from(const std::vector<int64_t>& coords, int64_t first_row, int64_t end_row,
+                        const std::vector<const Segment*>& touching, uint8_t* out,
+                        core::FunctionRef<bool(core::FunctionRef<void(const uint8_t*, size_t)>)> with_bytes) const;
   // Copies row `row_in_chunk` of a decoded chunk at inner grid position
   // `inner_coords` into its place in an output row.
   void copy_row_part(const uint8_t* chunk, int64_t row_in_chunk, const std::vector<int64_t>& inner_coords,
