@@ -148,8 +148,11 @@ def test_endpoint_url_option_overrides_the_environment(data_dir, s3, s3_credenti
 
 @pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
 def test_s3_dataloader_workers_deliver_every_row_once(s3, s3_credentials, context, tmp_path):
-    # The workers share one node-local cache: two epochs, the second from it.
-    source = ts.open("s3://cells/stores/cells_v3.zarr", obs=["cell_type"], cache_dir=tmp_path / "cache")
+    # The workers share one node-local cache: two epochs, the second from it. The endpoint is passed, not
+    # left to AWS_ENDPOINT_URL: a forkserver started by an earlier test has the environment of then.
+    source = ts.open(
+        "s3://cells/stores/cells_v3.zarr", obs=["cell_type"], cache_dir=tmp_path / "cache", endpoint_url=s3.endpoint_url
+    )
     dataset = ts.ShardedDataset(source, ts.BlockShuffling(block_size=16), batch_size=32)
     loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=context)
     local = ts.open(s3.local_copy / "cells_v3.zarr", obs=["cell_type"])
