@@ -21,6 +21,11 @@ import torch_shards as ts
 
 pytestmark = pytest.mark.timeout(180)
 
+# moto's keys (it checks no signature unless asked to, but refuses unsigned requests), set when this module
+# is collected: a DataLoader forkserver started later by any test has them, as a user's would.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+
 ROWS = 600
 COLLECTION = Path(__file__).parent / "data" / "anndata" / "annbatch-0.3.1" / "collection.zarr"
 STORES = ["cells.h5ad", "cells_v2.zarr", "cells_v3.zarr", "sharded.zarr", "chunks_v2.zarr", "plain.h5"]
