@@ -6,6 +6,8 @@ import torch
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 LIBRARY_PATH = os.path.join(PACKAGE_DIR, "lib", "libtorch_shards.so")
+"""The path of the native library (libtorch_shards.so) this package loads, e.g. for
+``torch.ops.load_library`` in a process that runs saved TorchScript without importing torch_shards."""
 
 
 def _release(version):

@@ -121,6 +121,18 @@ class DataLoader(torch.utils.data.DataLoader):
     ``collate_fn``, a ``batch_transform`` or ``worker_transport="torch"``
     they send batch by batch. ``loader.dataset`` is the dataset given. With
     any other dataset, or ``num_workers=0``, it is torch's DataLoader.
+
+    Args:
+        *args: torch.utils.data.DataLoader's positional arguments (``dataset``
+            first).
+        **kwargs: torch.utils.data.DataLoader's keyword arguments, with
+            torch's defaults, except ``batch_size``: None for a ShardedDataset.
+            ``in_order=False`` is not applied to a ShardedDataset (a
+            ``UserWarning`` says so).
+
+    Raises:
+        ValueError: ``batch_size`` other than None with a ShardedDataset.
+        TypeError: arguments that torch's DataLoader does not take.
     """
 
     __signature__ = _TORCH_SIGNATURE

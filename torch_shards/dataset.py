@@ -152,7 +152,19 @@ def flat_state_dict(state):
     doors take and give (``torch.classes.torch_shards.ShardedDataset``'s
     ``load_state_dict``, C++ ``StateDict``): a flat dict of ints, the segments
     as ``segments`` (their number) and ``segment.<i>.*`` keys. Python's
-    ``load_state_dict`` takes either form; a flat state is returned checked."""
+    ``load_state_dict`` takes either form; a flat state is returned checked.
+
+    Args:
+        state: a ``ShardedDataset.state_dict()``, or a state already flat.
+
+    Returns:
+        dict[str, int]: the flat state.
+
+    Raises:
+        TypeError: ``state`` is not a dict, or a value is not an int.
+        ValueError: ``state`` has no ``segments`` of either form, or a segment
+            is not ``[world_size, num_workers, consumed...]``.
+    """
     return _native_state(state, "flat_state_dict")
 
 
@@ -222,57 +234,71 @@ class ShardedDataset(IterableDataset, NativeBacked):
             returns (no ``"index"``).
         strategy: Streaming, BlockShuffling, BlockWeightedSampling,
             ClassBalancedSampling or CustomStrategy.
-        batch_size: rows per batch.
+        batch_size: rows per batch, at least 1 (required, keyword-only, as
+            every argument after ``strategy``).
         fetch_factor: batches read together in one fetch (one sorted read,
-            then shuffled across its batches for shuffling strategies).
-        drop_last: drop the epoch's single short batch, if any.
+            then shuffled across its batches for shuffling strategies), at
+            least 1. Default 16.
+        drop_last: drop the epoch's single short batch, if any. Default False.
         even_batches: "pad" (short ranks repeat one batch), "drop" (long ranks
             drop one) or None (uneven; for single-process or evaluation).
-        seed: base seed; None draws one (rank 0's, broadcast over the process
-            group when one is initialised).
-        rank, world_size: explicit, else the process group, else the
-            RANK/WORLD_SIZE environment variables, else 0 and 1 (a world_size
-            above 1 with no rank from any of them is refused).
-        dist_info: annbatch's argument: "torch" (the default above), "jax"
-            (jax.process_index() and jax.process_count()) or a callable
-            returning (rank, world_size).
+            Default "pad".
+        seed: base seed, any int that fits in 64 bits. Default None: one is
+            drawn (rank 0's, broadcast over the process group when one is
+            initialised); ``ds.seed`` tells which.
+        rank: this process's rank, in [0, world_size). Default None: the
+            process group's, else the RANK environment variable, else 0.
+        world_size: the number of ranks. Default None: the process group's,
+            else the WORLD_SIZE environment variable, else 1 (a world_size
+            above 1 with no rank from any of these is refused).
         process_group: the torch.distributed group the ranks belong to (default:
             the default group, when initialised). At construction the ranks
             agree on the seed and check, over this group, that they all read
             the same data with the same arguments; loading never communicates.
-        num_threads: native threads reading for one process (None: this
-            process's CPUs shared among the DataLoader workers; at least 32
-            for sources reading URLs, whose threads mostly wait on round trips).
+        num_threads: native threads reading for one process, in [1, 256].
+            Default None: this process's CPUs shared among the DataLoader
+            workers; at least 32 for sources reading URLs, whose threads
+            mostly wait on round trips.
         prefetch: units (fetches) read ahead by the native threads while the
-            training loop runs (None: two per thread, so that every thread
-            has a unit to read while finished ones wait their turn); 0 reads
-            each one when it is asked for.
+            training loop runs, in [0, 1024]; 0 reads each one when it is
+            asked for. Default None: two per thread, so that every thread has
+            a unit to read while finished ones wait their turn.
         prefetch_bytes: queued bytes beyond which no new unit is started (one
-            unit is always allowed): memory stays bounded by this budget plus
-            one unit per thread, whatever the dataset's size.
+            unit is always allowed), at least 0: memory stays bounded by this
+            budget plus one unit per thread, whatever the dataset's size.
+            Default ``1 << 30`` (1 GiB).
         pin_memory: assemble batches in (recycled) pinned host memory, for fast
             asynchronous copies to the GPU. In the process iterating the dataset
             (num_workers=0); a no-op, with a warning, when torch has no CUDA.
+            Default False.
+        fetch_transform: called on each unit read at once (a fetch, or the
+            batches of one fetch this worker delivers at the epoch's tail) as a
+            dict of tensors; must return a dict of tensors with the same rows
+            (their number and order). Default None.
+        batch_transform: called on each batch before it is yielded. Default
+            None.
+        fetch_callback: ``fetch_callback(collection, sorted_rows)`` fetches a
+            unit's rows (a sorted int64 numpy array, repeats allowed) from a
+            collection source (scDataset's signature). Default None:
+            ``collection[sorted_rows]``.
+        batch_callback: ``batch_callback(fetched, positions)`` cuts a batch
+            out of what was fetched (positions: an int64 numpy array).
+            Default None: ``fetched[positions]``.
+        cycle: an endless stream (wsistream's step-based training): epochs
+            follow each other inside one iteration, each still exactly once
+            across ranks and workers with equal batch counts per rank.
+            ``len()`` then raises TypeError, as for any endless dataset.
+            Default False.
+        dist_info: annbatch's argument: "torch" (the defaults of ``rank`` and
+            ``world_size`` above), "jax" (jax.process_index() and
+            jax.process_count()) or a callable returning (rank, world_size);
+            not together with ``rank`` or ``world_size``. Default None: "torch".
         device: None keeps batches on the host; "cuda", "cuda:N" or a
             torch.device delivers every field on that GPU (iterated in this
             process): assembled in pinned memory, copied on a side stream,
             and the current stream waits for the copy (no host sync).
             DataLoader workers' batches arrive on the host: wrap the loader in
-            ts.DeviceLoader(loader, device).
-        fetch_transform: called on each unit read at once (a fetch, or the
-            batches of one fetch this worker delivers at the epoch's tail) as a
-            dict of tensors; must return a dict of tensors with the same rows
-            (their number and order).
-        batch_transform: called on each batch before it is yielded.
-        fetch_callback: ``fetch_callback(collection, sorted_rows)`` fetches a
-            unit's rows (a sorted int64 numpy array, repeats allowed) from a
-            collection source (scDataset's signature).
-        batch_callback: ``batch_callback(fetched, positions)`` cuts a batch
-            out of what was fetched (positions: an int64 numpy array).
-        cycle: an endless stream (wsistream's step-based training): epochs
-            follow each other inside one iteration, each still exactly once
-            across ranks and workers with equal batch counts per rank.
-            ``len()`` then raises TypeError, as for any endless dataset.
+            ts.DeviceLoader(loader, device). "cpu" is the host. Default None.
         worker_transport: how a DataLoader worker's batches reach the
             training process. "handles" (default): the worker assembles them
             in recycled shared-memory slabs and each batch crosses torch's
@@ -287,12 +313,42 @@ class ShardedDataset(IterableDataset, NativeBacked):
             or a batch_transform returning other than a dict gets tensors
             that cross the torch way in either case.
 
+    Raises:
+        TypeError: ``source`` is a path (open it with ``torch_shards.open``) or
+            neither a source, an array, a dict of arrays nor an indexable
+            collection; ``strategy`` is not a torch_shards strategy; an integer
+            argument is not an int, a flag not a bool; a transform or callback
+            is not callable; ``device`` is not None, a str or a torch.device.
+        ValueError: ``batch_size`` or ``fetch_factor`` < 1; ``even_batches``,
+            ``worker_transport`` or ``dist_info`` not one of the values above;
+            ``rank`` outside [0, world_size), or a world_size above 1 without a
+            rank; ``num_threads``, ``prefetch`` or ``prefetch_bytes`` out of
+            range; ``device`` "cuda" without CUDA, or not a device name;
+            ``fetch_callback`` / ``batch_callback`` with a torch_shards source;
+            ``process_group`` a part of the job's processes with ``seed=None``;
+            the strategy does not fit the source (e.g. ``weights`` of another
+            length); over a process group, ranks that disagree on the data,
+            the arguments or the seed given.
+
     The epoch advances at every new iteration, also inside DataLoader workers
     (persistent or not, fork or spawn); ``set_epoch(e)`` pins the next one.
     ``state_dict()`` / ``load_state_dict()`` checkpoint and resume mid-epoch,
     on any topology (see their docs).
     ``ds.native`` is the script object (torch.classes.torch_shards.ShardedDataset)
     for TorchScript.
+
+    Example:
+        ```python
+        import torch
+        import torch_shards as ts
+
+        source = ts.TensorSource({"X": torch.randn(1000, 16), "y": torch.arange(1000)})
+        dataset = ts.ShardedDataset(source, ts.BlockShuffling(block_size=8), batch_size=64, seed=0)
+        loader = ts.DataLoader(dataset, num_workers=0)
+        for batch in loader:
+            assert batch["X"].shape[1] == 16 and batch["index"].dtype == torch.int64
+        assert len(loader) == len(dataset) == 16
+        ```
     """
 
     worker_transport = "handles"  # copies pickled before the option existed
@@ -415,7 +471,11 @@ class ShardedDataset(IterableDataset, NativeBacked):
         )
 
     def __len__(self):
-        """Batches this rank yields per epoch, all DataLoader workers together."""
+        """Batches this rank yields per epoch, all DataLoader workers together.
+
+        Raises:
+            TypeError: the dataset is endless (``cycle=True``): use ``batches_per_epoch()``.
+        """
         if self.cycle:
             raise TypeError(
                 "ShardedDataset(cycle=True) is endless: it has no len(); batches_per_epoch() gives one epoch's"
@@ -435,11 +495,22 @@ class ShardedDataset(IterableDataset, NativeBacked):
 
     @property
     def epoch(self):
-        """The most recently started epoch (-1 before the first iteration)."""
+        """int: The most recently started epoch (-1 before the first iteration)."""
         return self.native.epoch()
 
     def set_epoch(self, epoch):
-        """Pins the epoch of the next iteration; later ones count on from it."""
+        """Pins the epoch of the next iteration; later ones count on from it.
+
+        Calling it every epoch, as torch's ``DistributedSampler`` requires, is
+        harmless: without it the epoch advances at every new iteration.
+
+        Args:
+            epoch: the epoch, in [0, 2**62].
+
+        Raises:
+            TypeError: ``epoch`` is not an int.
+            ValueError: ``epoch`` is out of range.
+        """
         self.native.set_epoch(_convert.check_int("ShardedDataset: epoch", epoch))
 
     def __iter__(self):
@@ -622,7 +693,25 @@ class ShardedDataset(IterableDataset, NativeBacked):
         once the epoch's first batch came: until its workers claim the new
         epoch, the count is the last epoch's (``ts.DataLoader`` says when its
         workers start, so there a state at step 0 is the new epoch's start).
-        Under DDP, ranks step in lockstep: any one rank's state is enough."""
+        Under DDP, ranks step in lockstep: any one rank's state is enough.
+
+        Args:
+            consumed_batches: the batches the training loop consumed this epoch
+                (with DataLoader workers). Default None: those this process's
+                iteration delivered.
+
+        Returns:
+            dict: ints, and ``segments``, a list of ``[world_size, num_workers,
+            consumed...]`` lists (``flat_state_dict`` gives the flat form of the
+            C++ and TorchScript doors). Save it with ``torch.save`` or
+            ``torch.distributed.checkpoint``.
+
+        Raises:
+            TypeError: ``consumed_batches`` is not an int.
+            ValueError: ``consumed_batches`` is negative or more than this rank
+                delivers this epoch, or is given for an endless dataset
+                (``cycle=True``).
+        """
         consumed = _convert.optional_int("ShardedDataset.state_dict: consumed_batches", consumed_batches)
         if self.cycle and consumed is not None:
             raise ValueError(
@@ -639,8 +728,19 @@ class ShardedDataset(IterableDataset, NativeBacked):
         delivers each batch of the epoch not consumed yet exactly once across
         the ranks, then epochs go on. The dataset takes the state's seed. For
         ranks not in lockstep (``even_batches=None``), pass the list of every
-        rank's state. Raises ValueError naming what differs if the state was
-        taken on other data, another strategy or other batch arguments."""
+        rank's state.
+
+        Args:
+            state: a ``state_dict()`` (either form, see ``flat_state_dict``), or
+                the list of every rank's state.
+
+        Raises:
+            TypeError: ``state`` is not a dict (or a list of dicts), or a value
+                is not an int.
+            ValueError: ``state`` is not a state of a ShardedDataset, or it was
+                taken on other data, another strategy or other batch arguments
+                (the message names what differs).
+        """
         if isinstance(state, (list, tuple)):
             native = ops.merge_state_dicts([_native_state(part) for part in state])
         else:
@@ -648,14 +748,24 @@ class ShardedDataset(IterableDataset, NativeBacked):
         self.native.load_state_dict(native)
 
     def reader_stats(self):
-        """Counters of this process's active iterations, one dict each: units,
-        rows and bytes delivered, queue_depth, in_flight, wait_us (time the
-        loop waited for data), read_us, threads and thread<k>_units."""
+        """Counters of this process's active iterations.
+
+        Returns:
+            list[dict[str, int]]: one dict per unfinished iteration: units, rows
+            and bytes delivered, queue_depth, in_flight, wait_us (time the loop
+            waited for data), read_us, threads and thread<k>_units, among others.
+        """
         return [dict(stats) for stats in self.native.reader_stats()]
 
     def delivery_counts(self):
-        """[DataLoader workers + 1, 2] int64: batches and rows delivered by each
-        worker (fork or spawn, persistent or not), then by the main process."""
+        """Batches and rows delivered, per DataLoader worker and in this process.
+
+        Returns:
+            torch.Tensor: int64 of shape [257, 2]: (batches, rows) delivered by
+            DataLoader worker 0, 1, ... (fork or spawn, persistent or not; rows
+            of workers that never ran are zero), the last row by the process
+            iterating in place.
+        """
         return self.native.delivery_counts()
 
     def __repr__(self):

@@ -28,7 +28,18 @@ class DeviceLoader:
     ``ShardedDataset``) and yields each batch on ``device``: copied on a side
     stream one batch ahead, the current stream waiting for the copy when the
     batch is yielded. Batches must be dicts of tensors (dense or sparse CSR).
-    ``device="cpu"`` yields them as they are."""
+    ``device="cpu"`` yields them as they are. ``len()`` is the loader's.
+
+    Args:
+        loader: any iterable of dicts of tensors.
+        device: "cuda", "cuda:N", a torch.device, or "cpu" (required).
+
+    Raises:
+        ValueError: ``device`` is None, not a device name, or a CUDA device
+            where torch has no CUDA.
+        TypeError: ``device`` is not a str or a torch.device; when iterated, a
+            batch that is not a dict of tensors.
+    """
 
     def __init__(self, loader, device):
         self.loader = loader

@@ -14,7 +14,15 @@ def build_info():
     """A dict describing this torch_shards: the native library's own account (torch_shards::build_info():
     version, the torch it was compiled against, whether HDF5/c-blosc/lz4/zstd/zlib/libaec are bundled, each
     library's version and the file it was loaded from, the compiler, the CPU features detected) plus the
-    torch, Python and platform running it."""
+    torch, Python and platform running it.
+
+    ``python -m torch_shards info`` prints it; paste it into bug reports.
+
+    Returns:
+        dict: ``version``, ``torch``, ``bundled_dependencies``, ``libraries``, ``compiler``, ``cpu``,
+        ``url_reader``, ``library`` (the path of the native library), ``torch_built_against`` and
+        ``running`` (``torch``, ``torch_cuda``, ``torch_cpu_capability``, ``python``, ``platform``).
+    """
     info = json.loads(ops.build_info())
     info["library"] = LIBRARY_PATH
     info["torch_built_against"] = _build_info.TORCH_VERSION

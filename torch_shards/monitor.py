@@ -69,6 +69,34 @@ class MonitoredLoader:
     ``device`` (wsistream's argument): the device the training steps run on;
     for a CUDA device the metrics add ``gpu_memory_gb`` (allocated by torch)
     and ``gpu_peak_memory_gb`` on it.
+
+    Args:
+        loader: a DataLoader, a ShardedDataset, or any iterable of batches.
+        log_every: steps per window, at least 1. Default 100.
+        dataset: the ShardedDataset whose workers and reader threads are
+            reported. Default None: ``loader`` itself or ``loader.dataset``,
+            when it is one.
+        device: the device the training steps run on (a torch.device, str or
+            int). Default None: no GPU memory metrics.
+        prefix: the prefix of every metric's name. Default ``"data/"``.
+
+    Raises:
+        ValueError: ``log_every`` is not an int >= 1; ``device`` is not a
+            device, or is a CUDA device where torch has no CUDA.
+
+    Example:
+        ```python
+        import torch
+        import torch_shards as ts
+
+        dataset = ts.ShardedDataset(ts.TensorSource(torch.randn(256, 4)), ts.Streaming(), batch_size=32)
+        monitored = ts.MonitoredLoader(ts.DataLoader(dataset), log_every=4)
+        for step, batch in enumerate(monitored):
+            metrics = monitored.mark_step()
+            if metrics is not None:
+                assert 0.0 <= metrics["data/wait_fraction"] <= 1.0
+        assert monitored.summary()["data/batches"] == 8
+        ```
     """
 
     def __init__(self, loader, *, log_every=100, dataset=None, device=None, prefix="data/"):
@@ -128,7 +156,19 @@ class MonitoredLoader:
             yield batch
 
     def mark_step(self, extra=None):
-        """Marks the end of a training step; every log_every steps returns the window's metrics."""
+        """Marks the end of a training step.
+
+        Args:
+            extra: a dict of your own metrics merged into what is returned.
+                Default None.
+
+        Returns:
+            dict | None: every ``log_every`` steps, the window's metrics (then
+            a new window starts); None at the other steps.
+
+        Raises:
+            TypeError: ``extra`` is not a dict.
+        """
         if extra is not None and not isinstance(extra, dict):
             raise TypeError(f"MonitoredLoader.mark_step: extra must be a dict of metrics, got {extra!r}")
         self._steps += 1
@@ -143,7 +183,12 @@ class MonitoredLoader:
         return payload
 
     def summary(self):
-        """Totals since the first batch."""
+        """The metrics over everything since the first batch.
+
+        Returns:
+            dict: ``samples_per_s``, ``mb_per_s``, ``wait_fraction``,
+            ``steps_per_s`` and ``batches``, each with the prefix.
+        """
         return self._metrics(self._total)
 
     def _metrics(self, totals):

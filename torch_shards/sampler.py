@@ -44,6 +44,46 @@ class DistributedSampler(Sampler, NativeBacked):
     construction that they sample the same dataset length, strategy and seed.
     ``dist_info`` (annbatch's argument): "torch" (the default above), "jax" or
     a callable returning (rank, num_replicas).
+
+    Args:
+        dataset: anything with ``len()`` (a map-style dataset); its length is
+            read once, here.
+        num_replicas: the number of ranks, in [1, 2**20]. Default None: the
+            process group's, else WORLD_SIZE, else 1.
+        rank: this process's rank, in [0, num_replicas). Default None: the
+            process group's, else RANK, else 0.
+        shuffle: without ``strategy``, a pseudo-random permutation (True) or
+            ``range(len(dataset))`` (False). Default True.
+        seed: the seed, the same on every rank (an int that fits in 64 bits).
+            Default 0.
+        drop_last: trim the plan to a multiple of ``num_replicas`` instead of
+            padding it. Default False.
+        strategy: a torch_shards strategy whose plan is sampled instead.
+            Default None.
+        process_group: the torch.distributed group the ranks belong to.
+            Default None: the default group, when initialised.
+        dist_info: "torch", "jax" or a callable returning (rank, num_replicas);
+            not together with ``num_replicas`` or ``rank``. Default None:
+            "torch".
+
+    Raises:
+        TypeError: ``dataset`` has no ``len()``; ``strategy`` is not a
+            torch_shards strategy; ``seed`` is None or not an int;
+            ``num_replicas`` or ``rank`` is not an int; ``process_group`` is
+            not a ProcessGroup.
+        ValueError: ``num_replicas`` out of range; ``rank`` outside
+            [0, num_replicas); ``num_replicas`` above 1 without a rank; a bad
+            ``dist_info``; the strategy does not fit ``len(dataset)`` rows;
+            over a process group, ranks that disagree on the length, the
+            strategy or the seed.
+
+    Example:
+        ```python
+        import torch_shards as ts
+
+        sampler = ts.DistributedSampler(range(10), num_replicas=2, rank=1, shuffle=False)
+        assert list(sampler) == [1, 3, 5, 7, 9]
+        ```
     """
 
     def __init__(
@@ -98,7 +138,7 @@ class DistributedSampler(Sampler, NativeBacked):
 
     @property
     def epoch(self):
-        """The epoch of the current (or last) iteration."""
+        """int: The epoch of the current (or last) iteration; assigning it calls ``set_epoch``."""
         return self.native.epoch()
 
     @epoch.setter
@@ -123,7 +163,15 @@ class DistributedSampler(Sampler, NativeBacked):
         loop consumed in the current iteration (default: those its iterator
         yielded; with DataLoader workers they run ahead by the prefetched
         batches, so pass the loop's count). Under DDP any one rank's state is
-        enough: ranks consume in lockstep."""
+        enough: ranks consume in lockstep.
+
+        Returns:
+            dict[str, int]: the checkpoint.
+
+        Raises:
+            TypeError: ``consumed_samples`` is not an int.
+            ValueError: ``consumed_samples`` is negative or more than the iteration yields.
+        """
         if consumed_samples is None:
             consumed_samples = 0 if self._progress is None else self._progress.yielded()
         consumed = _convert.check_int("DistributedSampler.state_dict: consumed_samples", consumed_samples)
@@ -132,7 +180,13 @@ class DistributedSampler(Sampler, NativeBacked):
     def load_state_dict(self, state):
         """Resumes from ``state_dict()`` with any ``num_replicas``: the next
         iteration yields the plan entries not consumed yet, in torch's layout
-        over them. The sampler takes the state's seed."""
+        over them. The sampler takes the state's seed.
+
+        Raises:
+            TypeError: ``state`` is not a dict, or a value is not an int.
+            ValueError: ``state`` is not a DistributedSampler state, or it was
+                taken on another dataset length, plan or strategy.
+        """
         if not isinstance(state, dict):
             raise TypeError(f"DistributedSampler.load_state_dict: expected a dict, got {type(state).__name__}")
         who = "DistributedSampler.load_state_dict"
@@ -141,6 +195,15 @@ class DistributedSampler(Sampler, NativeBacked):
         self._progress = None
 
     def set_epoch(self, epoch):
+        """Pins the epoch of the next iteration; later ones count on from it.
+
+        Args:
+            epoch: the epoch, in [0, 2**62].
+
+        Raises:
+            TypeError: ``epoch`` is not an int.
+            ValueError: ``epoch`` is out of range.
+        """
         self.native.set_epoch(_convert.check_int("DistributedSampler: epoch", epoch))
 
     def __getstate__(self):

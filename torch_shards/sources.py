@@ -19,25 +19,58 @@ from ._native import NativeBacked, native_call
 
 
 class Source(NativeBacked):
-    """Base class: the parameters of a source; its native object
-    (torch.classes.torch_shards.Source) is built from them, lazily in each
-    process, so no file handle crosses a fork."""
+    """Base class of every source: a row-addressable dataset read by the native core.
+
+    A source holds only its parameters; its native object
+    (``torch.classes.torch_shards.Source``, ``source.native``) is built from them
+    in the constructor (so bad arguments fail there) and again, lazily, in each
+    process the source is pickled to (DataLoader workers, spawned processes), so
+    no file handle crosses a fork. A source pickled for a spawned process checks
+    there that it opens the same files (unchanged since this process opened
+    them), and raises otherwise.
+
+    ``len(source)`` is its number of rows; ``repr(source)`` describes its files,
+    fields and shapes.
+
+    Not made directly: use ``torch_shards.open`` or one of the subclasses
+    (``TensorSource``, ``HDF5Source``, ``ZarrSource``, ``AnnDataSource``,
+    ``Collection``, ``RowsSource``).
+    """
 
     def __len__(self):
+        """The number of rows."""
         return self.native.num_rows()
 
     @property
     def fields(self):
-        """Names of the fields each batch carries (besides "index")."""
+        """list[str]: Names of the fields each batch carries (besides ``"index"``), in batch order."""
         return list(self.native.field_names())
 
     @property
     def field_specs(self):
-        """One line per field: name, dtype, row shape, sparse or dense."""
+        """list[str]: One line per field: name, dtype, row shape and whether it is sparse, e.g.
+        ``"X: Float[2000] (sparse CSR)"``."""
         return list(self.native.field_specs())
 
     def read(self, rows, num_threads=1):
-        """The given rows, in the given order (repeats allowed), as a dict of tensors."""
+        """Reads rows directly, outside any dataset (for inspection and tests).
+
+        Args:
+            rows: one row index, or a 1-D sequence, numpy array or tensor of row
+                indices, in any order, repeats allowed.
+            num_threads: native threads reading, in [1, 256]. Default 1.
+
+        Returns:
+            dict[str, torch.Tensor]: one tensor per field (``fields``) holding the
+            rows in the order given (a sparse CSR tensor for a CSR matrix). No
+            ``"index"`` field: that one is added by a ``ShardedDataset``.
+
+        Raises:
+            ValueError: ``rows`` is not 1-D, not integers, or holds a row outside
+                ``[0, len(source))``; ``num_threads`` is outside [1, 256].
+            TypeError: ``num_threads`` is not an int.
+            RuntimeError: the native reader failed (an unreadable or changed file).
+        """
         who = f"{type(self).__name__}.read"
         rows = _convert.index_tensor(f"{who}: rows", [rows] if np.ndim(rows) == 0 else rows)
         return dict(self.native.read(rows, _convert.check_int(f"{who}: num_threads", num_threads)))
@@ -78,11 +111,37 @@ class Source(NativeBacked):
 
 
 class TensorSource(Source):
-    """Rows of in-memory tensors or numpy arrays: ``TensorSource(x)`` gives
-    field ``"X"``; ``TensorSource({"X": x, "y": y})`` one field per key. All
-    need the same first dimension (the rows); rows are gathered with ATen.
-    Numpy arrays are shared, not copied; tensors that require grad are read
-    detached."""
+    """Rows of in-memory tensors or numpy arrays, first dimension the rows.
+
+    ``TensorSource(x)`` gives the field ``"X"``; ``TensorSource({"X": x, "y": y})``
+    one field per key. Rows are gathered with ATen. Numpy arrays are shared, not
+    copied; tensors that require grad are read detached.
+
+    Args:
+        tensors: a tensor or numpy array (the field ``"X"``), or a dict of field
+            name -> tensor or numpy array, all with the same first dimension.
+            Numpy arrays must hold numbers or bools, in native byte order,
+            without negative strides.
+
+    Raises:
+        TypeError: ``tensors`` is a path (use ``torch_shards.open``), not a
+            tensor, array or dict; a field name is not a str; a numpy array holds
+            other than numbers or bools.
+        ValueError: the dict is empty; the fields differ in their number of rows;
+            a field is 0-d, on the meta device, a numpy array of non-native byte
+            order or with negative strides; a field is named ``"index"``
+            (reserved for row indices); a field name holds a NUL character or is
+            not valid UTF-8.
+
+    Example:
+        ```python
+        import torch
+        import torch_shards as ts
+
+        source = ts.TensorSource({"X": torch.randn(100, 8), "y": torch.arange(100)})
+        assert len(source) == 100 and source.fields == ["X", "y"]
+        ```
+    """
 
     def __init__(self, tensors):
         if isinstance(tensors, (torch.Tensor, np.ndarray)):
@@ -136,10 +195,17 @@ def _as_tensor(name, value):
 
 
 class RowsSource(Source):
-    """The rows of any indexable collection, without reading them: its
-    batches carry only ``"index"``. A ``ShardedDataset`` uses it for a
-    collection it cannot read natively (scDataset's ``data_collection``) and
-    fetches the rows it deals from the collection in Python."""
+    """``num_rows`` rows without fields: its batches carry only ``"index"``.
+
+    A ``ShardedDataset`` uses it for a collection it cannot read natively
+    (scDataset's ``data_collection``: an AnnData object, a list, ...) and fetches
+    the rows it deals from the collection in Python; there is rarely a reason to
+    make one yourself.
+
+    Args:
+        num_rows: the number of rows (converted with ``int()``).
+        description: what the rows are, shown in ``repr()``. Default ``""``.
+    """
 
     def __init__(self, num_rows, description=""):
         self.num_rows = int(num_rows)
@@ -220,11 +286,33 @@ def _storage(who, path, storage):
 class HDF5Source(Source):
     """Datasets of an HDF5 file, rows along the first axis.
 
-    ``HDF5Source(path, "/images")`` gives field ``"X"``;
+    ``HDF5Source(path, "/images")`` gives the field ``"X"``;
     ``HDF5Source(path, {"X": "/images", "y": "/labels"})`` one field per dataset
     (same number of rows). Every numeric dtype and bool; contiguous datasets
     are read with pread, chunked ones (shuffle, deflate, blosc, zstd) by
     decoding chunks in parallel, others through HDF5's own read path.
+    AnnData ``.h5ad`` files are read with ``AnnDataSource``.
+
+    Args:
+        path: the file (str, bytes or ``os.PathLike``, kept as an absolute path),
+            or a URL (``s3://``, ``http://``, ``https://``).
+        dataset: the path of a dataset inside the file (the field named
+            ``field``), or a dict of field name -> dataset path.
+        field: the field name of a single ``dataset``. Default ``"X"``.
+        storage: for a URL, a dict of storage options (the keyword arguments
+            of ``torch_shards.open`` that configure URLs: ``endpoint_url``,
+            ``region``, ...). Default None (the environment's settings).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        TypeError: ``path`` or ``dataset`` is of the wrong type; ``storage`` is
+            not a dict.
+        ValueError: ``dataset`` is an empty dict; the datasets differ in their
+            number of rows; a dataset holds strings or another unsupported
+            type; ``storage`` has an unknown key or is given for a local path;
+            a path or field name holds a NUL character or is not valid UTF-8.
+        RuntimeError: the file cannot be read as HDF5, or a dataset does not
+            exist (the message names the file and the dataset).
     """
 
     def __init__(self, path, dataset, *, field="X", storage=None):
@@ -241,10 +329,32 @@ class ZarrSource(Source):
     """A zarr array (v2 or v3, sharded or not; blosc, zstd, gzip, zlib or no
     compression), rows along the first axis.
 
-    ``ZarrSource(path)`` reads the array stored at ``path`` as field ``"X"``;
+    ``ZarrSource(path)`` reads the array stored at ``path`` as the field ``"X"``;
     ``ZarrSource(store, "/X")`` an array inside a group store, and
     ``ZarrSource(store, {"X": "/X", "y": "/y"})`` several arrays of one store.
     AnnData zarr stores are read with ``AnnDataSource``.
+
+    Args:
+        path: the store (a directory; str, bytes or ``os.PathLike``, kept as an
+            absolute path), or a URL (``s3://``, ``http://``, ``https://``).
+        array: the path of the array inside the store (the field named
+            ``field``), or a dict of field name -> array path. Default ``"/"``:
+            the store is the array.
+        field: the field name of a single ``array``. Default ``"X"``.
+        storage: for a URL, a dict of storage options (as for
+            ``HDF5Source``). Default None.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        TypeError: ``path`` or ``array`` is of the wrong type; ``storage`` is
+            not a dict.
+        ValueError: ``array`` is an empty dict; the arrays differ in their
+            number of rows; ``storage`` has an unknown key or is given for a
+            local path; a path or field name holds a NUL character or is not
+            valid UTF-8.
+        RuntimeError: there is no zarr array at ``array`` (a group, or nothing),
+            or its metadata or codecs cannot be read (the message names the
+            store and the array).
     """
 
     def __init__(self, path, array="/", *, field="X", storage=None):
@@ -296,6 +406,26 @@ class AnnDataSource(Source):
 
     Other encodings (``awkward-array``, CSC matrices, ...) raise, naming the element and its
     encoding.
+
+    Args:
+        path: a ``.h5ad`` file or an AnnData zarr store (str, bytes or ``os.PathLike``, kept as
+            an absolute path), or a URL (``s3://``, ``http://``, ``https://``).
+        obs: the obs columns to deliver, a list of names or one name. Default None: none.
+        layer: read ``layers/<layer>`` as the field ``"X"`` instead of ``X``. Default None.
+        dense: densify every CSR matrix natively (batches hold dense tensors). Default False.
+        fields: more per-cell elements, a dict of field name -> element path (see above).
+            Default None: none.
+        storage: for a URL, a dict of storage options (as for ``HDF5Source``). Default None.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        TypeError: ``obs`` is not a list of str, ``layer`` not a str, ``dense`` not a bool,
+            ``fields`` not a dict of str -> str; ``storage`` is not a dict.
+        ValueError: an obs column, layer or element that does not exist or cannot be read
+            (see above); clashing field names; ``storage`` with an unknown key, or given for
+            a local path; a name holding a NUL character or not valid UTF-8.
+        RuntimeError: ``path`` is not AnnData (neither an HDF5 file nor a zarr store with
+            ``obs`` and ``X`` or ``layers``).
     """
 
     elements = None  # the fields= of this source (sources pickled before fields= existed have none)
@@ -322,7 +452,8 @@ class AnnDataSource(Source):
 
     @property
     def anndata(self):
-        """The torch.classes.torch_shards.AnnData of this process."""
+        """The ``torch.classes.torch_shards.AnnData`` of this process: the opened file or store,
+        for lookups (names, categories)."""
         if self._anndata is None:
             self._apply_storage()
             self._anndata = ops.anndata(self.path)
@@ -333,28 +464,44 @@ class AnnDataSource(Source):
 
     @property
     def n_obs(self):
+        """int: The number of cells (rows), as stored."""
         return self.anndata.n_obs()
 
     @property
     def n_vars(self):
+        """int: The number of variables (columns of ``X``), as stored."""
         return self.anndata.n_vars()
 
     @property
     def obs_names(self):
+        """list[str]: The obs index (cell names), read from the file."""
         return list(self.anndata.obs_names())
 
     @property
     def var_names(self):
+        """list[str]: The var index (variable names), read from the file."""
         return list(self.anndata.var_names())
 
     @property
     def obs_columns(self):
+        """list[str]: The names of the file's obs columns (those ``obs=`` can deliver)."""
         return list(self.anndata.obs_columns())
 
     def categories(self, column):
-        """What the codes of a categorical or string obs column mean: code i is categories[i]
-        (-1: missing). A categorical's categories as stored (None for a missing one, whose codes
-        read as -1); a string column's sorted unique values."""
+        """What the codes of a categorical or string obs column mean.
+
+        Args:
+            column: the obs column's name.
+
+        Returns:
+            list: ``categories[i]`` is what code ``i`` stands for (-1: missing). A
+            categorical's categories as stored (None for a missing one, whose codes read as
+            -1); a string column's sorted unique values.
+
+        Raises:
+            ValueError: there is no such obs column, or it is neither categorical nor a string
+                column.
+        """
         return json.loads(
             self.anndata.categories_json(_convert.native_text("AnnDataSource.categories", "column", column))
         )
@@ -393,7 +540,18 @@ class Collection(Source):
     (anndata writes each file's categorical with only the values in it) reads as
     one categorical over their union (``categories(column)``): each source's codes
     are mapped to the union's as they are read. A column categorical (or string)
-    in one source and not in another raises ValueError naming both files."""
+    in one source and not in another raises ValueError naming both files.
+
+    Args:
+        sources: an iterable of at least one torch_shards source (collections
+            included); ``torch_shards.open(list_of_paths)`` makes one from paths.
+
+    Raises:
+        TypeError: an item is a path, or not a torch_shards source.
+        ValueError: no sources; the sources' fields differ (names, dtypes, row
+            shapes); an obs column is categorical (or string) in one source and
+            not in another.
+    """
 
     def __init__(self, sources):
         sources = list(sources)
@@ -415,7 +573,9 @@ class Collection(Source):
 
     def categories(self, column):
         """What the codes of a categorical or string obs column mean: code i is categories[i]
-        (-1: missing). The union of the sources' categories, in this order: the sources in
+        (-1: missing), as a list.
+
+        The union of the sources' categories, in this order: the sources in
         collection order (a nested collection's own union), each source's categories in its
         own order (``AnnDataSource.categories``), each category at its first appearance;
         categories compare as JSON values (2 and 2.0 are one). Sources without rows are
@@ -423,12 +583,20 @@ class Collection(Source):
         the sources agree, these are their categories and their codes; the first source's
         codes never change. For an ordered categorical, the union's order is this order of
         first appearance: an order across files only where they agree. For a string column
-        (codes into each file's sorted values) the union is not sorted across files."""
+        (codes into each file's sorted values) the union is not sorted across files.
+
+        Args:
+            column: the obs column's name.
+
+        Raises:
+            ValueError: no source reads that column, or the collection holds no
+                AnnData source.
+        """
         return json.loads(self.native.categories_json(_convert.native_text("Collection.categories", "column", column)))
 
     @property
     def offsets(self):
-        """First global row of each source."""
+        """list[int]: The first global row of each source, in order."""
         offsets, total = [], 0
         for source in self.sources:
             offsets.append(total)
@@ -437,19 +605,65 @@ class Collection(Source):
 
 
 def open(path, **kwargs):  # noqa: A001 - mirrors the builtin for paths
-    """The source for a path: .h5ad / AnnData zarr store -> AnnDataSource, other
-    HDF5 file -> HDF5Source (pass dataset=), zarr array -> ZarrSource, an annbatch
-    DatasetCollection -> a Collection of its datasets (in annbatch's order); a list of
-    paths -> a Collection of them. Keyword arguments go to the source(s).
+    """Opens a path as the source that reads it, by what the path holds.
+
+    - a ``.h5ad`` file or an AnnData zarr store -> ``AnnDataSource``;
+    - another HDF5 file -> ``HDF5Source`` (pass ``dataset=``);
+    - a zarr array -> ``ZarrSource``; another zarr group -> ``ZarrSource`` (pass ``array=``);
+    - an annbatch DatasetCollection -> a ``Collection`` of its datasets' ``AnnDataSource``
+      (in annbatch's order);
+    - a list or tuple of paths -> a ``Collection`` of each one opened (with the same keyword
+      arguments).
 
     Paths may be URLs: ``s3://bucket/key``, ``https://host/path``, ``http://...``.
-    Keyword arguments for them (each also a source's ``storage=`` entry; unset ones come
-    from the environment): ``endpoint_url`` (an S3-compatible server; AWS_ENDPOINT_URL),
-    ``region`` (AWS_REGION), ``profile`` (AWS_PROFILE), ``anonymous`` (unsigned requests,
-    for public buckets), ``max_requests`` (in flight per reading thread, default 64),
-    ``timeout`` (seconds per request attempt, default 60), ``retries`` (default 6),
-    ``cache_dir`` (a node-local cache shared by every process on the node;
-    TORCH_SHARDS_CACHE_DIR) and ``cache_bytes`` (its bound, default 64 GiB)."""
+
+    Args:
+        path: a path (str, bytes or ``os.PathLike``), a URL, or a list or tuple of them.
+        **kwargs: the source's own arguments (``AnnDataSource``: ``obs``, ``layer``, ``dense``,
+            ``fields``; ``HDF5Source``: ``dataset``, ``field``; ``ZarrSource``: ``array``,
+            ``field``; ``storage``), and for URLs the storage options below. Each storage
+            option is also an entry of a source's ``storage=`` dict; unset ones come from the
+            environment (the AWS variables and files, ``TORCH_SHARDS_CACHE_DIR``, ...):
+
+            - ``endpoint_url``: an S3-compatible server (default: AWS_ENDPOINT_URL, else AWS).
+            - ``region``: default AWS_REGION.
+            - ``profile``: default AWS_PROFILE.
+            - ``anonymous``: unsigned requests, for public buckets.
+            - ``max_requests``: requests in flight per reading thread, default 64.
+            - ``timeout``: seconds per request attempt, default 60.
+            - ``retries``: attempts after a transient failure, default 6.
+            - ``cache_dir``: a node-local cache shared by every process on the node
+              (default TORCH_SHARDS_CACHE_DIR, else none).
+            - ``cache_bytes``: the cache's bound, default 64 GiB.
+
+    Returns:
+        Source: an ``AnnDataSource``, ``HDF5Source``, ``ZarrSource`` or ``Collection``.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        TypeError: ``path`` is not a str, bytes or ``os.PathLike``; a keyword argument is not
+            one the chosen source takes.
+        ValueError: an HDF5 file that is not AnnData without ``dataset=``; a zarr group that
+            is not AnnData without ``array=``; a path that is neither an HDF5 file nor a zarr
+            store; storage options for a local path, or an unknown ``storage`` key.
+        RuntimeError: a URL cannot be reached or read (the message says why).
+
+    Example:
+        ```python
+        import os
+        import tempfile
+
+        import h5py
+        import numpy as np
+        import torch_shards as ts
+
+        path = os.path.join(tempfile.mkdtemp(), "images.h5")
+        with h5py.File(path, "w") as f:
+            f["images"] = np.zeros((10, 4), dtype=np.float32)
+        source = ts.open(path, dataset="/images")  # an HDF5Source, field "X"
+        assert len(source) == 10
+        ```
+    """
     if isinstance(path, (list, tuple)):
         return Collection([open(item, **kwargs) for item in path])
     path = _path("torch_shards.open", path)

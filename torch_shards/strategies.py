@@ -35,16 +35,42 @@ def _indices(who, values):
 
 
 class Strategy(NativeBacked):
-    """Base class: the parameters of a strategy; its native object
-    (torch.classes.torch_shards.Strategy) is built from them."""
+    """Base class of the sampling strategies: the order of rows in an epoch.
+
+    A strategy holds its parameters; its native object
+    (``torch.classes.torch_shards.Strategy``, ``strategy.native``) is built from
+    them in the constructor, so bad arguments fail there. Give it to a
+    ``ShardedDataset`` or a ``DistributedSampler``; ``plan()`` shows what it
+    plans. Arguments that depend on the number of rows (``weights``, ``labels``,
+    ``indices``) are checked against it when the strategy is given rows.
+    """
 
     def plan(self, num_rows, seed=0, epoch=0):
-        """The whole plan of one epoch for a source of ``num_rows`` rows, as an int64 tensor."""
+        """The whole plan of one epoch, for inspection and tests (O(plan size) memory).
+
+        Args:
+            num_rows: the number of rows of the source, at least 1.
+            seed: the seed, any int that fits in 64 bits. Default 0.
+            epoch: the epoch, at least 0. Default 0.
+
+        Returns:
+            torch.Tensor: the epoch's row indices in plan order (1-D int64), the
+            same on every machine, before it is split among ranks and workers.
+
+        Raises:
+            TypeError: an argument is not an int.
+            ValueError: ``num_rows`` < 1 or ``epoch`` < 0; the strategy does not
+                fit ``num_rows`` rows (e.g. ``weights`` with another length).
+        """
         num_rows, seed = _convert.check_int("num_rows", num_rows, 1), _convert.plan_seed("seed", seed)
         return self.native.plan(num_rows, seed, _convert.check_int("epoch", epoch, 0))
 
     def plan_size(self, num_rows):
-        """Number of plan entries per epoch for ``num_rows`` rows."""
+        """The number of plan entries per epoch for a source of ``num_rows`` rows.
+
+        Raises:
+            ValueError: ``num_rows`` < 1, or the strategy does not fit ``num_rows`` rows.
+        """
         return self.native.plan_size(_convert.check_int("num_rows", num_rows, 1))
 
     def __repr__(self):
@@ -64,9 +90,22 @@ class Strategy(NativeBacked):
 
 
 class Streaming(Strategy):
-    """Rows in order. ``shuffle=True`` permutes the samples inside each fetch
-    (a shuffle buffer of ``batch_size * fetch_factor`` rows); the fetches stay
-    in order."""
+    """Rows in order.
+
+    Args:
+        shuffle: permute the samples inside each fetch (a shuffle buffer of
+            ``batch_size * fetch_factor`` rows); the fetches stay in order.
+            Default False.
+        indices: restrict the strategy to these rows (e.g. a train split): a 1-D
+            sequence, numpy array or tensor of distinct row indices, visited in
+            ascending row order (a ``UserWarning`` says so when they were not
+            sorted). Default None: every row.
+
+    Raises:
+        TypeError: ``shuffle`` is not a bool.
+        ValueError: ``indices`` empty, not 1-D integers, negative or repeated
+            (or, once the strategy is given rows, not below their number).
+    """
 
     def __init__(self, shuffle=False, indices=None):
         self.shuffle = _convert.check_bool("Streaming: shuffle", shuffle)
@@ -80,7 +119,21 @@ class Streaming(Strategy):
 class BlockShuffling(Strategy):
     """Contiguous blocks of ``block_size`` rows in a pseudo-random block order
     that changes every epoch; the short final block takes part like any other.
-    Samples are also permuted inside each fetch."""
+    Samples are also permuted inside each fetch.
+
+    Args:
+        block_size: rows per block, at least 1. Default 8.
+        indices: restrict the strategy to these rows (e.g. a train split): a 1-D
+            sequence, numpy array or tensor of distinct row indices, visited in
+            ascending row order (a ``UserWarning`` says so when they were not
+            sorted). Default None: every row.
+
+    Raises:
+        TypeError: ``block_size`` is not an int.
+        ValueError: ``block_size`` < 1; ``indices`` empty, not 1-D integers,
+            negative or repeated (or, once the strategy is given rows, not
+            below their number).
+    """
 
     def __init__(self, block_size=8, indices=None):
         self.block_size = _convert.check_int("BlockShuffling: block_size", block_size)
@@ -102,6 +155,31 @@ class BlockWeightedSampling(Strategy):
     and every draw keeps exactly the target probability.
     ``replacement=False`` draws distinct rows (successive sampling, like
     ``torch.multinomial(replacement=False)``), visited in block order.
+
+    Args:
+        weights: 1-D non-negative finite weights (a sequence, numpy array or
+            tensor), one per row of the source or one per entry of ``indices``;
+            not all zero.
+        total_size: draws per epoch, at least 1. Default None: the number of
+            rows sampled from (all rows, or ``len(indices)``).
+        block_size: consecutive draws that share one block of neighbouring
+            rows, at least 1. Default 1: every draw independent.
+        indices: restrict the strategy to these rows (e.g. a train split): a 1-D
+            sequence, numpy array or tensor of distinct row indices, visited in
+            ascending row order (a ``UserWarning`` says so when they were not
+            sorted). Default None: every row.
+        replacement: draw with replacement. Default True. Without, ``total_size``
+            must not exceed the number of rows with a positive weight.
+
+    Raises:
+        TypeError: ``weights`` are complex; ``total_size`` or ``block_size`` is
+            not an int; ``replacement`` is not a bool.
+        ValueError: ``weights`` not 1-D numbers, negative, NaN or infinite, all
+            zero, or (once given rows) not one per row or per index;
+            ``total_size`` or ``block_size`` < 1; ``total_size`` above the rows
+            with positive weight when ``replacement=False``; ``indices``
+            empty, not 1-D integers, negative or repeated (or, once the
+            strategy is given rows, not below their number).
     """
 
     def __init__(self, weights, total_size=None, block_size=1, indices=None, replacement=True):
@@ -140,6 +218,37 @@ class ClassBalancedSampling(Strategy):
     ``smoothing`` in [0, 1] draws each class with probability
     ``(1 - smoothing) / classes + smoothing * class_size / labeled_rows``: 0
     balances the classes, 1 keeps their natural frequencies.
+
+    Args:
+        labels: one label per row of the source, or one per entry of
+            ``indices``: ints (class codes >= 0, -1 for missing), strings,
+            another comparable kind, or a pandas categorical. Exactly one of
+            ``labels`` and ``label_key`` is given.
+        total_size: draws per epoch, at least 1. Default None: the number of
+            rows sampled from (all rows, or ``len(indices)``).
+        block_size: consecutive draws that share one block of neighbouring
+            rows, at least 1. Default 1.
+        indices: restrict the strategy to these rows (e.g. a train split): a 1-D
+            sequence, numpy array or tensor of distinct row indices, visited in
+            ascending row order (a ``UserWarning`` says so when they were not
+            sorted). Default None: every row.
+        label_key: the name of a 1-D field of the dataset's source (for an
+            AnnData source, an obs column) to read the labels from, or, for a
+            collection read in Python, an obs column of that AnnData object.
+            Default None.
+        smoothing: a number in [0, 1]. Default 0.0 (balanced classes).
+
+    Raises:
+        TypeError: ``label_key`` is not a str; ``smoothing`` is not a number;
+            ``labels`` mix kinds (ints and strings); ``total_size`` or
+            ``block_size`` is not an int.
+        ValueError: both or neither of ``labels`` and ``label_key``; ``labels``
+            empty, not 1-D, holding NaN or a code below -1, or (once given rows)
+            not one per row or per index; every label missing; ``smoothing``
+            outside [0, 1]; ``total_size`` or ``block_size`` < 1; a
+            ``label_key`` the source has no 1-D field for; ``indices`` empty,
+            not 1-D integers, negative or repeated (or, once the strategy is
+            given rows, not below their number).
     """
 
     def __init__(self, labels=None, total_size=None, block_size=1, indices=None, *, label_key=None, smoothing=0.0):
@@ -208,6 +317,38 @@ class CustomStrategy(Strategy):
 
     ``shuffle=True`` permutes the rows inside each fetch, as the built-in
     strategies do; the plan's order is otherwise kept.
+
+    Args:
+        plan: the rows of every epoch (a 1-D tensor, numpy array or sequence of
+            row indices, at least one, repeats allowed), or a function
+            ``plan(num_rows, seed, epoch)`` returning one epoch's rows.
+        shuffle: permute the rows inside each fetch. Default False.
+        size: for a plan function, the number of rows each epoch's plan has
+            (at least 1). Default None: the length of epoch 0's plan, known once
+            the strategy is given rows (a ``ShardedDataset`` or
+            ``DistributedSampler``).
+
+    Raises:
+        TypeError: ``shuffle`` is not a bool; ``size`` is not an int.
+        ValueError: a fixed plan that is empty, not 1-D integers, or (once
+            given rows) holds a row outside the source; ``size`` with a fixed
+            plan, or ``size`` < 1; a plan function that returns different rows
+            for the same arguments, or no rows.
+
+    Example:
+        ```python
+        import numpy as np
+        import torch_shards as ts
+
+
+        def every_other_row(num_rows, seed, epoch):
+            rng = np.random.default_rng([seed, epoch])
+            return rng.permutation(np.arange(0, num_rows, 2))
+
+
+        strategy = ts.CustomStrategy(every_other_row)
+        assert strategy.plan_size(10) == 5
+        ```
     """
 
     def __init__(self, plan, *, shuffle=False, size=None):
