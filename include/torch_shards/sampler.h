@@ -34,16 +34,20 @@ class SamplerIteratorImpl;
 struct SamplerOptions {
   std::optional<int64_t> num_replicas{};  // default: process_group, else WORLD_SIZE, else 1
   std::optional<int64_t> rank{};          // default: process_group, else RANK, else 0 (only if num_replicas is 1)
-  bool shuffle = true;
-  int64_t seed = 0;
-  bool drop_last = false;
-  std::optional<Strategy> strategy{};  // any strategy's plan instead of range / permutation
+  bool shuffle = true;                    // without strategy: a keyed permutation (true) or range(N) (false)
+  int64_t seed = 0;                       // the same on every replica
+  bool drop_last = false;                 // trim the plan to a multiple of num_replicas instead of padding it
+  std::optional<Strategy> strategy{};     // any strategy's plan instead of range / permutation
+  // The group the ranks check, at construction, that they sample the same rows, strategy and seed over
+  // (null: none).
   c10::intrusive_ptr<c10d::ProcessGroup> process_group{};
 };
 
 // torch.classes.torch_shards.DistributedSampler.
 class TORCH_SHARDS_API DistributedSamplerImpl : public torch::CustomClassHolder {
  public:
+  // The arguments of SamplerOptions, for num_rows rows; c10::ValueError for a bad one, or for ranks that
+  // disagree over process_group.
   DistributedSamplerImpl(int64_t num_rows, const std::optional<c10::intrusive_ptr<StrategyImpl>>& strategy,
                          std::optional<int64_t> num_replicas, std::optional<int64_t> rank, bool shuffle, int64_t seed,
                          bool drop_last, const c10::intrusive_ptr<c10d::ProcessGroup>& process_group);
@@ -71,16 +75,24 @@ class TORCH_SHARDS_API DistributedSamplerImpl : public torch::CustomClassHolder 
   // Called by an iterator that reached the end of its epoch.
   void finished(int64_t epoch);
 
+  // The arguments as resolved (num_replicas and rank from the group or the environment when not given;
+  // the seed a loaded checkpoint's).
+  // @{
   int64_t num_rows() const { return num_rows_; }
   int64_t num_replicas() const { return num_replicas_; }
   int64_t rank() const { return rank_; }
   bool shuffle() const { return shuffle_; }
   int64_t seed() const { return seed_; }
   bool drop_last() const { return drop_last_; }
+  // @}
   // Indices this rank yields per epoch, and all ranks together (after padding).
+  // @{
   int64_t num_samples() const { return num_samples_; }
   int64_t total_size() const { return num_samples_ * num_replicas_; }
+  // @}
+  // Plan entries per epoch (before padding or trimming).
   int64_t plan_size() const { return plan_size_; }
+  // The strategy whose plan is sampled (without one given: range or a permutation).
   const c10::intrusive_ptr<StrategyImpl>& strategy() const { return strategy_; }
   // Where rank and num_replicas came from: "explicit", "group", "environment" or "default".
   const std::string& topology_source() const { return topology_source_; }
@@ -89,10 +101,14 @@ class TORCH_SHARDS_API DistributedSamplerImpl : public torch::CustomClassHolder 
   at::Tensor indices(int64_t epoch, int64_t first, int64_t count, int64_t offset = 0) const;
   // Indices this rank yields in an epoch after the first `offset` plan entries.
   int64_t samples_after(int64_t offset) const;
+  // What the ranks must agree on, one "key: value" line each (rows, strategy, plan entries, ...).
   std::string fingerprint() const;
 
+  // Pickling (TorchScript): the rows, the strategy given, and the arguments as given with the next epoch.
   using State = std::tuple<int64_t, std::optional<c10::intrusive_ptr<StrategyImpl>>, c10::Dict<std::string, int64_t>>;
+  // This sampler's State.
   State state() const;
+  // A sampler rebuilt from a State (without a process group).
   static c10::intrusive_ptr<DistributedSamplerImpl> from_state(const State& state);
 
  private:
@@ -119,10 +135,13 @@ class TORCH_SHARDS_API DistributedSamplerImpl : public torch::CustomClassHolder 
 // torch.classes.torch_shards.SamplerIterator: one epoch of one rank's indices.
 class TORCH_SHARDS_API SamplerIteratorImpl : public torch::CustomClassHolder {
  public:
+  // Made by DistributedSamplerImpl::iter(): epoch's indices after its first `offset` plan entries.
   SamplerIteratorImpl(c10::intrusive_ptr<DistributedSamplerImpl> sampler, int64_t epoch, int64_t offset);
   // The next indices (at most max_count, int64), or nullopt at the end.
   std::optional<at::Tensor> next(int64_t max_count);
+  // The epoch this iterator yields.
   int64_t epoch() const { return epoch_; }
+  // Indices yielded so far.
   int64_t position() const { return position_; }
   // Indices this iterator yields in all.
   int64_t length() const { return length_; }
@@ -138,6 +157,7 @@ class TORCH_SHARDS_API SamplerIteratorImpl : public torch::CustomClassHolder {
 // A torch::data sampler (torch::data::make_data_loader) over DistributedSamplerImpl.
 class DistributedSampler : public torch::data::samplers::Sampler<std::vector<size_t>> {
  public:
+  // A sampler of `size` rows; c10::ValueError for a bad option.
   explicit DistributedSampler(size_t size, const SamplerOptions& options = {})
       : options_(options), impl_(make(static_cast<int64_t>(size))) {}
 
@@ -152,6 +172,7 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
     returned_ = 0;
   }
 
+  // The next indices of this rank (at most batch_size), or nullopt at the end of the epoch.
   std::optional<std::vector<size_t>> next(size_t batch_size) override {
     if (!iterator_) reset();
     const std::optional<at::Tensor> chunk = iterator_->next(static_cast<int64_t>(batch_size));
@@ -163,17 +184,20 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
 
   // The checkpoint (DistributedSamplerImpl::state_dict) after the indices returned so far.
   c10::Dict<std::string, int64_t> state_dict() const { return impl_->state_dict(iterator_ ? returned_ : 0); }
+  // Resumes from state_dict() (DistributedSamplerImpl::load_state_dict): the next reset() starts there.
   void load_state_dict(const c10::Dict<std::string, int64_t>& state) {
     impl_->load_state_dict(state);
     iterator_.reset();
   }
 
+  // Writes state_dict() to a torch::serialize archive (one int64 scalar per key).
   void save(torch::serialize::OutputArchive& archive) const override {
     for (const auto& item : state_dict()) {
       archive.write(item.key(), at::scalar_tensor(item.value(), at::kLong), /*is_buffer=*/true);
     }
   }
 
+  // Reads what save() wrote and resumes from it (load_state_dict).
   void load(torch::serialize::InputArchive& archive) override {
     c10::Dict<std::string, int64_t> state;
     for (const std::string& key : archive.keys()) {
@@ -184,10 +208,13 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
     load_state_dict(state);
   }
 
+  // Pins the epoch of the next reset(); later ones count on from it.
   void set_epoch(int64_t epoch) { impl_->set_epoch(epoch); }
+  // The epoch of the current (or last) iteration.
   int64_t epoch() const { return impl_->epoch(); }
   // Indices per epoch on this rank.
   size_t size() const { return static_cast<size_t>(impl_->num_samples()); }
+  // The script object (torch.classes.torch_shards.DistributedSampler).
   const c10::intrusive_ptr<DistributedSamplerImpl>& native() const { return impl_; }
 
  private:
