@@ -47,12 +47,16 @@ class TORCH_SHARDS_API StrategyImpl : public torch::CustomClassHolder {
   // Checks the parameters (c10::ValueError naming the one at fault).
   explicit StrategyImpl(StrategyState state);
 
+  // The strategies, with the Python door's arguments (torch_shards.Streaming, BlockShuffling, ...; an absent
+  // optional is Python's None); c10::ValueError naming a bad argument.
+  // @{
   static c10::intrusive_ptr<StrategyImpl> streaming(bool shuffle, const std::optional<at::Tensor>& indices);
   static c10::intrusive_ptr<StrategyImpl> block_shuffling(int64_t block_size, const std::optional<at::Tensor>& indices);
   static c10::intrusive_ptr<StrategyImpl> block_weighted_sampling(const at::Tensor& weights,
                                                                   std::optional<int64_t> total_size, int64_t block_size,
                                                                   const std::optional<at::Tensor>& indices,
                                                                   bool replacement);
+  // @}
   // labels, or label_key: a field of the dataset's source (for AnnData, any obs column) read when
   // a dataset is made with the strategy.
   static c10::intrusive_ptr<StrategyImpl> class_balanced_sampling(const std::optional<at::Tensor>& labels,
@@ -65,8 +69,11 @@ class TORCH_SHARDS_API StrategyImpl : public torch::CustomClassHolder {
                                                           std::optional<int64_t> size, bool shuffle,
                                                           const std::string& description);
 
+  // What the strategy is made from and pickles to.
   const StrategyState& state() const { return state_; }
+  // "Streaming", "BlockShuffling", "BlockWeightedSampling", "ClassBalancedSampling" or "CustomStrategy".
   const std::string& kind() const { return std::get<0>(state_); }
+  // The strategy and its parameters, as Python's repr() shows it: "BlockShuffling(block_size=8, indices=None)".
   std::string describe() const;
   // Plan entries per epoch for a source of num_rows rows.
   int64_t plan_size(int64_t num_rows) const;
@@ -98,12 +105,14 @@ class TORCH_SHARDS_API Strategy : public Handle<StrategyImpl> {
 // Rows in order; shuffle=true permutes the samples inside each fetch.
 class TORCH_SHARDS_API Streaming : public Strategy {
  public:
+  // indices: the rows to visit (distinct, >= 0), in ascending order; nullopt: every row.
   explicit Streaming(bool shuffle = false, const std::optional<at::Tensor>& indices = std::nullopt);
 };
 
 // Contiguous blocks of block_size rows in a new pseudo-random order each epoch.
 class TORCH_SHARDS_API BlockShuffling : public Strategy {
  public:
+  // block_size >= 1; indices as for Streaming. c10::ValueError for a bad argument.
   explicit BlockShuffling(int64_t block_size = 8, const std::optional<at::Tensor>& indices = std::nullopt);
 };
 
@@ -117,6 +126,7 @@ struct BlockWeightedSamplingOptions {
 // total_size draws with probability proportional to weights.
 class TORCH_SHARDS_API BlockWeightedSampling : public Strategy {
  public:
+  // weights: 1-D, finite, >= 0, not all zero; one per row or one per entry of options.indices.
   explicit BlockWeightedSampling(const at::Tensor& weights, const BlockWeightedSamplingOptions& options = {});
 };
 
@@ -130,6 +140,7 @@ struct ClassBalancedSamplingOptions {
 // Weights inversely proportional to class frequency (labels: int64 class codes, -1 for missing).
 class TORCH_SHARDS_API ClassBalancedSampling : public Strategy {
  public:
+  // labels: 1-D int64 codes >= 0 (-1: missing), one per row or one per entry of options.indices.
   explicit ClassBalancedSampling(const at::Tensor& labels, const ClassBalancedSamplingOptions& options = {});
   // Labels read from the dataset's source: a field, or an AnnData obs column.
   explicit ClassBalancedSampling(const std::string& label_key, const ClassBalancedSamplingOptions& options = {});
@@ -138,6 +149,7 @@ class TORCH_SHARDS_API ClassBalancedSampling : public Strategy {
 // A plan the user computed: the same rows every epoch.
 class TORCH_SHARDS_API CustomStrategy : public Strategy {
  public:
+  // plan: 1-D int64 row indices (at least one, repeats allowed); shuffle: permute them inside each fetch.
   explicit CustomStrategy(const at::Tensor& plan, bool shuffle = false);
 };
 
