@@ -64,23 +64,35 @@ class TORCH_SHARDS_API SourceImpl : public torch::CustomClassHolder {
  public:
   // Builds (or re-opens) the source the state describes.
   explicit SourceImpl(const SourceState& state);
+  // A source already built (the state it pickles to, and the reader).
   SourceImpl(SourceState state, std::shared_ptr<const sources::Source> source);
 
+  // Fields of in-memory tensors (one row per index of the first dimension), as torch_shards.TensorSource.
   static c10::intrusive_ptr<SourceImpl> tensor_source(const c10::Dict<std::string, at::Tensor>& fields);
   // num_rows rows without fields (batches carry only "index"); description names them.
   static c10::intrusive_ptr<SourceImpl> rows_source(int64_t num_rows, const std::string& description);
+  // Field name -> dataset path inside the HDF5 file at `path`, as torch_shards.HDF5Source.
   static c10::intrusive_ptr<SourceImpl> hdf5_source(const std::string& path,
                                                     const c10::Dict<std::string, std::string>& datasets);
+  // Field name -> array path inside the zarr store at `path` ("/": the store is the array), as
+  // torch_shards.ZarrSource.
   static c10::intrusive_ptr<SourceImpl> zarr_source(const std::string& path,
                                                     const c10::Dict<std::string, std::string>& arrays);
+  // X (or layers/<layer>), the `fields` and the `obs` columns of the AnnData at `path`, as
+  // torch_shards.AnnDataSource.
   static c10::intrusive_ptr<SourceImpl> anndata_source(const std::string& path, const std::vector<std::string>& obs,
                                                        const std::optional<std::string>& layer, bool dense,
                                                        const AnnDataFields& fields = {});
+  // The parts as one row space (Collection below).
   static c10::intrusive_ptr<SourceImpl> collection(const std::vector<c10::intrusive_ptr<SourceImpl>>& parts);
 
+  // What the source is made from and pickles to.
   const SourceState& state() const { return state_; }
+  // "TensorSource", "RowsSource", "HDF5Source", "ZarrSource", "AnnDataSource" or "Collection".
   const std::string& kind() const { return std::get<0>(state_); }
+  // The number of rows.
   int64_t num_rows() const;
+  // The fields every read returns, in order (without "index").
   std::vector<std::string> field_names() const;
   // One line per field: "X: Float[2000] (sparse CSR)".
   std::vector<std::string> field_specs() const;
@@ -95,10 +107,12 @@ class TORCH_SHARDS_API SourceImpl : public torch::CustomClassHolder {
   // this object's differ: a process that opens the source again (a spawned
   // DataLoader worker) checks it reads the files the first one opened.
   c10::Dict<std::string, int64_t> opened_stamps() const;
+  // Throws an error naming the file unless this object's files are those `stamps` (opened_stamps()) describe.
   void check_same_files(const c10::Dict<std::string, int64_t>& stamps) const;
   // The rows (1-D int64; any order, repeats allowed), read with num_threads threads.
   Batch read(const at::Tensor& rows, int64_t num_threads) const;
 
+  // The reader behind it (internal: sources::Source is not part of the installed headers).
   const std::shared_ptr<const sources::Source>& get() const { return source_; }
 
  private:
@@ -110,16 +124,25 @@ class TORCH_SHARDS_API SourceImpl : public torch::CustomClassHolder {
 // store, for lookups (names, categories) and for making sources.
 class TORCH_SHARDS_API AnnDataImpl : public torch::CustomClassHolder {
  public:
+  // Opens the .h5ad file or AnnData zarr store (or URL) at `path`.
   explicit AnnDataImpl(const std::string& path);
 
+  // The path it was opened from.
   const std::string& path() const { return path_; }
+  // The numbers of cells (rows) and variables, as stored.
+  // @{
   int64_t n_obs() const;
   int64_t n_vars() const;
+  // @}
+  // The obs and var indexes (cell and variable names), and the names of the obs columns.
+  // @{
   std::vector<std::string> obs_names() const;
   std::vector<std::string> var_names() const;
   std::vector<std::string> obs_columns() const;
+  // @}
   // The categories of a categorical obs column, as a JSON array.
   std::string categories_json(const std::string& column) const;
+  // A source of this AnnData (SourceImpl::anndata_source's arguments).
   c10::intrusive_ptr<SourceImpl> source(const std::vector<std::string>& obs, const std::optional<std::string>& layer,
                                         bool dense, const AnnDataFields& fields = {}) const;
 
@@ -150,6 +173,7 @@ struct StorageOptions {
   std::string cache_dir;            // node-local cache shared by every process of the node; "": none
   int64_t cache_bytes = 0;          // its bound; 0: 64 GiB
 };
+// Registers `options` for the URLs below `url` in this process (see StorageOptions).
 TORCH_SHARDS_API void set_storage_options(const std::string& url, const StorageOptions& options);
 // The same from JSON ({"endpoint_url": ..., "cache_bytes": ...}), as the
 // Python door passes them; ValueError naming an unknown key or a bad value.
@@ -227,6 +251,7 @@ class TORCH_SHARDS_API AnnDataSource : public Source {
 // copy of inner.
 class TORCH_SHARDS_API Collection : public Source {
  public:
+  // At least one part, all with the same fields; c10::ValueError otherwise.
   explicit Collection(const std::vector<Source>& parts);
   // What the codes of a categorical or string obs column read by its AnnData
   // sources mean, as a JSON array (code i is element i; -1: missing): the
@@ -244,6 +269,7 @@ class TORCH_SHARDS_API Collection : public Source {
 // such collection.
 class TORCH_SHARDS_API AnnbatchCollection : public Collection {
  public:
+  // The collection at `path`, each dataset read with `options`.
   explicit AnnbatchCollection(const std::string& path, const AnnDataSourceOptions& options = {});
 };
 
