@@ -123,34 +123,46 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   void set_epoch(int64_t epoch);
   // The most recently started epoch (-1 before the first).
   int64_t epoch() const;
+  // The epoch the next iteration starts.
   int64_t next_epoch() const;
 
   // Batches this rank delivers per epoch, all workers together (exact).
   int64_t num_batches() const;
+  // Batches DataLoader worker `worker` of `num_workers` delivers in the next epoch (c10::ValueError for a
+  // worker outside [0, num_workers)).
   int64_t worker_batches(int64_t worker, int64_t num_workers) const;
   // The seed every process reading this dataset uses: the one given, agreed over the group, or loaded from
   // a checkpoint (in this process, or in a DataLoader worker: StatefulDataLoader restores states there).
   int64_t seed() const;
+  // The options as resolved (rank and world size from the group or the environment when not given).
+  // @{
   int64_t rank() const { return rank_; }
   int64_t world_size() const { return world_size_; }
   int64_t batch_size() const { return options_.batch_size; }
   int64_t fetch_factor() const { return options_.fetch_factor; }
   bool drop_last() const { return options_.drop_last; }
   std::optional<std::string> even_batches() const { return options_.even_batches; }
+  // @}
   // Whether batches are assembled in pinned memory (false without CUDA, whatever was asked).
   bool pin_memory() const { return options_.pin_memory; }
   // The device batches are delivered on (in-process iteration), or nullopt: the host.
   std::optional<c10::Device> device() const { return options_.device; }
   // The LOCAL_RANK cross-check's warning for that device, or empty: each door warns its own way.
   const std::string& device_warning() const { return device_warning_; }
+  // An epoch's layout: its plan entries, its fetches and its batches (all ranks together).
+  // @{
   int64_t plan_size() const;
   int64_t num_fetches() const;
   int64_t num_global_batches() const;
+  // @}
   // Rows of fetch f of an epoch, in delivery order.
   at::Tensor fetch_rows(int64_t epoch, int64_t fetch) const;
+  // The source read.
   const c10::intrusive_ptr<SourceImpl>& source() const { return source_; }
+  // The strategy planning the epochs (label_key resolved against the source).
   const c10::intrusive_ptr<StrategyImpl>& strategy() const { return strategy_; }
 
+  // The dataset, its source, strategy and options, as Python's repr() shows it.
   std::string describe() const;
   // What this rank reads and how, one "key: value" line per property that must agree across ranks.
   std::string fingerprint() const;
@@ -160,10 +172,12 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   // taken: c10::ValueError on every process otherwise. Done at construction when a process group
   // is given; the Python door does it at the first iteration when a group appeared since.
   void synchronize(const c10::intrusive_ptr<c10d::ProcessGroup>& group);
+  // Whether synchronize() ran (here, or in the process whose state this copy shares).
   bool synchronized() const;
   // Where rank and world size came from: "explicit", "group", "environment" or "default".
   const std::string& topology_source() const { return topology_source_; }
 
+  // The words shared with DataLoader workers' copies (see the constructor).
   const at::Tensor& shared_state() const { return shared_state_; }
   // [DataLoader workers + 1, 2]: batches and rows delivered by each worker, then by the main process.
   at::Tensor delivery_counts() const;
@@ -196,7 +210,9 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   // next epoch and a loaded checkpoint not yet resumed (the copy resumes it).
   using State = std::tuple<c10::intrusive_ptr<SourceImpl>, c10::intrusive_ptr<StrategyImpl>,
                            c10::Dict<std::string, int64_t>, std::string>;
+  // This dataset's State.
   State state() const;
+  // A dataset rebuilt from a State (without a process group).
   static c10::intrusive_ptr<ShardedDatasetImpl> from_state(const State& state);
 
  private:
@@ -284,15 +300,20 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   // Delivers every later batch on `device`, copied on a side stream (the dataset's device option).
   void deliver_to(c10::Device device);
 
+  // The epoch this iterator delivers.
   int64_t epoch() const { return epoch_; }
+  // What this iteration reads (internal: Iteration is not part of the installed headers).
   const Iteration& iteration() const;
   // Batches this iterator delivers in all, and those delivered so far.
+  // @{
   int64_t num_batches() const { return num_batches_; }
   int64_t batches_delivered() const { return delivered_; }
+  // @}
   // Batches the rank delivers in this iteration, all its DataLoader workers together.
   int64_t rank_batches() const;
   // Whether the last batch repeats one another rank delivers (even_batches="pad").
   bool last_was_padding() const { return last_padding_; }
+  // Whether close() ran: later reads raise.
   bool closed() const;
   // units, rows and bytes delivered, queue_depth, in_flight, wait_us, read_us, threads, thread<k>_units.
   c10::Dict<std::string, int64_t> stats() const;
@@ -340,20 +361,32 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
 // Or pass the loop's own count: dataset->state_dict(consumed_batches), as in Python.
 class TORCH_SHARDS_API BatchIterator {
  public:
+  // An input iterator over Batch values.
+  // @{
   using iterator_category = std::input_iterator_tag;
   using value_type = Batch;
   using difference_type = std::ptrdiff_t;
   using pointer = const Batch*;
   using reference = const Batch&;
+  // @}
 
   BatchIterator() = default;  // the end
+  // The batches of one epoch's iterator (ShardedDatasetImpl::iter()).
   explicit BatchIterator(c10::intrusive_ptr<BatchIteratorImpl> impl) : impl_(std::move(impl)) {}
 
+  // The current batch, taken (counted as consumed) the first time.
+  // @{
   const Batch& operator*() const { return take(); }
   const Batch* operator->() const { return &take(); }
+  // @}
+  // The next batch (the current one counts as consumed even if it was not looked at).
   BatchIterator& operator++();
+  // Iterators compare equal when both are at the end (waits for the next batch, takes nothing).
+  // @{
   bool operator==(const BatchIterator& other) const { return at_end() && other.at_end(); }
   bool operator!=(const BatchIterator& other) const { return !(*this == other); }
+  // @}
+  // The script object (torch.classes.torch_shards.BatchIterator).
   const c10::intrusive_ptr<BatchIteratorImpl>& native() const { return impl_; }
 
  private:
