@@ -1,12 +1,12 @@
 """Reading annbatch's own format side by side with annbatch, against the decode limit.
 
-    python benchmarks/annbatch_format.py                          # 1e6 x 2000 CSR, ~5% non-zeros
-    python benchmarks/annbatch_format.py --rows 200000 --rounds 2 # quicker
-    python benchmarks/annbatch_format.py --datasets 4              # the rows in 4 datasets, as in a
-                                                                   # large collection (annbatch's
-                                                                   # dataset_size)
+    python -m benchmarks.annbatch_format                          # 1e6 x 2000 CSR, ~5% non-zeros
+    python -m benchmarks.annbatch_format --rows 200000 --rounds 2 # quicker
+    python -m benchmarks.annbatch_format --datasets 4             # the rows in 4 datasets, as in a
+                                                                  # large collection (annbatch's
+                                                                  # dataset_size)
 
-The file: a CSR .h5ad (benchmarks/storage_throughput.py writes it) turned into an annbatch
+The file: a CSR .h5ad (the harness's data writer, as benchmarks/storage_throughput.py's) turned into an annbatch
 DatasetCollection by annbatch's own add_adatas with its defaults (zarr v3, sharded, blosc lz4
 clevel 3 with byte shuffle, 64-row chunks), in --data-dir (benchmarks/data). Writing it and
 reading with annbatch need a Python with annbatch (>= 3.12, no torch): --annbatch-python (default:
@@ -44,58 +44,24 @@ cache warm, batch 256, epoch after epoch for --seconds each, in alternated round
 
 Configurations: block 64 with fetch_factor 8 against annbatch's chunk 64 x preload 32, and annbatch's
 default 512-row chunks (block 512, fetch_factor 64 against chunk 512 x preload 32).
+
+Writes benchmarks/results/annbatch_format[_<n>_datasets].{txt,json} and, with matplotlib, a .png: rows/s
+of every method per block size against the decode limit.
 """
 
-import argparse
 import json
 import os
-import resource
-import shutil
-import statistics
 import subprocess
-import sys
-import time
 import warnings
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+try:
+    from benchmarks.harness import annbatch, cli, data, limits, machine, native, results, rounds, timing
+except ImportError:  # run as a file: benchmarks/ is on sys.path
+    from harness import annbatch, cli, data, limits, machine, native, results, rounds, timing
+
 BATCH_SIZE = 256
 PRELOAD_NCHUNKS = 32
 CONFIGS = [64, 512]  # chunk size (annbatch) = block size (torch_shards)
-
-
-def default_annbatch_python():
-    """The Makefile's annbatch venv (make bench makes it), else the one this VM's sessions used."""
-    for candidate in (os.path.join(HERE, "..", ".venv-annbatch", "bin", "python"), "/work/venv313/bin/python"):
-        if os.path.exists(candidate):
-            return os.path.normpath(candidate)
-    return None
-
-
-def datasets_suffix(args):
-    """Of the collection's and the results' names: "" for annbatch's default, one dataset here."""
-    return "" if args.datasets == 1 else f"_{args.datasets}_datasets"
-
-
-def ensure_collection(args):
-    import storage_throughput
-
-    h5ad = os.path.join(args.data_dir, f"csr_{args.rows}.h5ad")
-    collection = os.path.join(args.data_dir, f"annbatch_{args.rows}{datasets_suffix(args)}.zarr")
-    if os.path.exists(os.path.join(collection, "zarr.json")):
-        return collection
-    if not args.annbatch_python:
-        return None
-    if not os.path.exists(h5ad):
-        print(f"writing {h5ad} ...", flush=True)
-        storage_throughput.write_csr_h5ad(h5ad, args.rows)
-    print(f"writing {collection} with annbatch's add_adatas ...", flush=True)
-    shutil.rmtree(collection, ignore_errors=True)
-    sizes = [] if args.datasets == 1 else ["--dataset-size", str(-(-args.rows // args.datasets))]
-    subprocess.run(
-        [args.annbatch_python, os.path.join(HERE, "annbatch_side.py"), "write", h5ad, collection] + sizes, check=True
-    )
-    return collection
 
 
 def x_arrays(collection):
@@ -116,99 +82,20 @@ def anndata_specs(collection):
     return [f"{collection}:/{os.path.relpath(source.path, collection)}" for source in ts.open(collection).sources]
 
 
-def shown_path(path):
-    """Relative to the repository when inside it, else as given."""
-    relative = os.path.relpath(path, ROOT)
-    return path if relative.startswith("..") else relative
-
-
-def build_decode_limit(args):
-    # In the project's build directory (configured by `make setup`), with the library's flags.
-    build = os.path.join(ROOT, "build", "native")
-    subprocess.run(["cmake", "--build", build, "--target", "decode_limit"], check=True, stdout=subprocess.DEVNULL)
-    return os.path.join(build, "decode_limit")
-
-
-def warm(collection):
-    for directory, _, files in os.walk(collection):
-        for name in files:
-            with open(os.path.join(directory, name), "rb") as f:
-                while f.read(64 << 20):
-                    pass
-
-
-def decode_limit(binary, specs, rows, args):
-    done = subprocess.run(
-        ["taskset", "-c", args.cpu_list, binary, "--threads", str(args.cores), "--seconds", str(args.seconds)] + specs,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    result = json.loads(done.stdout)
-    return rows * result["passes"] / result["seconds"], rows * result["passes"] / result["cpu_seconds"]
-
-
-def io_floor(binary, specs, rows, block, shuffle_rows, args):
-    done = subprocess.run(
-        ["taskset", "-c", args.cpu_list, binary, "--threads", str(args.cores), "--seconds", str(args.seconds)]
-        + ["--csr-blocks", str(block), "--fetch-rows", str(block * PRELOAD_NCHUNKS)]
-        + (["--shuffle-rows"] if shuffle_rows else [])
-        + specs,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    result = json.loads(done.stdout)
-    return rows * result["passes"] / result["seconds"], rows * result["passes"] / result["cpu_seconds"]
-
-
-def dense_write_limit(binary, collection, args):
-    """Rows/s of writing dense float32 rows of X's width, as sparse as X's (the share of all-zero
-    cache lines changes the rate), into memory with the dense scatter's stores, on --cores threads."""
+def x_width_and_density(collection):
+    """X's width and its share of stored values (the dense write limit writes rows as sparse)."""
     import torch_shards as ts
 
     stored = cells = 0
     width = None
     for source in ts.open(collection).sources:
-        data = os.path.join(source.path, "X", "data")
-        meta = os.path.join(data, "zarr.json") if os.path.exists(os.path.join(data, "zarr.json")) else None
-        with open(meta or os.path.join(data, ".zarray")) as f:
+        array = os.path.join(source.path, "X", "data")
+        meta = os.path.join(array, "zarr.json") if os.path.exists(os.path.join(array, "zarr.json")) else None
+        with open(meta or os.path.join(array, ".zarray")) as f:
             stored += json.load(f)["shape"][0]
         cells += source.n_obs * source.n_vars
         width = source.n_vars
-    done = subprocess.run(
-        ["taskset", "-c", args.cpu_list, binary, "--threads", str(args.cores), "--seconds", str(args.seconds)]
-        + ["--write-rows", str(width), "--write-density", str(stored / cells)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    result = json.loads(done.stdout)
-    rows = result["written_rows"] * result["passes"]
-    return rows / result["seconds"], rows / result["cpu_seconds"]
-
-
-def cpu_description():
-    """The CPU's model and the widest vectors the library's hot loops use on it: results differ by CPU."""
-    model, flags = "unknown CPU", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    model = value.strip()
-                elif key.strip() == "flags":
-                    flags = set(value.split())
-                    break
-    except OSError:
-        pass
-    vectors = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-    return f"{model}, {vectors}"
-
-
-def cpu_seconds():
-    usage = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
-    return usage.ru_utime + usage.ru_stime
+    return width, stored / cells
 
 
 def torch_shards_rate(collection, block, dense, args):
@@ -224,39 +111,26 @@ def torch_shards_rate(collection, block, dense, args):
         rank=0,
         world_size=1,
     )
-    rows, start, cpu_start = 0, None, None
-    while True:
-        for batch in dataset:
-            if start is None:
-                start, cpu_start = time.perf_counter(), cpu_seconds()
-                continue
-            rows += batch["index"].shape[0]
-            if time.perf_counter() - start > args.seconds:
-                return rows / (time.perf_counter() - start), rows / (cpu_seconds() - cpu_start)
+    timed = timing.run_for(dataset, args.seconds)
+    return timed.rows / timed.seconds, timed.rows / timed.cpu_seconds
 
 
 def cpp_rate(program, collection, block, args):
     ff = block * PRELOAD_NCHUNKS // BATCH_SIZE
     command = [program, "annbatch", collection, str(block), str(args.cores), str(args.seconds), str(ff)]
-    done = subprocess.run(["taskset", "-c", args.cpu_list] + command, check=True, capture_output=True, text=True)
+    done = subprocess.run(machine.taskset(args.cpu_list, command), check=True, capture_output=True, text=True)
     wall, cpu = map(float, done.stdout.split())
     return wall, cpu
 
 
 def annbatch_rate(collection, block, args):
-    done = subprocess.run(
-        ["taskset", "-c", args.cpu_list, args.annbatch_python, os.path.join(HERE, "annbatch_side.py"), "read"]
-        + [collection, "--chunk-size", str(block), "--preload-nchunks", str(PRELOAD_NCHUNKS)]
-        + ["--batch-size", str(BATCH_SIZE), "--seconds", str(args.seconds)],
-        check=True,
-        capture_output=True,
-        text=True,
+    result = annbatch.read(
+        args.annbatch_python, collection, block, PRELOAD_NCHUNKS, BATCH_SIZE, args.seconds, cpu_list=args.cpu_list
     )
-    result = json.loads(done.stdout.strip().splitlines()[-1])
     return result["rows"] / result["seconds"], result["rows"] / result["cpu_seconds"]
 
 
-def print_per_round(walls):
+def print_per_round(walls, say):
     """The targets' ratios taken round by round (each against the same round's decode limit or CSR
     rate, measured minutes apart in the VM's same phase), their median and range: steadier than the
     ratios of the medians above, whose numerators and denominators come from different rounds."""
@@ -269,99 +143,48 @@ def print_per_round(walls):
             f"torch_shards dense block {block}",
         )
         pairs = [
-            (f"block {block} of the decode limit", sparse, "decode limit", False),
-            (f"block {block} C++ of the decode limit", cpp, "decode limit", False),
-            (f"block {block} dense/CSR time per row", sparse, dense, True),
+            (f"block {block} of the decode limit", sparse, "decode limit", ""),
+            (f"block {block} C++ of the decode limit", cpp, "decode limit", ""),
+            (f"block {block} dense/CSR time per row", sparse, dense, "x"),
         ]
-        for label, numerator, denominator, times in pairs:
-            if numerator not in walls or denominator not in walls:
-                continue
-            ratios = [n / d for n, d in zip(walls[numerator], walls[denominator])]
-            unit = "x" if times else ""
-            lines.append(
-                f"  {label}: median {statistics.median(ratios):.3f}{unit} (rounds "
-                + ", ".join(f"{r:.3f}" for r in ratios)
-                + ")"
-            )
+        for label, numerator, denominator, unit in pairs:
+            if numerator in walls and denominator in walls:
+                lines.append(f"  {label}: " + rounds.spread(rounds.ratios(walls[numerator], walls[denominator]), unit))
     if lines:
-        print("\nPer round (each ratio within one round):\n" + "\n".join(lines))
+        say("\nPer round (each ratio within one round):\n" + "\n".join(lines))
 
 
-def annbatch_status(python):
-    if not python:
-        return "not installed (needs a Python >= 3.12 with annbatch: --annbatch-python)"
-    done = subprocess.run(
-        [python, "-c", "import annbatch, importlib.metadata as m; print(m.version('annbatch'))"],
-        capture_output=True,
-        text=True,
-    )
-    return None if done.returncode == 0 else f"not importable by {python}"
-
-
-def main():
-    warnings.filterwarnings("ignore", message=".*[Ss]parse")
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument(
-        "--datasets", type=int, default=1, help="datasets annbatch cuts the rows into (1: its default, here)"
-    )
-    parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--rounds", type=int, default=3, help="alternated rounds; medians are reported")
-    parser.add_argument("--data-dir", default=os.path.join(HERE, "data"))
-    parser.add_argument("--annbatch-python", default=default_annbatch_python())
-    parser.add_argument("--skip", default="", help="comma-separated methods to leave out")
-    parser.add_argument("--json", default=None, help="default: results/annbatch_format[_<n>_datasets].json")
-    args = parser.parse_args()
-    if args.json is None:
-        args.json = os.path.join(HERE, "results", f"annbatch_format{datasets_suffix(args)}.json")
-    sys.path.insert(0, HERE)
-    os.makedirs(args.data_dir, exist_ok=True)
-    cpus = sorted(os.sched_getaffinity(0))[: args.cores]
-    args.cpu_list = ",".join(map(str, cpus))
-    os.sched_setaffinity(0, cpus)  # torch_shards runs in this process: the same cores as the others
-
-    status = annbatch_status(args.annbatch_python)
-    collection = ensure_collection(args)
-    if collection is None:
-        print(f"annbatch: {status}; no collection in {args.data_dir} to read, nothing measured")
-        return
-    binary = build_decode_limit(args)
-    from cpp_iteration import build_cpp
-
-    program = build_cpp()
-    specs = x_arrays(collection)
-    warm(collection)
-    import torch_shards as ts
-
-    rows = len(ts.open(collection))
-    skip = set(filter(None, args.skip.split(",")))
-    datasets = anndata_specs(collection)
+def method_list(collection, binary, program, rows, status, args):
+    """(name, block or None, measure) of every method, the limits first."""
+    specs, datasets = x_arrays(collection), anndata_specs(collection)
+    width, density = x_width_and_density(collection)
+    on = dict(cores=args.cores, seconds=args.seconds, cpu_list=args.cpu_list)
     methods = [
-        ("decode limit", None, lambda: decode_limit(binary, specs, rows, args)),
-        ("dense write limit", None, lambda: dense_write_limit(binary, collection, args)),
+        ("decode limit", None, lambda: limits.decode(binary, specs, rows, **on)),
+        ("dense write limit", None, lambda: limits.dense_write(binary, width, density, **on)),
     ]
     for block in CONFIGS:
         ff = block * PRELOAD_NCHUNKS // BATCH_SIZE
-        methods.append(
-            (f"io floor block {block}", block, lambda b=block: io_floor(binary, datasets, rows, b, False, args))
-        )
-        methods.append(
-            (f"io floor shuffled block {block}", block, lambda b=block: io_floor(binary, datasets, rows, b, True, args))
-        )
-        methods.append(
+        fetch = block * PRELOAD_NCHUNKS
+        methods += [
+            (
+                f"io floor block {block}",
+                block,
+                lambda b=block, f=fetch: limits.io_floor(binary, datasets, rows, b, f, False, **on),
+            ),
+            (
+                f"io floor shuffled block {block}",
+                block,
+                lambda b=block, f=fetch: limits.io_floor(binary, datasets, rows, b, f, True, **on),
+            ),
             (
                 f"torch_shards block {block} ff {ff}",
                 block,
                 lambda b=block: torch_shards_rate(collection, b, False, args),
-            )
-        )
-        methods.append(
-            (f"torch_shards C++ block {block} ff {ff}", block, lambda b=block: cpp_rate(program, collection, b, args))
-        )
-        methods.append(
-            (f"torch_shards dense block {block}", block, lambda b=block: torch_shards_rate(collection, b, True, args))
-        )
+            ),
+            (f"torch_shards C++ block {block} ff {ff}", block, lambda b=block: cpp_rate(program, collection, b, args)),
+            (f"torch_shards dense block {block}", block, lambda b=block: torch_shards_rate(collection, b, True, args)),
+        ]
         if status is None:
             methods.append(
                 (
@@ -370,30 +193,59 @@ def main():
                     lambda b=block: annbatch_rate(collection, b, args),
                 )
             )
-    methods = [m for m in methods if m[0].split(" block")[0].split(" chunk")[0] not in skip]
-    print(
-        f"{shown_path(collection)}: {rows} rows; {args.cores} cores (cpus {args.cpu_list}); "
+    return [m for m in methods if m[0].split(" block")[0].split(" chunk")[0] not in args.skip]
+
+
+def main():
+    warnings.filterwarnings("ignore", message=".*[Ss]parse")
+    parser = cli.parser(
+        __doc__, lambda args: f"annbatch_format{data.datasets_suffix(args.datasets)}", rounds=3, seconds=8.0
+    )
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument(
+        "--datasets", type=int, default=1, help="datasets annbatch cuts the rows into (1: its default, here)"
+    )
+    cli.add_cores(parser)
+    parser.add_argument("--data-dir", default=cli.DATA)
+    parser.add_argument("--annbatch-python", default=annbatch.default_python())
+    cli.add_skip(parser)
+    args = cli.parse(parser)
+    os.makedirs(args.data_dir, exist_ok=True)
+    args.cpu_list = machine.pin(args.cores)  # torch_shards runs in this process: the same cores as the others
+
+    status = annbatch.status(args.annbatch_python)
+    collection = data.annbatch_collection(args.data_dir, args.rows, args.datasets, args.annbatch_python)
+    if collection is None:
+        print(f"annbatch: {status}; no collection in {args.data_dir} to read, nothing measured")
+        return
+    binary = native.build_decode_limit()
+    program = native.build_iterate()
+    data.warm(collection)
+    import torch_shards as ts
+
+    rows = len(ts.open(collection))
+    methods = method_list(collection, binary, program, rows, status, args)
+    say = results.Report()
+    say(
+        f"{cli.shown_path(collection)}: {rows} rows; {args.cores} cores (cpus {args.cpu_list}); "
         f"batch {BATCH_SIZE}; "
-        f"{args.seconds:.0f} s per measurement, {args.rounds} alternated rounds (median); {cpu_description()}"
+        f"{args.seconds:.0f} s per measurement, {args.rounds} alternated rounds (median); {machine.cpu_description()}"
     )
     if status:
-        print(f"annbatch: {status}")
-    walls = {name: [] for name, _, _ in methods}
-    cpus = {name: [] for name, _, _ in methods}
-    for round_ in range(args.rounds):
-        for name, _, measure in methods:
-            wall, cpu = measure()
-            walls[name].append(wall)
-            cpus[name].append(cpu)
-            print(f"  round {round_ + 1}: {name:<36} {wall:>12,.0f} rows/s {cpu:>12,.0f} rows/CPU-s", flush=True)
-    wall = {name: statistics.median(values) for name, values in walls.items()}
-    cpu = {name: statistics.median(values) for name, values in cpus.items()}
+        say(f"annbatch: {status}")
+
+    def report(round_, name, result):
+        say(f"  round {round_}: {name:<36} {result[0]:>12,.0f} rows/s {result[1]:>12,.0f} rows/CPU-s")
+
+    measured = rounds.alternate({name: measure for name, _, measure in methods}, args.rounds, report)
+    walls, cpus = rounds.column(measured, 0), rounds.column(measured, 1)
+    wall, cpu = rounds.medians(walls), rounds.medians(cpus)
     header = (
         f"{'method':<36} {'rows/s':>11} {'of limit':>9} {'of floor':>9} {'vs annbatch':>12} {'rows/CPU-s':>11} "
         f"{'of limit':>9} {'of floor':>9} {'vs annbatch':>12}"
     )
-    print("\n" + header + "\n" + "-" * len(header))
-    results = []
+    say("\n" + header + "\n" + "-" * len(header))
+    found = []
     for name, block, _ in methods:
         reference = f"annbatch chunk {block} x {PRELOAD_NCHUNKS}"
         floor = f"io floor shuffled block {block}"
@@ -411,12 +263,12 @@ def main():
         def shown(fraction):
             return "" if fraction is None else f"{fraction:.2f}"
 
-        print(
+        say(
             f"{name:<36} {wall[name]:>11,.0f} {shown(of_limit(wall)):>9} {of_floor(wall):>9} "
             f"{versus(wall):>12} {cpu[name]:>11,.0f} {shown(of_limit(cpu)):>9} {of_floor(cpu):>9} "
             f"{versus(cpu):>12}"
         )
-        results.append(
+        found.append(
             {
                 "method": name,
                 "rows_per_s": wall[name],
@@ -427,7 +279,7 @@ def main():
                 "of_limit_cpu": of_limit(cpu),
             }
         )
-    print(
+    say(
         "\ndense=True against CSR (time per row; a dense row costs reading its CSR row, in source order since each "
         "dense row is written to its own place, plus writing it):"
     )
@@ -437,33 +289,51 @@ def main():
         if sparse not in wall or dense not in wall or "dense write limit" not in wall:
             continue
         model = 1 / (1 / wall[sparse] + 1 / wall["dense write limit"])
-        print(
+        say(
             f"  block {block}: dense/CSR {wall[sparse] / wall[dense]:.2f}x (per CPU-second "
             f"{cpu[sparse] / cpu[dense]:.2f}x); CSR time + writing the rows at the "
             f"write limit: {model:,.0f} rows/s = {wall[sparse] / model:.2f}x the CSR time, ours at "
             f"{wall[dense] / model:.2f} of that"
         )
-    print_per_round(walls)
-    print(
+    print_per_round(walls, say)
+    say(
         "\nrows/CPU-s: rows per second of the process's CPU time (all its threads), steadier than rows/s where "
         "other work shares the cores.\nio floor: random blocks read by the io code alone (see the top of this file); "
         "io floor shuffled: the same with each fetch's rows shuffled, as ours delivers them; 'of floor' compares "
         "ours with the shuffled floor of the same block size."
     )
-    if args.json:
-        os.makedirs(os.path.dirname(args.json), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "rows": rows,
-                    "cores": args.cores,
-                    "cpu": cpu_description(),
-                    "batch_size": BATCH_SIZE,
-                    "results": results,
-                },
-                f,
-                indent=1,
-            )
+    summary = {
+        "rows": rows,
+        "cores": args.cores,
+        "cpu": machine.cpu_description(),
+        "batch_size": BATCH_SIZE,
+        "results": found,
+    }
+    results.write(args.out, say.text(), summary)
+    plot(found, args.out + ".png")
+
+
+def plot(found, path):
+    """rows/s of every method per block size (bars), the decode and dense write limits as levels."""
+    wall = {r["method"]: r["rows_per_s"] for r in found}
+    groups = [f"block {block}" for block in CONFIGS]
+    kinds = {
+        "io floor": "io floor block {b}",
+        "io floor shuffled": "io floor shuffled block {b}",
+        "torch_shards": "torch_shards block {b} ff {ff}",
+        "torch_shards C++": "torch_shards C++ block {b} ff {ff}",
+        "torch_shards dense": "torch_shards dense block {b}",
+        "annbatch": "annbatch chunk {b} x " + str(PRELOAD_NCHUNKS),
+    }
+    bars = {}
+    for label, pattern in kinds.items():
+        names = [pattern.format(b=b, ff=b * PRELOAD_NCHUNKS // BATCH_SIZE) for b in CONFIGS]
+        if any(name in wall for name in names):
+            bars[label] = [wall.get(name, 0) for name in names]
+    levels = {name: wall[name] for name in ("decode limit", "dense write limit") if name in wall}
+    results.bar_plots(
+        path, {"rows/s against the limits": {"groups": groups, "bars": bars, "levels": levels}}, "rows / s"
+    )
 
 
 if __name__ == "__main__":

@@ -15,10 +15,13 @@ zarr-python's own).
 
 import argparse
 import json
-import resource
 import sys
-import time
 import warnings
+
+try:
+    from benchmarks.harness import timing
+except ImportError:  # run as a file (as annbatch's Python runs it): benchmarks/ is on sys.path
+    from harness import timing
 
 
 def write(args):
@@ -32,12 +35,6 @@ def write(args):
         DatasetCollection(zarr.open_group(args.collection, mode="w")).add_adatas(
             [args.input], rng=np.random.default_rng(0), **sizes
         )
-
-
-def cpu_seconds():
-    """CPU time of this process, all its threads (zarrs decodes on its own)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def use_zarrs():
@@ -87,23 +84,20 @@ def read(args):
         shuffle=True,
         preload_to_gpu=False,
     ).use_collection(collection, load_adata=lambda group: ad.AnnData(X=ad.io.sparse_dataset(group["X"])))
-    rows = batches = 0
-    start = cpu_start = None
-    while True:
-        for batch in loader:
-            if start is None:  # the clock starts at the first batch: start-up is not counted
-                start, cpu_start = time.perf_counter(), cpu_seconds()
-                continue
-            rows += batch["X"].shape[0]
-            batches += 1
-            if time.perf_counter() - start > args.seconds:
-                elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu_start
-                print(
-                    json.dumps(
-                        {"rows": rows, "seconds": elapsed, "cpu_seconds": cpu, "batches": batches, "zarrs": zarrs}
-                    )
-                )
-                return
+    # the clock starts at the first batch: start-up is not counted; CPU time of every thread (zarrs decodes on
+    # its own)
+    timed = timing.run_for(loader, args.seconds, lambda batch: batch["X"].shape[0])
+    print(
+        json.dumps(
+            {
+                "rows": timed.rows,
+                "seconds": timed.seconds,
+                "cpu_seconds": timed.cpu_seconds,
+                "batches": timed.batches,
+                "zarrs": zarrs,
+            }
+        )
+    )
 
 
 def main():

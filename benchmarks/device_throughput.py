@@ -3,15 +3,13 @@ the physical limit measured in the same run: a pinned host-to-device copy of
 the same bytes. Dense (TensorSource) and sparse CSR (an .h5ad) batches, then
 the loop's wait fraction with a synthetic training step of fixed duration.
 
-    python benchmarks/device_throughput.py      # table + benchmarks/results/device_throughput_<gpu>.{txt,json}
+    python -m benchmarks.device_throughput    # table + benchmarks/results/device_throughput_<gpu>.{txt,json}
 
 Expected: dense >= 0.8 of the pinned copy limit; wait fraction near 0 once the
 step is longer than reading and copying a batch. Needs a CUDA GPU (prints why
 not and exits 0 without one).
 """
 
-import argparse
-import json
 import os
 import sys
 import tempfile
@@ -19,19 +17,10 @@ import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def pinned_copy_gbps(nbytes, repeats=20):
-    host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
-    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    device.copy_(host, non_blocking=True)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        device.copy_(host, non_blocking=True)
-    torch.cuda.synchronize()
-    return nbytes * repeats / (time.perf_counter() - start) / 1e9
+try:
+    from benchmarks.harness import cli, data, limits, machine, results
+except ImportError:  # run as a file: benchmarks/ is on sys.path
+    from harness import cli, data, limits, machine, results
 
 
 def delivered_gbps(dataset, epochs=3):
@@ -53,20 +42,6 @@ def _nbytes(tensor):
     return tensor.numel() * tensor.element_size()
 
 
-def sparse_rows(rows, columns, per_row, seed=0):
-    """A CSR matrix with per_row values in each row, at increasing columns spread over the width
-    (scipy.sparse.random takes minutes at this size)."""
-    import numpy as np
-    import scipy.sparse as sp
-
-    rng = np.random.default_rng(seed)
-    stride = columns // per_row
-    indices = (np.arange(per_row) * stride + rng.integers(0, stride, size=(rows, per_row))).astype(np.int32)
-    values = rng.standard_normal(rows * per_row, dtype=np.float32)
-    indptr = np.arange(rows + 1, dtype=np.int64) * per_row
-    return sp.csr_matrix((values, indices.ravel(), indptr), shape=(rows, columns))
-
-
 def wait_fraction(dataset, step_ms):
     cycles = int(step_ms * 1e-3 * torch.cuda.get_device_properties(0).clock_rate * 1e3)
     waited = 0.0
@@ -86,15 +61,24 @@ def wait_fraction(dataset, step_ms):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(
+        __doc__,
+        lambda args: f"device_throughput_{machine.gpu_slug(torch.cuda.get_device_name(0))}",
+        rounds=3,
+        rounds_aliases=("--epochs",),
+        rounds_help="epochs measured after a warm-up epoch (their rate is reported)",
+    )
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--width", type=int, default=2048, help="float32 values per dense row (8 KB)")
     parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--out-dir", default=os.path.join(HERE, "results"))
-    args = parser.parse_args()
+    parser.add_argument("--out-dir", default=None, help="a directory for the default names (the older --out)")
     if not torch.cuda.is_available():
+        parser.parse_args()
         print("device_throughput: needs a CUDA GPU; none here (nothing measured)")
         return 0
+    args = cli.parse(parser)
+    if args.out_dir:
+        args.out = os.path.join(args.out_dir, os.path.basename(args.out))
     import anndata as ad
 
     import torch_shards as ts
@@ -109,36 +93,31 @@ def main():
     )
     batch_bytes = args.batch_size * args.width * 4
     rows = []
-    limit = pinned_copy_gbps(batch_bytes)
-    ours = delivered_gbps(dense)
+    limit = limits.pinned_copy_gbps(batch_bytes)
+    ours = delivered_gbps(dense, args.rounds)
     rows.append(("dense float32", ours, limit))
     print(f"dense: {ours:.2f} GB/s, pinned copy limit {limit:.2f} GB/s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "csr.h5ad")
-        ad.AnnData(sparse_rows(args.rows, 20_000, 400)).write_h5ad(path)
+        ad.AnnData(data.sparse_rows(args.rows, 20_000, 400)).write_h5ad(path)
         print("written", path, flush=True)
         csr = ts.ShardedDataset(
             ts.AnnDataSource(path), ts.BlockShuffling(64), batch_size=args.batch_size, seed=0, device="cuda"
         )
-        rows.append(("CSR (.h5ad, 2% dense)", delivered_gbps(csr), limit))
+        rows.append(("CSR (.h5ad, 2% dense)", delivered_gbps(csr, args.rounds), limit))
     waits = [(ms, wait_fraction(dense, ms)) for ms in (1, 5, 20)]
-    lines = [
-        f"GPU: {gpu}; torch {torch.__version__}",
-        "",
-        "| batches | delivered GB/s | pinned H2D limit GB/s | ratio |",
-        "|---|---|---|---|",
-    ]
-    lines += [f"| {name} | {gbps:.2f} | {lim:.2f} | {gbps / lim:.2f} |" for name, gbps, lim in rows]
-    lines += ["", "| synthetic step | wait fraction |", "|---|---|"]
-    lines += [f"| {ms} ms | {fraction:.3f} |" for ms, fraction in waits]
-    text = "\n".join(lines)
+    text = "\n\n".join(
+        [
+            f"GPU: {gpu}; torch {torch.__version__}",
+            results.markdown(
+                ["batches", "delivered GB/s", "pinned H2D limit GB/s", "ratio"],
+                [(name, f"{gbps:.2f}", f"{lim:.2f}", f"{gbps / lim:.2f}") for name, gbps, lim in rows],
+            ),
+            results.markdown(["synthetic step", "wait fraction"], [(f"{ms} ms", f"{f:.3f}") for ms, f in waits]),
+        ]
+    )
     print(text)
-    name = "".join(c if c.isalnum() else "_" for c in gpu).strip("_").lower()
-    out = os.path.join(args.out_dir, f"device_throughput_{name}")
-    with open(out + ".txt", "w") as f:
-        f.write(text + "\n")
-    with open(out + ".json", "w") as f:
-        json.dump({"gpu": gpu, "rows": rows, "wait_fraction": waits}, f, indent=1)
+    results.write(args.out, text, {"gpu": gpu, "rows": rows, "wait_fraction": waits})
     return 0
 
 

@@ -1,7 +1,7 @@
 """The host path: how close the reader gets to a hand-written torch gather of the same rows.
 
-    python benchmarks/host_path.py                  # 100,000 rows of 8 KB (float32 x 2048), 5 epochs
-    python benchmarks/host_path.py --rows 40000     # quicker
+    python -m benchmarks.host_path                  # 100,000 rows of 8 KB (float32 x 2048), 5 epochs
+    python -m benchmarks.host_path --rows 40000     # quicker
 
 For each source (TensorSource over an in-memory tensor, HDF5 contiguous, HDF5 chunked (64-row chunks,
 uncompressed); the files live in /dev/shm when it has room, so in memory) and each batch size (256 and
@@ -28,58 +28,27 @@ faulted in): minor page faults of the whole process (getrusage), those that made
 (/proc/vmstat, machine-wide) counted as 2 MB, the others as a page; in the first epoch, and the mean and
 largest after it. T is the machine's core count unless --threads says otherwise.
 
-Writes benchmarks/results/host_path.txt and .json (--out names another prefix).
+Writes benchmarks/results/host_path.txt and .json (--out names another prefix), and with matplotlib
+host_path.png: rows/s against the batch size, a panel per source, beside the torch loops and the copy limit.
 """
 
-import argparse
-import json
 import os
-import resource
 import statistics
-import subprocess
-import tempfile
 import time
 
 import h5py
 import torch
-from annbatch_format import build_decode_limit
 
 import torch_shards as ts
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+try:
+    from benchmarks.harness import cli, data, limits, native, results
+    from benchmarks.harness.machine import faulted_bytes
+except ImportError:  # run as a file, or imported with benchmarks/ on sys.path (tests/test_host_path.py)
+    from harness import cli, data, limits, native, results
+    from harness.machine import faulted_bytes
+
 BLOCK = 64
-PAGE = os.sysconf("SC_PAGE_SIZE")
-HUGE_PAGE = 2 << 20
-
-
-def huge_page_faults():
-    """Transparent huge pages faulted in, machine-wide (/proc/vmstat; 0 where there is none)."""
-    try:
-        with open("/proc/vmstat") as f:
-            for line in f:
-                name, value = line.split()
-                if name == "thp_fault_alloc":
-                    return int(value)
-    except OSError:
-        pass
-    return 0
-
-
-def faulted_bytes():
-    """Bytes this process has faulted in so far: each minor fault maps a page, or 2 MB where it made a huge
-    page (the pool's large storages ask for them: counted as pages, their faults would look 512x rarer)."""
-    huge = huge_page_faults()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - huge) * PAGE + huge * HUGE_PAGE
-
-
-def data_dir(bytes_needed):
-    try:
-        stat = os.statvfs("/dev/shm")
-        if stat.f_bavail * stat.f_frsize > 3 * bytes_needed:
-            return tempfile.mkdtemp(prefix="torch_shards_host_path_", dir="/dev/shm")
-    except OSError:
-        pass
-    return tempfile.mkdtemp(prefix="torch_shards_host_path_")
 
 
 def ours_epoch(dataset):
@@ -120,20 +89,6 @@ def fresh_epoch(x, plan, batch_size, ring):
     return plan.numel(), seconds, faulted_bytes() - faults
 
 
-def copy_limit(binary, x, batch_size, fetch_factor, threads, seconds):
-    """Rows/s of decode_limit --gather-rows: the copy of this configuration and nothing else."""
-    done = subprocess.run(
-        [binary, "--threads", str(threads), "--seconds", str(seconds), "--gather-rows", str(x.shape[0])]
-        + ["--row-bytes", str(x[0].numel() * x.element_size()), "--blocks", str(BLOCK)]
-        + ["--fetch-rows", str(batch_size * fetch_factor)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    result = json.loads(done.stdout)
-    return result["gathered_rows"] * result["passes"] / result["seconds"]
-
-
 def measure(name, make_source, x, batch_size, epochs, threads, prefetch, limit_binary, seed=0):
     strategy = ts.BlockShuffling(BLOCK)
     options = {} if prefetch is None else {"prefetch": prefetch}
@@ -143,10 +98,13 @@ def measure(name, make_source, x, batch_size, epochs, threads, prefetch, limit_b
     row_bytes = x[0].numel() * x.element_size()
     buffer = torch.empty((batch_size, *x.shape[1:]), dtype=x.dtype)
     ring = torch.zeros((max(batch_size, RING_BYTES // row_bytes), *x.shape[1:]), dtype=x.dtype)  # faulted in
-    ours, theirs, fresh, limits = [], [], [], []
+    ours, theirs, fresh, copies = [], [], [], []
     for epoch in range(epochs):
         if epoch % 2 == 1:  # between our epochs, as often as the machine's memory changes pace
-            limits.append(copy_limit(limit_binary, x, batch_size, dataset.fetch_factor, threads, 0.5))
+            copy = limits.gather_copy(
+                limit_binary, x.shape[0], row_bytes, BLOCK, batch_size * dataset.fetch_factor, threads, 0.5
+            )
+            copies.append(copy)
         plan = strategy.plan(x.shape[0], seed, epoch)  # the rows of ours' epoch, in block order
         rows, seconds, faults = ours_epoch(dataset)
         assert rows == x.shape[0], (rows, x.shape[0])
@@ -162,13 +120,13 @@ def measure(name, make_source, x, batch_size, epochs, threads, prefetch, limit_b
         "torch_shards_rows_per_s": statistics.median(r for r, _ in ours[steady]),
         "torch_rows_per_s": statistics.median(r for r, _ in theirs[steady]),
         "fresh_rows_per_s": statistics.median(r for r, _ in fresh[steady]),
-        "copy_limit_rows_per_s": statistics.median(limits),
+        "copy_limit_rows_per_s": statistics.median(copies),
         "torch_shards_faults_first": ours[0][1],
         "torch_shards_faults_after": statistics.mean(f for _, f in ours[steady]),
         "torch_shards_faults_after_max": max(f for _, f in ours[steady]),
         "torch_faults_after": max(f for _, f in theirs[steady]),
         "epochs": {"torch_shards": ours, "torch": theirs, "fresh": fresh},
-        "copy_limits": limits,
+        "copy_limits": copies,
     }
     result["ratio"] = result["torch_shards_rows_per_s"] / result["torch_rows_per_s"]
     result["ratio_fresh"] = result["torch_shards_rows_per_s"] / result["fresh_rows_per_s"]
@@ -177,22 +135,26 @@ def measure(name, make_source, x, batch_size, epochs, threads, prefetch, limit_b
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(
+        __doc__,
+        "host_path",
+        rounds=5,
+        rounds_aliases=("--epochs",),
+        rounds_help="alternated epochs per method and configuration (the first is warm-up)",
+    )
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--columns", type=int, default=2048, help="float32 values per row (2048: 8 KB)")
-    parser.add_argument("--epochs", type=int, default=5, help="per method and configuration (the first is warm-up)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 4096])
     parser.add_argument("--prefetch", type=int, default=None, help="ShardedDataset's prefetch (default: its default)")
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "host_path"))
-    args = parser.parse_args()
-    if args.epochs < 2:
+    args = cli.parse(parser)
+    if args.rounds < 2:
         parser.error("--epochs must be >= 2 (the first is the warm-up)")
     torch.set_num_threads(args.threads)
-    limit_binary = build_decode_limit(args)
+    limit_binary = native.build_decode_limit()
 
     x = torch.randn(args.rows, args.columns)
-    directory = data_dir(x.numel() * x.element_size())
+    directory = data.scratch_dir(x.numel() * x.element_size(), "torch_shards_host_path_")
     contiguous, chunked = os.path.join(directory, "contiguous.h5"), os.path.join(directory, "chunked.h5")
     with h5py.File(contiguous, "w") as f:
         f.create_dataset("X", data=x.numpy())
@@ -203,14 +165,14 @@ def main():
         "HDF5 contiguous": lambda: ts.HDF5Source(contiguous, "X"),
         "HDF5 chunked": lambda: ts.HDF5Source(chunked, "X"),
     }
-    results = []
+    found = []
     try:
         for name, make_source in sources.items():
             for batch_size in args.batch_sizes:
                 result = measure(
-                    name, make_source, x, batch_size, args.epochs, args.threads, args.prefetch, limit_binary
+                    name, make_source, x, batch_size, args.rounds, args.threads, args.prefetch, limit_binary
                 )
-                results.append(result)
+                found.append(result)
                 print(
                     f"{name:16s} b={batch_size:5d}  ours {result['torch_shards_rows_per_s']:.3g} rows/s  "
                     f"torch {result['torch_rows_per_s']:.3g} rows/s  ratio {result['ratio']:.2f}  "
@@ -229,7 +191,7 @@ def main():
     lines = [
         f"host path: {args.rows} rows x {args.columns} float32 ({gigabytes:.2f} GB), BlockShuffling({BLOCK}), "
         f"fetch_factor 16, {args.threads} threads, "
-        f"prefetch {'default' if args.prefetch is None else args.prefetch}, {args.epochs} alternated epochs "
+        f"prefetch {'default' if args.prefetch is None else args.prefetch}, {args.rounds} alternated epochs "
         "(first = warm-up), "
         f"torch {torch.__version__}",
         "",
@@ -237,8 +199,8 @@ def main():
         " copy limit rows/s | ratio | faults epoch 1 | faults after (mean / max) | time per row vs smallest batch |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    base = {r["source"]: r["torch_shards_rows_per_s"] for r in results if r["batch_size"] == min(args.batch_sizes)}
-    for r in results:
+    base = {r["source"]: r["torch_shards_rows_per_s"] for r in found if r["batch_size"] == min(args.batch_sizes)}
+    for r in found:
         slowdown = base[r["source"]] / r["torch_shards_rows_per_s"]
         r["slowdown_vs_smallest_batch"] = slowdown
         lines.append(
@@ -252,23 +214,39 @@ def main():
     text = "\n".join(lines)
     print()
     print(text)
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out + ".txt", "w") as f:
-        f.write(text + "\n")
-    with open(args.out + ".json", "w") as f:
-        json.dump(
-            {
-                "rows": args.rows,
-                "columns": args.columns,
-                "threads": args.threads,
-                "epochs": args.epochs,
-                "torch": torch.__version__,
-                "cpu_count": os.cpu_count(),
-                "results": results,
-            },
-            f,
-            indent=1,
-        )
+    results.write(
+        args.out,
+        text,
+        {
+            "rows": args.rows,
+            "columns": args.columns,
+            "threads": args.threads,
+            "epochs": args.rounds,
+            "torch": torch.__version__,
+            "cpu_count": os.cpu_count(),
+            "results": found,
+        },
+    )
+    plot(found, args.out + ".png")
+
+
+def plot(found, path):
+    """rows/s against the batch size, a panel per source: ours, the two torch loops, the copy limit."""
+    panels = {}
+    for source in dict.fromkeys(r["source"] for r in found):
+        rows = [r for r in found if r["source"] == source]
+        batches = [r["batch_size"] for r in rows]
+        lines = {
+            label: (batches, [r[key] for r in rows])
+            for label, key in (
+                ("torch_shards", "torch_shards_rows_per_s"),
+                ("torch gather (one buffer)", "torch_rows_per_s"),
+                ("fresh memory (512 MB ring)", "fresh_rows_per_s"),
+                ("copy limit (decode_limit --gather-rows)", "copy_limit_rows_per_s"),
+            )
+        }
+        panels[source] = {"lines": lines}
+    results.line_plots(path, panels, "batch size", "rows / s", logx=2, logy=False)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Plan throughput and memory: how fast each tool decides which rows one rank
 reads in one epoch, and what that costs in memory, for N = 1e6 .. 1e9 rows.
 
-    python benchmarks/plan_throughput.py                  # N = 1e6, 1e8, 1e9
-    python benchmarks/plan_throughput.py --sizes 1e6,1e7  # quicker
+    python -m benchmarks.plan_throughput                  # N = 1e6, 1e8, 1e9
+    python -m benchmarks.plan_throughput --sizes 1e6,1e7  # quicker
 
 Every measurement runs in a fresh subprocess (peak RSS is its own) and covers
 one whole epoch of one rank (world size 1 unless --world-size), no data read:
@@ -14,7 +14,10 @@ one whole epoch of one rank (world size 1 unless --world-size), no data read:
   scDataset                 scDataset's own __iter__ over a no-I/O collection (if installed)
 
 Configurations whose memory would not fit (e.g. torch's sampler at 1e9 needs
-randperm(N) plus N Python ints, about 44 GB) are reported as skipped.
+randperm(N) plus N Python ints, about 44 GB) are reported as skipped. With
+--rounds above 1 every N's measurements alternate round by round and the
+round of the median rate is reported. Writes benchmarks/results/plan_throughput.{txt,json}
+and, with matplotlib, a plot of indices/s and peak memory against N (.png).
 """
 
 import argparse
@@ -23,6 +26,11 @@ import os
 import subprocess
 import sys
 import time
+
+try:
+    from benchmarks.harness import cli, machine, results, rounds
+except ImportError:  # run as a file: benchmarks/ is on sys.path
+    from harness import cli, machine, results, rounds
 
 STRATEGIES = ["Streaming", "BlockShuffling", "BlockWeightedSampling", "ClassBalancedSampling"]
 BATCH_SIZE = 256
@@ -143,17 +151,9 @@ def child(method, strategy_name, num_rows, world_size):
     print(json.dumps({"indices": count, "seconds": seconds, "peak_mb": max(rss_mb() - baseline, 0.0)}))
 
 
-def available_bytes():
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 8 << 30
-
-
 def measure(method, strategy_name, num_rows, world_size, timeout):
     need = BYTES_PER_ROW.get((method, strategy_name), 0) * num_rows
-    if need > 0.7 * available_bytes():
+    if need > 0.7 * machine.available_bytes():
         return {"skipped": f"needs ~{need / 2**30:.0f} GB"}
     command = [sys.executable, __file__, "--child", method, str(strategy_name), str(num_rows), str(world_size)]
     try:
@@ -173,59 +173,107 @@ def have_scdataset():
     return True
 
 
+def median_round(measured):
+    """The round of the median rate (a skipped round where every round was skipped)."""
+    done = [r for r in measured if "skipped" not in r]
+    if not done:
+        return measured[0]
+    done.sort(key=lambda r: r["indices"] / r["seconds"])
+    return {**done[(len(done) - 1) // 2], "rounds": measured} if len(measured) > 1 else done[0]
+
+
+def plot(found, path):
+    """indices/s and peak memory against N, a line per method and strategy."""
+    speed, memory = {}, {}
+    for r in found:
+        if "skipped" in r:
+            continue
+        label = f"{r['method']}, {r['strategy']}"
+        speed.setdefault(label, ([], []))
+        memory.setdefault(label, ([], []))
+        for series, value in ((speed, r["indices"] / r["seconds"]), (memory, max(r["peak_mb"], 1.0))):
+            series[label][0].append(r["rows"])
+            series[label][1].append(value)
+    results.line_plots(
+        path,
+        {
+            "one epoch's plan: indices/s": {"lines": speed},
+            "peak memory (MB above the baseline)": {"lines": memory, "ylabel": "MB"},
+        },
+        "N (rows)",
+        "indices / s",
+        ncols=2,
+    )
+
+
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__, "plan_throughput", rounds=1)
     parser.add_argument("--sizes", default="1e6,1e8,1e9")
     parser.add_argument("--world-size", type=int, default=1)
     parser.add_argument("--timeout", type=int, default=900)
-    parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--replot", action="store_true", help="redraw the plot from the results' .json, measure nothing"
+    )
+    args = cli.parse(parser)
     if args.child:
         method, strategy_name, num_rows, world_size = args.child
         child(method, None if strategy_name == "None" else strategy_name, int(num_rows), int(world_size))
         return
+    if args.replot:
+        return plot(results.read_json(args.out), args.out + ".png")
 
     sizes = [int(float(size)) for size in args.sizes.split(",")]
     runs = [("torch sampler", None)]
     runs += [("torch_shards sampler", None)]
     runs += [("torch_shards planner", name) for name in STRATEGIES]
     runs += [("torch_shards dataset", name) for name in ("Streaming", "BlockShuffling")]
+    lines = []
     if have_scdataset():
         runs += [("scDataset", name) for name in STRATEGIES]
     else:
-        print("scDataset is not installed (pip install scdataset): its rows are left out\n")
+        lines += ["scDataset is not installed (pip install scdataset): its rows are left out", ""]
 
-    print(
+    lines.append(
         f"One epoch of rank 0 of {args.world_size}; batch_size={BATCH_SIZE}, fetch_factor={FETCH_FACTOR}, "
-        f"block_size={BLOCK_SIZE}; {os.cpu_count()} CPUs\n"
+        f"block_size={BLOCK_SIZE}; {os.cpu_count()} CPUs"
+        + (f"; median of {args.rounds} alternated rounds" if args.rounds > 1 else "")
     )
     header = f"{'N':>6} {'method':<22} {'strategy':<22} {'seconds':>9} {'indices/s':>12} {'peak MB':>9} {'vs torch':>9}"
-    print(header)
-    print("-" * len(header))
-    results = []
+    lines += ["", header, "-" * len(header)]
+    print("\n".join(lines), flush=True)
+    found = []
     for num_rows in sizes:
+        measured = rounds.alternate(
+            {
+                (method, strategy_name): lambda m=method, s=strategy_name, n=num_rows: measure(
+                    m, s, n, args.world_size, args.timeout
+                )
+                for method, strategy_name in runs
+            },
+            args.rounds,
+        )
         torch_rate = None
         for method, strategy_name in runs:
-            result = measure(method, strategy_name, num_rows, args.world_size, args.timeout)
+            result = median_round(measured[(method, strategy_name)])
             result.update(method=method, strategy=strategy_name or "shuffle=True", rows=num_rows)
-            results.append(result)
+            found.append(result)
             label = f"1e{len(str(num_rows)) - 1}"
             if "skipped" in result:
-                print(f"{label:>6} {method:<22} {result['strategy']:<22} {'skipped: ' + result['skipped']:>42}")
+                lines.append(f"{label:>6} {method:<22} {result['strategy']:<22} {'skipped: ' + result['skipped']:>42}")
+                print(lines[-1], flush=True)
                 continue
             rate = result["indices"] / result["seconds"]
             if method == "torch sampler":
                 torch_rate = rate
             ratio = f"{rate / torch_rate:.1f}x" if torch_rate else "-"
-            print(
+            lines.append(
                 f"{label:>6} {method:<22} {result['strategy']:<22} {result['seconds']:>9.2f} {rate:>12.3g} "
-                f"{result['peak_mb']:>9.0f} {ratio:>9}",
-                flush=True,
+                f"{result['peak_mb']:>9.0f} {ratio:>9}"
             )
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(results, out, indent=1)
+            print(lines[-1], flush=True)
+    results.write(args.out, "\n".join(lines), found)
+    plot(found, args.out + ".png")
 
 
 if __name__ == "__main__":

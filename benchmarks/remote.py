@@ -17,22 +17,25 @@ measured), the clock started at the first batch:
 BlockShuffling(block 64) / annbatch chunk_size 64, batch 256, 32 chunks per fetch, X only; torch_shards
 with its default threads (the CPUs locally, 32 reader threads for URLs), annbatch with its defaults.
 
-    python benchmarks/remote.py [--rows 200000] [--latency 0.02] [--seconds 6] [--rounds 3]
+    python -m benchmarks.remote [--rows 200000] [--latency 0.02] [--seconds 6] [--rounds 3]
+
+Writes benchmarks/results/remote.{txt,json}; --report prints the table of the .json again.
 """
 
 import argparse
 import json
 import os
-import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+try:
+    from benchmarks.harness import annbatch, cli, data, results, rounds, timing
+except ImportError:  # run as a file: benchmarks/ is on sys.path
+    from harness import annbatch, cli, data, results, rounds, timing
+
 BLOCK = 64
 BATCH = 256
 PRELOAD_NCHUNKS = 32
@@ -57,20 +60,8 @@ def child(args):
         rank=0,
         world_size=1,
     )
-    rows, start = 0, None
-    while True:
-        for batch in dataset:
-            if start is None:
-                start = time.perf_counter()
-                continue
-            rows += batch["index"].shape[0]
-            if args.seconds and time.perf_counter() - start > args.seconds:
-                break
-        if not args.seconds or time.perf_counter() - start > args.seconds:
-            break
-    elapsed = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"rows": rows, "seconds": elapsed, "peak_rss": peak}))
+    timed = timing.run_for(dataset, args.seconds)  # --seconds 0: one epoch
+    print(json.dumps({"rows": timed.rows, "seconds": timed.seconds, "peak_rss": timing.peak_rss_bytes()}))
 
 
 def run_torch_shards(path, args, cache_dir=None, seconds=None):
@@ -83,11 +74,9 @@ def run_torch_shards(path, args, cache_dir=None, seconds=None):
 
 
 def run_annbatch(path, args):
-    command = [args.annbatch_python, os.path.join(HERE, "annbatch_side.py"), "read", path]
-    command += ["--chunk-size", str(BLOCK), "--preload-nchunks", str(PRELOAD_NCHUNKS), "--batch-size", str(BATCH)]
-    command += ["--seconds", str(args.seconds), "--endpoint", args.endpoint]
-    done = subprocess.run(command, check=True, capture_output=True, text=True)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = annbatch.read(
+        args.annbatch_python, path, BLOCK, PRELOAD_NCHUNKS, BATCH, args.seconds, endpoint=args.endpoint
+    )
     result["peak_rss"] = None
     return result
 
@@ -145,37 +134,31 @@ def server_request_limit(url, collection, parallel=32, count=1000, size=48 << 10
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__, "remote", rounds=3, seconds=6.0)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--latency", type=float, default=0.02, help="seconds added to every request")
-    parser.add_argument("--seconds", type=float, default=6.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--data-dir", default=os.path.join(HERE, "data"))
+    cli.add_cores(parser)
+    parser.add_argument("--data-dir", default=cli.DATA)
     parser.add_argument("--annbatch-python", default=None)
-    parser.add_argument("--json", default=os.path.join(HERE, "results", "remote.json"))
     parser.add_argument("--child", dest="child_path", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", default="", help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--report", action="store_true", help="print the table of --json again, measuring nothing")
-    args = parser.parse_args()
+    parser.add_argument("--report", action="store_true", help="print the table of the .json again, measuring nothing")
+    args = cli.parse(parser)
     if args.child_path:
         return child(args)
     if args.report:
-        with open(args.json) as f:
-            saved = json.load(f)
-        args.__dict__.update({k: v for k, v in saved["args"].items() if k not in ("json", "report")})
+        saved = results.read_json(args.out)
+        keep = ("json", "report", "out", "results_name")
+        args.__dict__.update({k: v for k, v in saved["args"].items() if k not in keep})
         return report(args, saved["results"], saved["server_limit_bytes_per_s"], saved["server_limit_requests_per_s"])
 
-    import annbatch_format
-
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    sys.path.insert(0, os.path.join(cli.ROOT, "tests"))  # the tests' servers, not a package
     from remote_servers import RangeHTTPServer
 
-    args.annbatch_python = args.annbatch_python or annbatch_format.default_annbatch_python()
-    args.datasets = 1
+    args.annbatch_python = args.annbatch_python or annbatch.default_python()
     os.makedirs(args.data_dir, exist_ok=True)
-    collection = annbatch_format.ensure_collection(args)
+    collection = data.annbatch_collection(args.data_dir, args.rows, 1, args.annbatch_python)
     if collection is None:
         sys.exit("annbatch is needed to write the collection: make .venv-annbatch/.installed (or --annbatch-python)")
     served = tempfile.mkdtemp(prefix="torch_shards_remote_")
@@ -193,7 +176,7 @@ def main():
             run_torch_shards(url, args, cache_dir=cache, seconds=0)  # one epoch fills the cache
             print(f"cache filled by one epoch in {time.perf_counter() - fill:.1f} s", flush=True)
             limits, request_limits = [], []
-            results = {method: [] for method in METHODS}
+            measured = {method: [] for method in METHODS}
             for round_ in range(args.rounds):
                 served_url = f"{server.url}/bench/collection.zarr"
                 limits.append(server_limit(served_url, collection))
@@ -214,7 +197,7 @@ def main():
                     else:
                         result = run_annbatch(url, args)
                     result["rate"] = result["rows"] / result["seconds"]
-                    results[method].append(result)
+                    measured[method].append(result)
                     if method == "remote":
                         result["served_bytes"] = served_bytes(server.requests)
                         result["requests"] = len(server.requests)
@@ -223,12 +206,12 @@ def main():
         shutil.rmtree(served, ignore_errors=True)
         shutil.rmtree(cache, ignore_errors=True)
 
-    report(args, results, limits, request_limits)
+    report(args, measured, limits, request_limits)
 
 
-def report(args, results, limits, request_limits):
+def report(args, measured, limits, request_limits):
     """Prints the table and writes it (txt) beside the measurements (json)."""
-    local = [r["rate"] for r in results["local"]]
+    local = [r["rate"] for r in measured["local"]]
     lines = [
         f"annbatch collection of {args.rows} rows (CSR, 5%), block/chunk {BLOCK}, batch {BATCH}, {args.cores} cores; "
         f"S3 endpoint on 127.0.0.1 with {args.latency * 1000:.0f} ms per request; median of {args.rounds} "
@@ -238,40 +221,39 @@ def report(args, results, limits, request_limits):
         "|---|---|---|---|",
     ]
     for method in METHODS:
-        rates = [r["rate"] for r in results[method]]
+        rates = [r["rate"] for r in measured[method]]
         ratios = [rate / base for rate, base in zip(rates, local)]
-        peaks = [r["peak_rss"] for r in results[method] if r["peak_rss"]]
+        peaks = [r["peak_rss"] for r in measured[method] if r["peak_rss"]]
         peak = f"{max(peaks) / 2**20:.0f} MiB" if peaks else "-"
         shown = ", ".join(f"{ratio:.3f}" if ratio < 0.01 else f"{ratio:.2f}" for ratio in ratios)
-        lines.append(f"| {method:16s} | {statistics.median(rates):,.0f} | {shown} | {peak} |")
-    remote = [r["rate"] for r in results["remote"]]
-    theirs = [r["rate"] for r in results["annbatch remote"]]
-    bytes_per_row = statistics.median(r["served_bytes"] / max(r["rows"], 1) for r in results["remote"])
-    requests_per_row = statistics.median(r["requests"] / max(r["rows"], 1) for r in results["remote"])
+        lines.append(f"| {method:16s} | {rounds.median(rates):,.0f} | {shown} | {peak} |")
+    remote = [r["rate"] for r in measured["remote"]]
+    theirs = [r["rate"] for r in measured["annbatch remote"]]
+    bytes_per_row = rounds.median(r["served_bytes"] / max(r["rows"], 1) for r in measured["remote"])
+    requests_per_row = rounds.median(r["requests"] / max(r["rows"], 1) for r in measured["remote"])
     lines += [
         "",
-        f"the server (curl): {statistics.median(limits) / 1e6:,.0f} MB/s fetching 16 whole objects at once; "
-        f"{statistics.median(request_limits):,.0f} requests/s for 48 KB ranges 32 at once (a new connection each)",
+        f"the server (curl): {rounds.median(limits) / 1e6:,.0f} MB/s fetching 16 whole objects at once; "
+        f"{rounds.median(request_limits):,.0f} requests/s for 48 KB ranges 32 at once (a new connection each)",
         f"torch_shards remote: {bytes_per_row:,.0f} bytes and {requests_per_row * 1000:.1f} ranged requests per 1000 "
-        f"rows, so {statistics.median(remote) * requests_per_row:,.0f} requests/s and "
-        f"{statistics.median(remote) * bytes_per_row / 1e6:,.0f} MB/s answered by the server",
+        f"rows, so {rounds.median(remote) * requests_per_row:,.0f} requests/s and "
+        f"{rounds.median(remote) * bytes_per_row / 1e6:,.0f} MB/s answered by the server",
         "torch_shards remote / annbatch remote, per round: "
         + ", ".join(f"{a / b:.1f}x" for a, b in zip(remote, theirs)),
     ]
-    print("\n".join(lines))
-    with open(args.json, "w") as f:
-        json.dump(
-            {
-                "args": {k: v for k, v in vars(args).items() if k != "child_path"},
-                "server_limit_bytes_per_s": limits,
-                "server_limit_requests_per_s": request_limits,
-                "results": results,
-            },
-            f,
-            indent=1,
-        )
-    with open(os.path.splitext(args.json)[0] + ".txt", "w") as f:
-        f.write("\n".join(lines) + "\n")
+    text = "\n".join(lines)
+    print(text)
+    saved_args = {k: v for k, v in vars(args).items() if k not in ("child_path", "results_name")}
+    results.write(
+        args.out,
+        text,
+        {
+            "args": saved_args,
+            "server_limit_bytes_per_s": limits,
+            "server_limit_requests_per_s": request_limits,
+            "results": measured,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 once torch is there), beside the floor of the same run: pip installing a pure-Python wheel of
 nearly no size (the resolver, the metadata, the venv's own startup).
 
-    python benchmarks/wheel_install.py [--wheel dist/torch_shards-*.whl] [--rounds 5]
+    python -m benchmarks.wheel_install [--wheel dist/torch_shards-*.whl] [--rounds 5]
 
 Makes one brand-new venv with this torch and numpy (not timed), then alternates, round by round,
 `pip install --no-deps <floor wheel>` and `pip install <torch_shards wheel>` (dependencies resolved
@@ -10,12 +10,8 @@ against the installed torch), uninstalling both between rounds. Prints a table a
 results/wheel_install.{txt,json}.
 """
 
-import argparse
 import glob
-import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,8 +20,10 @@ import zipfile
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+try:
+    from benchmarks.harness import cli, machine, results, rounds
+except ImportError:  # run as a file: benchmarks/ is on sys.path
+    from harness import cli, machine, results, rounds
 
 
 def floor_wheel(directory):
@@ -49,12 +47,14 @@ def timed(command):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--wheel", default=None)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "wheel_install"))
-    args = parser.parse_args()
-    wheel = args.wheel or max(glob.glob(os.path.join(ROOT, "dist", "torch_shards-*.whl")), key=os.path.getmtime)
+    parser = cli.parser(__doc__, "wheel_install", rounds=5)
+    parser.add_argument("--wheel", default=None, help="default: the newest dist/torch_shards-*.whl")
+    args = cli.parse(parser)
+    wheels = glob.glob(os.path.join(cli.ROOT, "dist", "torch_shards-*.whl"))
+    if not args.wheel and not wheels:
+        print("wheel_install: no wheel in dist/ (make wheel, or --wheel PATH); nothing measured")
+        return
+    wheel = args.wheel or max(wheels, key=os.path.getmtime)
     with tempfile.TemporaryDirectory() as directory:
         venv = os.path.join(directory, "venv")
         subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", venv], check=True)
@@ -62,11 +62,17 @@ def main():
         pip = [python, "-m", "pip", "--disable-pip-version-check", "-q"]
         subprocess.run([*pip, "install", f"torch=={torch.__version__}", "numpy"], check=True)
         floor = floor_wheel(directory)
-        floors, installs = [], []
-        for _ in range(args.rounds):
-            floors.append(timed([*pip, "install", "--no-deps", floor]))
-            installs.append(timed([*pip, "install", wheel]))
-            subprocess.run([*pip, "uninstall", "-y", "floor_probe", "torch_shards"], check=True)
+        measured = rounds.alternate(
+            {
+                "floor": lambda: timed([*pip, "install", "--no-deps", floor]),
+                "install": lambda: timed([*pip, "install", wheel]),
+                "uninstall": lambda: subprocess.run(
+                    [*pip, "uninstall", "-y", "floor_probe", "torch_shards"], check=True
+                ),
+            },
+            args.rounds,
+        )
+        floors, installs = measured["floor"], measured["install"]
         subprocess.run([*pip, "install", wheel], check=True)
         package = glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "torch_shards"))[0]
         objects = sorted(glob.glob(os.path.join(package, "**", "*.so*"), recursive=True))
@@ -78,26 +84,21 @@ def main():
         "native_files": sizes,
         "install_seconds": installs,
         "floor_seconds": floors,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        "machine": machine.platform_description(),
     }
     lines = [
         f"{result['wheel']} on {result['machine']}",
         f"{'':<34}{'median':>10}{'min':>10}{'max':>10}",
-        f"{'pip install <wheel> (s)':<34}" + "".join(f"{f(installs):>10.2f}" for f in (statistics.median, min, max)),
-        f"{'pip install <empty wheel> (s)':<34}"
-        + "".join(f"{f(floors):>10.2f}" for f in (statistics.median, min, max)),
-        f"{'ratio to the empty wheel':<34}{statistics.median(installs) / statistics.median(floors):>10.2f}",
+        f"{'pip install <wheel> (s)':<34}" + "".join(f"{f(installs):>10.2f}" for f in (rounds.median, min, max)),
+        f"{'pip install <empty wheel> (s)':<34}" + "".join(f"{f(floors):>10.2f}" for f in (rounds.median, min, max)),
+        f"{'ratio to the empty wheel':<34}{rounds.median(installs) / rounds.median(floors):>10.2f}",
         f"wheel file: {result['wheel_bytes'] / 1e6:.2f} MB; "
         f"installed native part: {result['native_bytes'] / 1e6:.2f} MB",
     ]
     lines += [f"  {name}: {size / 1e6:.2f} MB" for name, size in sizes.items()]
     text = "\n".join(lines)
     print(text)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out + ".txt", "w") as out:
-        out.write(text + "\n")
-    with open(args.out + ".json", "w") as out:
-        json.dump(result, out, indent=2)
+    results.write(args.out, text, result)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """DataLoader workers against the same dataset iterated in the training process.
 
-    python benchmarks/workers.py                 # the issue's sources, batches 256 and 4096, 5 rounds
-    python benchmarks/workers.py --rounds 3      # quicker
+    python -m benchmarks.workers                 # the issue's sources, batches 256 and 4096, 5 rounds
+    python -m benchmarks.workers --rounds 3      # quicker
 
 Sources: TensorSource 400,000 x 64 float32 and an .h5ad, X CSR 200,000 x 2,000 at 5% (anndata's layout,
 in /dev/shm when it has room), both ShardedDataset(source, BlockShuffling(64), batch_size=b) with the
@@ -32,40 +32,26 @@ batches after the warm-up epoch (0: none made per batch; all recycled); and /dev
 never appear there). A last table does the same for 2 persistent workers with prefetch_bytes of 4, 16
 and 64 MB.
 
-Writes benchmarks/results/workers.txt and .json (--out names another prefix).
+Writes benchmarks/results/workers.txt and .json (--out names another prefix), and with matplotlib
+workers.png: rows/s against the number of workers, a panel per source and batch size (persistent
+workers), beside the in-process rate and the queue floor.
 """
 
-import argparse
-import json
 import os
-import statistics
-import sys
-import tempfile
 import threading
 import time
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader
 
 import torch_shards as ts
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from storage_throughput import write_csr_h5ad  # noqa: E402
+try:
+    from benchmarks.harness import cli, data, limits, results, rounds, timing
+except ImportError:  # run as a file: benchmarks/ is on sys.path
+    from harness import cli, data, limits, results, rounds, timing
 
 BLOCK = 64
-
-
-class QueueFloor(IterableDataset):
-    """Yields a small int per batch, split among the workers: torch's queue with nothing to carry."""
-
-    def __init__(self, batches):
-        self.batches = batches
-
-    def __iter__(self):
-        info = get_worker_info()
-        workers, worker = (info.num_workers, info.id) if info else (1, 0)
-        return iter(range(worker, self.batches, workers))
 
 
 def rows_of(item):
@@ -73,11 +59,8 @@ def rows_of(item):
 
 
 def epoch_rate(iterable, rows_per_item=None):
-    start = time.perf_counter()
-    rows = 0
-    for item in iterable:
-        rows += rows_per_item if rows_per_item is not None else rows_of(item)
-    return rows / (time.perf_counter() - start)
+    rows, seconds = timing.epoch(iterable, rows_of if rows_per_item is None else lambda _: rows_per_item)
+    return rows / seconds
 
 
 def slab_files(pid):
@@ -153,17 +136,14 @@ def memory_epoch(loader, batches):
 def sources(data_dir):
     torch.manual_seed(0)
     dense = torch.randn(400_000, 64)
-    h5ad = os.path.join(data_dir, "workers_csr_200000.h5ad")
-    if not os.path.exists(h5ad):
-        print(f"writing {h5ad} ...", flush=True)
-        write_csr_h5ad(h5ad, 200_000)
+    h5ad = data.csr_h5ad(data_dir, 200_000, name="workers_csr_200000.h5ad")
     return [
         ("TensorSource 400k x 64 f32", lambda: ts.TensorSource({"X": dense})),
         (".h5ad CSR 200k x 2000, 5%", lambda: ts.open(h5ad)),
     ]
 
 
-def measure(make_source, batch_size, rounds, persistent, workers, old_way):
+def measure(make_source, batch_size, rounds_, persistent, workers, old_way):
     dataset = ts.ShardedDataset(make_source(), ts.BlockShuffling(BLOCK), batch_size=batch_size)
     old = ts.ShardedDataset(make_source(), ts.BlockShuffling(BLOCK), batch_size=batch_size, worker_transport="torch")
     batches = len(dataset)
@@ -174,19 +154,16 @@ def measure(make_source, batch_size, rounds, persistent, workers, old_way):
         ways[f"ts.DataLoader {k}"] = (ts.DataLoader(dataset, **options), None)
         if old_way:
             ways[f"torch, old way {k}"] = (DataLoader(old, batch_size=None, **options), None)
-        ways[f"queue floor {k}"] = (DataLoader(QueueFloor(batches), batch_size=None, **options), batch_size)
+        ways[f"queue floor {k}"] = (DataLoader(limits.QueueFloor(batches), batch_size=None, **options), batch_size)
     for loader, per_item in ways.values():  # warm-up: worker pools, slabs, page cache
         epoch_rate(loader, per_item)
-    rates = {name: [] for name in ways}
-    for _ in range(rounds):
-        for name, (loader, per_item) in ways.items():
-            rates[name].append(epoch_rate(loader, per_item))
+    rates = rounds.alternate({name: lambda w=way: epoch_rate(*w) for name, way in ways.items()}, rounds_)
     memory = {}
     if persistent:
         for name, (loader, _) in ways.items():
             if name.startswith(("torch DataLoader", "ts.DataLoader")):
                 memory[name] = memory_epoch(loader, batches)
-    return {name: statistics.median(values) for name, values in rates.items()}, memory, dataset.prefetch_bytes
+    return rounds.medians(rates), memory, dataset.prefetch_bytes
 
 
 def memory_bound(make_source, budgets=(4 << 20, 16 << 20, 64 << 20)):
@@ -236,18 +213,13 @@ def table(results, persistent):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser = cli.parser(__doc__, "workers", rounds=5)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 4096])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "workers"))
-    args = parser.parse_args()
-    data_dir = args.data_dir or (
-        "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-    )
-    results = []
-    all_sources = sources(data_dir)
+    parser.add_argument("--data-dir", default=None, help="where the .h5ad is written (default: /dev/shm, else tmp)")
+    args = cli.parse(parser)
+    found = []
+    all_sources = sources(args.data_dir or data.shm_or_tmp())
     for persistent in (True, False):
         for source_name, make_source in all_sources:
             for batch_size in args.batch_sizes:
@@ -256,7 +228,7 @@ def main():
                     make_source, batch_size, args.rounds, persistent, args.workers, old_way=batch_size == 256
                 )
                 row = {"source": source_name, "batch": batch_size, "persistent": persistent}
-                results.append({**row, "rates": rates, "memory": memory, "prefetch_bytes": prefetch_bytes})
+                found.append({**row, "rates": rates, "memory": memory, "prefetch_bytes": prefetch_bytes})
     header = (
         f"DataLoader workers vs in-process: BlockShuffling({BLOCK}), fetch_factor 16, {args.rounds} alternated "
         f"rounds (median rows/s after a warm-up epoch), {os.cpu_count()} CPUs, torch {torch.__version__}"
@@ -265,19 +237,38 @@ def main():
         [
             header,
             "Persistent workers (persistent_workers=True):",
-            table(results, True),
+            table(found, True),
             "Workers started afresh every epoch (torch's default; each epoch pays for starting them):",
-            table(results, False),
+            table(found, False),
             f"Slab memory against small prefetch_bytes ({all_sources[0][0]}, batch 256, 2 persistent workers):",
             memory_bound(all_sources[0][1]),
         ]
     )
     print("\n" + text)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out + ".txt", "w") as f:
-        f.write(text + "\n")
-    with open(args.out + ".json", "w") as f:
-        json.dump(results, f, indent=1)
+    results.write(args.out, text, found)
+    plot(found, args.out + ".png")
+
+
+def plot(found, path):
+    """rows/s against the number of workers (persistent), per source and batch size: torch's DataLoader,
+    ts.DataLoader, the old transport; the in-process rate a level, the queue floor a line."""
+    panels = {}
+    for row in found:
+        if not row["persistent"]:
+            continue
+        lines = {}
+        for way, rate in row["rates"].items():
+            if way == "in-process":
+                continue
+            label, k = way.rsplit(" ", 1)
+            xs, ys = lines.setdefault(label, ([], []))
+            xs.append(int(k))
+            ys.append(rate)
+        panels[f"{row['source']}, batch {row['batch']}"] = {
+            "lines": lines,
+            "levels": {"in-process": row["rates"]["in-process"]},
+        }
+    results.line_plots(path, panels, "workers", "rows / s", logx=False, ncols=2)
 
 
 if __name__ == "__main__":
