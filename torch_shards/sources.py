@@ -626,15 +626,17 @@ def open(path, **kwargs):  # noqa: A001 - mirrors the builtin for paths
             environment (the AWS variables and files, ``TORCH_SHARDS_CACHE_DIR``, ...):
 
             - ``endpoint_url``: an S3-compatible server (default: AWS_ENDPOINT_URL, else AWS).
-            - ``region``: default AWS_REGION.
-            - ``profile``: default AWS_PROFILE.
-            - ``anonymous``: unsigned requests, for public buckets.
-            - ``max_requests``: requests in flight per reading thread, default 64.
+            - ``region``: default AWS_REGION, else the profile's, else us-east-1.
+            - ``profile``: default AWS_PROFILE, else "default".
+            - ``anonymous``: unsigned requests, for public buckets (default: when no
+              credentials are found).
+            - ``max_requests``: requests in flight per reading thread, default 64
+              (TORCH_SHARDS_MAX_REQUESTS).
             - ``timeout``: seconds per request attempt, default 60.
             - ``retries``: attempts after a transient failure, default 6.
             - ``cache_dir``: a node-local cache shared by every process on the node
               (default TORCH_SHARDS_CACHE_DIR, else none).
-            - ``cache_bytes``: the cache's bound, default 64 GiB.
+            - ``cache_bytes``: the cache's bound, default 64 GiB (TORCH_SHARDS_CACHE_BYTES).
 
     Returns:
         Source: an ``AnnDataSource``, ``HDF5Source``, ``ZarrSource`` or ``Collection``.

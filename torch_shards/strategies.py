@@ -397,10 +397,21 @@ class CustomStrategy(Strategy):
             self.native.provide(epoch, self._rows_of(num_rows, seed, epoch), num_rows)
 
     def plan(self, num_rows, seed=0, epoch=0):
+        """The whole plan of one epoch, as ``Strategy.plan``; a plan function is called for it
+        (first twice with ``(num_rows, 0, 0)``, to check that it depends on its arguments only).
+
+        Raises:
+            TypeError: an argument is not an int.
+            ValueError: ``num_rows`` < 1; the plan holds a row outside ``[0, num_rows)``; a plan
+                function returns no rows, different rows for the same arguments, or a plan of
+                another size than epoch 0's.
+        """
         strategy = self._for_rows(_convert.check_int("num_rows", num_rows, 1))
         seed = _convert.plan_seed("seed", seed)
         strategy._provide(num_rows, seed, _convert.check_int("epoch", epoch))
         return strategy.native.plan(num_rows, seed, epoch)
 
     def plan_size(self, num_rows):
+        """The number of plan entries per epoch: the fixed plan's length, ``size``, or the length
+        of what a plan function returns for ``(num_rows, 0, 0)``."""
         return self._for_rows(_convert.check_int("num_rows", num_rows, 1)).native.plan_size(num_rows)
