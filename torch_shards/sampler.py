@@ -159,11 +159,14 @@ class DistributedSampler(Sampler, NativeBacked):
 
     def state_dict(self, consumed_samples=None):
         """A checkpoint (a dict of ints): epoch, seed and the plan entries all
-        ranks consumed this epoch. ``consumed_samples``: the indices this rank's
-        loop consumed in the current iteration (default: those its iterator
-        yielded; with DataLoader workers they run ahead by the prefetched
-        batches, so pass the loop's count). Under DDP any one rank's state is
-        enough: ranks consume in lockstep.
+        ranks consumed this epoch. Under DDP any one rank's state is enough:
+        ranks consume in lockstep.
+
+        Args:
+            consumed_samples: the indices this rank's loop consumed in the
+                current iteration. Default None: those its iterator yielded
+                (with DataLoader workers they run ahead by the prefetched
+                batches, so pass the loop's count).
 
         Returns:
             dict[str, int]: the checkpoint.
@@ -181,6 +184,9 @@ class DistributedSampler(Sampler, NativeBacked):
         """Resumes from ``state_dict()`` with any ``num_replicas``: the next
         iteration yields the plan entries not consumed yet, in torch's layout
         over them. The sampler takes the state's seed.
+
+        Args:
+            state: a ``state_dict()`` of a DistributedSampler.
 
         Raises:
             TypeError: ``state`` is not a dict, or a value is not an int.

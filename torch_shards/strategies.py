@@ -68,6 +68,9 @@ class Strategy(NativeBacked):
     def plan_size(self, num_rows):
         """The number of plan entries per epoch for a source of ``num_rows`` rows.
 
+        Args:
+            num_rows: the number of rows of the source, at least 1.
+
         Raises:
             ValueError: ``num_rows`` < 1, or the strategy does not fit ``num_rows`` rows.
         """
@@ -400,6 +403,11 @@ class CustomStrategy(Strategy):
         """The whole plan of one epoch, as ``Strategy.plan``; a plan function is called for it
         (first twice with ``(num_rows, 0, 0)``, to check that it depends on its arguments only).
 
+        Args:
+            num_rows: the number of rows of the source, at least 1.
+            seed: the seed, any int that fits in 64 bits. Default 0.
+            epoch: the epoch. Default 0.
+
         Raises:
             TypeError: an argument is not an int.
             ValueError: ``num_rows`` < 1; the plan holds a row outside ``[0, num_rows)``; a plan
@@ -413,5 +421,9 @@ class CustomStrategy(Strategy):
 
     def plan_size(self, num_rows):
         """The number of plan entries per epoch: the fixed plan's length, ``size``, or the length
-        of what a plan function returns for ``(num_rows, 0, 0)``."""
+        of what a plan function returns for ``(num_rows, 0, 0)``.
+
+        Args:
+            num_rows: the number of rows of the source, at least 1.
+        """
         return self._for_rows(_convert.check_int("num_rows", num_rows, 1)).native.plan_size(num_rows)
