@@ -199,7 +199,11 @@ def method_list(collection, binary, program, rows, status, args):
 def main():
     warnings.filterwarnings("ignore", message=".*[Ss]parse")
     parser = cli.parser(
-        __doc__, lambda args: f"annbatch_format{data.datasets_suffix(args.datasets)}", rounds=3, seconds=8.0
+        __doc__,
+        lambda args: f"annbatch_format{data.datasets_suffix(args.datasets)}",
+        rounds=3,
+        seconds=8.0,
+        replot=True,
     )
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument(
@@ -210,6 +214,8 @@ def main():
     parser.add_argument("--annbatch-python", default=annbatch.default_python())
     cli.add_skip(parser)
     args = cli.parse(parser)
+    if args.replot:
+        return plot(results.read_json(args.out)["results"], args.out + ".png")
     os.makedirs(args.data_dir, exist_ok=True)
     args.cpu_list = machine.pin(args.cores)  # torch_shards runs in this process: the same cores as the others
 

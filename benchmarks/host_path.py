@@ -141,6 +141,7 @@ def main():
         rounds=5,
         rounds_aliases=("--epochs",),
         rounds_help="alternated epochs per method and configuration (the first is warm-up)",
+        replot=True,
     )
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--columns", type=int, default=2048, help="float32 values per row (2048: 8 KB)")
@@ -148,6 +149,8 @@ def main():
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 4096])
     parser.add_argument("--prefetch", type=int, default=None, help="ShardedDataset's prefetch (default: its default)")
     args = cli.parse(parser)
+    if args.replot:
+        return plot(results.read_json(args.out)["results"], args.out + ".png")
     if args.rounds < 2:
         parser.error("--epochs must be >= 2 (the first is the warm-up)")
     torch.set_num_threads(args.threads)
@@ -244,6 +247,7 @@ def plot(found, path):
                 ("fresh memory (512 MB ring)", "fresh_rows_per_s"),
                 ("copy limit (decode_limit --gather-rows)", "copy_limit_rows_per_s"),
             )
+            if key in rows[0]  # runs before the copy limit have none
         }
         panels[source] = {"lines": lines}
     results.line_plots(path, panels, "batch size", "rows / s", logx=2, logy=False)

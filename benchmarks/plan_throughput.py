@@ -207,14 +207,11 @@ def plot(found, path):
 
 
 def main():
-    parser = cli.parser(__doc__, "plan_throughput", rounds=1)
+    parser = cli.parser(__doc__, "plan_throughput", rounds=1, replot=True)
     parser.add_argument("--sizes", default="1e6,1e8,1e9")
     parser.add_argument("--world-size", type=int, default=1)
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--replot", action="store_true", help="redraw the plot from the results' .json, measure nothing"
-    )
     args = cli.parse(parser)
     if args.child:
         method, strategy_name, num_rows, world_size = args.child

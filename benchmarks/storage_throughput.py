@@ -191,7 +191,7 @@ def annbatch_status():
 def main():
     # torch notes that sparse CSR tensors are beta and that worker processes skip their invariant checks
     warnings.filterwarnings("ignore", message=".*[Ss]parse")
-    parser = cli.parser(__doc__, "storage_throughput", seconds=8.0)
+    parser = cli.parser(__doc__, "storage_throughput", seconds=8.0, replot=True)
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the CSR .h5ad")
     parser.add_argument("--dense-rows", type=int, default=200_000, help="rows of the dense HDF5 dataset")
     parser.add_argument("--block-sizes", default="1,16,64,256")
@@ -204,9 +204,6 @@ def main():
     )
     parser.add_argument("--plot", default=None, help="the plot's file (default: the results' prefix + .png)")
     cli.add_skip(parser)
-    parser.add_argument(
-        "--replot", action="store_true", help="redraw the plot from the results' .json, measure nothing"
-    )
     args = cli.parse(parser)
     args.plot = args.plot or args.out + ".png"
     if args.replot:

@@ -213,11 +213,13 @@ def table(results, persistent):
 
 
 def main():
-    parser = cli.parser(__doc__, "workers", rounds=5)
+    parser = cli.parser(__doc__, "workers", rounds=5, replot=True)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 4096])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--data-dir", default=None, help="where the .h5ad is written (default: /dev/shm, else tmp)")
     args = cli.parse(parser)
+    if args.replot:
+        return plot(results.read_json(args.out), args.out + ".png")
     found = []
     all_sources = sources(args.data_dir or data.shm_or_tmp())
     for persistent in (True, False):

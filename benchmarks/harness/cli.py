@@ -9,10 +9,11 @@ RESULTS = os.path.join(BENCHMARKS, "results")
 DATA = os.path.join(BENCHMARKS, "data")
 
 
-def parser(doc, name, rounds=None, seconds=None, rounds_aliases=(), rounds_help=None):
+def parser(doc, name, rounds=None, seconds=None, rounds_aliases=(), rounds_help=None, replot=False):
     """An argument parser with the common flags. name: the results' file name in benchmarks/results
     (a function of the parsed arguments where it depends on them); rounds, seconds: their defaults,
-    None where the benchmark has no such thing."""
+    None where the benchmark has no such thing; replot: the benchmark draws a plot, which --replot redraws
+    from the results' .json without measuring."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     if rounds is not None:
         p.add_argument(
@@ -32,6 +33,8 @@ def parser(doc, name, rounds=None, seconds=None, rounds_aliases=(), rounds_help=
         "plot); an existing directory (or one ending in /) takes the default names. Default: benchmarks/results/",
     )
     p.add_argument("--json", default=None, help="the results' .json, the .txt beside it (the older spelling of --out)")
+    if replot:
+        p.add_argument("--replot", action="store_true", help="redraw the plot from the results' .json, measure nothing")
     p.set_defaults(results_name=name)
     return p
 
