@@ -1,7 +1,8 @@
 # Doxygen INPUT_FILTER for include/torch_shards/*.h: the headers document their API in
 # plain // comments; this turns them into Doxygen comments as Doxygen reads the file
 # (the file on disk is not changed).
-#   - the comment block at the top of a header: the file's description (\file);
+#   - the comment block at the top of a header: the file's description (\file); the
+#     umbrella header's is also the reference's main page;
 #   - a // line before a declaration: /// (documents the declaration below);
 #   - a trailing "  // ..." after code: ///< (documents the member on that line);
 #   - comment lines indented by two spaces or more (examples): a code block;
@@ -21,7 +22,19 @@ function emit(indent, text,    is_code) {
   previous = text
   print indent "///" text
 }
-BEGIN { header = 1; depth = 0; in_code = 0; previous = "" }
+# The main page: the umbrella header's comment, and where each part of the API is.
+function main_page(    i) {
+  print ""
+  print "/// \\mainpage torch_shards C++ API"
+  in_code = 0; previous = ""
+  for (i = 1; i <= top_lines; i++) emit("", top[i])
+  emit("", "")
+  emit("", " The headers (see Files): source.h (sources, storage options), strategy.h (strategies),")
+  emit("", " dataset.h (ShardedDataset, its options and checkpoints), sampler.h (DistributedSampler),")
+  emit("", " handle.h (the value handles), version.h (version and build information).")
+  print ""
+}
+BEGIN { header = 1; depth = 0; in_code = 0; previous = ""; top_lines = 0 }
 {
   line = $0
   if (header) {
@@ -30,9 +43,11 @@ BEGIN { header = 1; depth = 0; in_code = 0; previous = "" }
       if (NR == 1) { print "/// \\file"; }
       if (text ~ /^   /) text = code_block(text)
       emit("", text)
+      top[++top_lines] = text
       next
     }
     header = 0
+    if (FILENAME ~ /(^|\/)torch_shards\.h$/) main_page()
   }
   # "// @{" and "// @}" (a member group: the comment before "// @{" documents each member in it).
   if (line ~ /^[ \t]*\/\/ @[{}][ \t]*$/) {
