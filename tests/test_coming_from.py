@@ -1,4 +1,4 @@
-"""The README's "Coming from ..." guides, each mapping exercised once:
+"""The "Coming from ..." pages (docs/migration/), each mapping exercised once:
 wsistream (cycle=True, MonitoredLoader(device=...)), annbatch (dist_info=),
 scDataset (its suite is ported in test_scdataset_parity.py; here numpy
 sources), and the common mistakes every guide warns about."""

@@ -1,7 +1,7 @@
 """DistributedSampler as a drop-in for torch's: the behaviours PyTorch's
 test_dataloader.py and torchdata's sampler tests check, run against ours.
 
-Deliberate differences (README, "DistributedSampler"): without set_epoch a
+Deliberate differences (docs/migration/torch-sampler.md): without set_epoch a
 finished iteration is followed by a new epoch (torch's repeats epoch 0); an
 unfinished one is replayed in its epoch; the checkpoint is our own state_dict
 (torchdata's StatefulDistributedSampler exposes `yielded`)."""

@@ -2,8 +2,8 @@
 tests/test_strategy.py), each behaviour checked against torch_shards, with
 scDataset itself running side by side where the two should agree exactly.
 
-The mapping and the deliberate differences are in the README, "Coming from
-scDataset"; each difference is named where a test meets it:
+The mapping and the deliberate differences are in docs/migration/scdataset.md
+("Coming from scDataset"); each difference is named where a test meets it:
   D1 batches of a numpy array / tensor source are dicts of tensors with
      "index" (the source is read natively); a collection source, or
      fetch_callback / batch_callback, yields what the collection returns, as

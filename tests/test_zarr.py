@@ -198,7 +198,8 @@ def test_missing_store_and_non_zarr_directory(tmp_path):
     ],
 )
 def test_what_is_not_read_is_a_value_error_naming_the_array(tmp_path, name, arguments, message):
-    # The README: ValueError for what torch_shards does not read, RuntimeError for what is wrong on disk.
+    # docs/guide/sources.md, Errors: ValueError for what torch_shards does not read, RuntimeError for what
+    # is wrong on disk.
     path = tmp_path / f"{name}.zarr"
     zarr.create_array(path, shape=(10,), chunks=(5,), zarr_format=2, **arguments)
     with pytest.raises(ValueError, match=f"{name}.zarr.*{message}|{message}.*{name}.zarr"):

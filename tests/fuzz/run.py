@@ -1,6 +1,6 @@
 """Fuzzing harness of torch_shards' readers.
 
-    python tests/fuzz/run.py --cases 3000            # the full run (see README, Development)
+    python tests/fuzz/run.py --cases 3000            # the full run (see CONTRIBUTING.md)
     python tests/fuzz/run.py --quick                 # the fixed-seed run of the test suite
     python tests/fuzz/run.py --case 1234 --keep DIR  # one case, its files kept, both results shown
 
