@@ -73,7 +73,7 @@
 #include "io/chunked_array.h"
 #include "io/file.h"
 #include "io/hdf5_group.h"
-#include "io/zarr_group.h"
+#include "io/zarr/group.h"
 
 namespace io = torch_shards::io;
 

@@ -20,9 +20,9 @@
 #include "anndata.h"
 #include "errors.h"
 #include "hdf5_group.h"
+#include "io/zarr/array.h"
+#include "io/zarr/group.h"
 #include "thread_pool.h"
-#include "zarr_array.h"
-#include "zarr_group.h"
 
 namespace torch_shards::io {
 namespace {

@@ -26,10 +26,10 @@
 
 #include "array.h"
 #include "errors.h"
+#include "io/zarr/array.h"
+#include "io/zarr/group.h"
 #include "text.h"
 #include "thread_pool.h"
-#include "zarr_array.h"
-#include "zarr_group.h"
 
 namespace torch_shards::io {
 namespace {

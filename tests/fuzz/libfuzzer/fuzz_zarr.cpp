@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "errors.h"
+#include "io/zarr/array.h"
 #include "thread_pool.h"
-#include "zarr_array.h"
 
 namespace {
 

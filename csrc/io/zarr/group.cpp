@@ -1,10 +1,10 @@
-#include "zarr_group.h"
+#include "io/zarr/group.h"
 
 #include <algorithm>
 
-#include "../core/errors.h"
-#include "file.h"
-#include "zarr_array.h"
+#include "core/errors.h"
+#include "io/file.h"
+#include "io/zarr/array.h"
 
 namespace torch_shards::io {
 

@@ -1,0 +1,115 @@
+#include "io/zarr/json.h"
+
+#include <cstring>
+
+#include "io/file.h"
+
+namespace torch_shards::io::zarr {
+
+using core::concat;
+
+namespace {
+
+// Python's json module (which zarr-python 2 used) writes bare NaN, Infinity
+// and -Infinity; nlohmann rejects them. They are swapped for marker strings,
+// parsed, and turned back into numbers.
+const char kNanMarker[] = "\x01NaN";
+const char kInfMarker[] = "\x01Infinity";
+const char kNegInfMarker[] = "\x01-Infinity";
+
+std::string quote_nonfinite_tokens(const std::string& text) {
+  std::string out;
+  out.reserve(text.size() + 16);
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      out += c;
+      if (c == '\\' && i + 1 < text.size()) {
+        out += text[++i];
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      out += c;
+      continue;
+    }
+    const auto token = [&](const char* word, const char* marker) {
+      const size_t n = std::strlen(word);
+      if (text.compare(i, n, word) != 0) return false;
+      out += json(marker).dump();
+      i += n - 1;
+      return true;
+    };
+    if (token("-Infinity", kNegInfMarker) || token("Infinity", kInfMarker) || token("NaN", kNanMarker)) continue;
+    out += c;
+  }
+  return out;
+}
+
+void restore_nonfinite(json& value) {
+  if (value.is_string()) {
+    const std::string text = value.get<std::string>();
+    if (text == kNanMarker) value = std::numeric_limits<double>::quiet_NaN();
+    if (text == kInfMarker) value = std::numeric_limits<double>::infinity();
+    if (text == kNegInfMarker) value = -std::numeric_limits<double>::infinity();
+  } else if (value.is_structured()) {
+    for (auto& item : value) restore_nonfinite(item);
+  }
+}
+
+}  // namespace
+
+std::string node_directory(const std::string& store, const std::string& path) {
+  return path == "/" ? store : store + path;
+}
+
+std::string format_coords(const std::vector<int64_t>& coords) {
+  std::string text = "(";
+  for (size_t i = 0; i < coords.size(); ++i) text += (i ? ", " : "") + std::to_string(coords[i]);
+  return text + (coords.size() == 1 ? ",)" : ")");
+}
+
+json parse_json(const std::string& text) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error&) {
+    json value = json::parse(quote_nonfinite_tokens(text));  // rethrows the error if still invalid
+    restore_nonfinite(value);
+    return value;
+  }
+}
+
+std::optional<json> read_json_file(const std::string& dir, const std::string& name, const std::string& where) {
+  const std::string file = dir + "/" + name;
+  if (!file_exists(file)) return std::nullopt;
+  const std::vector<uint8_t> bytes = read_whole_file(file);
+  json value;
+  try {
+    value = parse_json(std::string(bytes.begin(), bytes.end()));
+  } catch (const json::exception& error) {
+    throw core::MetadataError(concat(where, ": invalid JSON in ", name, ": ", printable(error.what())));
+  }
+  if (!value.is_object()) throw core::MetadataError(concat(where, ": ", name, " is not a JSON object"));
+  return value;
+}
+
+std::string node_type_of(const std::string& dir) {
+  const std::string file = dir + "/zarr.json";
+  if (!file_exists(file)) return "";
+  try {
+    const std::vector<uint8_t> bytes = read_whole_file(file);
+    const json value = parse_json(std::string(bytes.begin(), bytes.end()));
+    if (value.is_object() && value.contains("node_type") && value["node_type"].is_string()) {
+      return value["node_type"].get<std::string>();
+    }
+  } catch (const std::exception&) {
+    // An unreadable zarr.json is no node; opening it reports why.
+  }
+  return "";
+}
+
+}  // namespace torch_shards::io::zarr
