@@ -105,17 +105,36 @@ $(ANNBATCH_VENV)/.installed:
 	$(ANNBATCH_VENV)/bin/python -m pip install -q annbatch zarrs anndata obstore
 	touch $@
 
-# Side-by-side benchmarks (tables in benchmarks/results/, see the README). annbatch runs in its own
+# Side-by-side benchmarks (tables in benchmarks/results/, see benchmarks/README.md: each script writes
+# its .txt and .json there, and a .png with matplotlib). annbatch runs in its own
 # Python (ANNBATCH_PYTHON, by default the venv above).
 bench: setup $(if $(filter $(ANNBATCH_VENV)/%,$(ANNBATCH_PYTHON)),$(ANNBATCH_VENV)/.installed)
 	$(PY) -m pip install -q $(BENCH_PACKAGES)
-	$(PY) benchmarks/plan_throughput.py --json benchmarks/results/plan_throughput.json | tee benchmarks/results/plan_throughput.txt
-	$(PY) benchmarks/storage_throughput.py | tee benchmarks/results/storage_throughput.txt
-	$(PY) benchmarks/cpp_iteration.py
-	$(PY) benchmarks/annbatch_format.py --annbatch-python $(ANNBATCH_PYTHON) | tee benchmarks/results/annbatch_format.txt
+	$(PY) -m benchmarks.plan_throughput
+	$(PY) -m benchmarks.storage_throughput
+	$(PY) -m benchmarks.cpp_iteration
+	$(PY) -m benchmarks.annbatch_format --annbatch-python $(ANNBATCH_PYTHON)
 
 bench-wheel: wheel
-	$(PY) benchmarks/wheel_install.py
+	$(PY) -m benchmarks.wheel_install
+
+# Every benchmark once in its shortest mode, to check that it runs (numbers meaningless), into
+# BENCH_SMOKE_OUT: benchmarks/results/ is left alone. wheel_install needs a wheel (make bench-wheel);
+# device_throughput says so and measures nothing without a CUDA GPU.
+BENCH_SMOKE_OUT ?= /tmp/torch_shards_bench_smoke/
+bench-smoke: setup $(if $(filter $(ANNBATCH_VENV)/%,$(ANNBATCH_PYTHON)),$(ANNBATCH_VENV)/.installed)
+	mkdir -p $(BENCH_SMOKE_OUT)
+	$(PY) -m benchmarks.plan_throughput --sizes 1e5 --out $(BENCH_SMOKE_OUT)
+	$(PY) -m benchmarks.storage_throughput --rows 20000 --dense-rows 5000 --block-sizes 64 --seconds 0.5 \
+		--data-dir $(BENCH_SMOKE_OUT)data --out $(BENCH_SMOKE_OUT)
+	$(PY) -m benchmarks.cpp_iteration --rows 20000 --dense-rows 5000 --rounds 2 --seconds 0.5 --out $(BENCH_SMOKE_OUT)
+	$(PY) -m benchmarks.host_path --rows 5000 --epochs 2 --batch-sizes 256 1024 --out $(BENCH_SMOKE_OUT)
+	$(PY) -m benchmarks.workers --rounds 1 --batch-sizes 4096 --workers 1 --out $(BENCH_SMOKE_OUT)
+	$(PY) -m benchmarks.device_throughput --rows 20000 --epochs 1 --out $(BENCH_SMOKE_OUT)
+	$(PY) -m benchmarks.annbatch_format --rows 20000 --rounds 1 --seconds 0.5 --annbatch-python $(ANNBATCH_PYTHON) \
+		--out $(BENCH_SMOKE_OUT)
+	$(PY) -m benchmarks.remote --rows 20000 --rounds 1 --seconds 0.5 --latency 0.001 \
+		--annbatch-python $(ANNBATCH_PYTHON) --out $(BENCH_SMOKE_OUT)
 
 # The AnnData fixtures (tests/data/anndata): the script runs once per Python listed, each with its
 # own anndata (the environments are in the script's docstring), e.g.
