@@ -1,6 +1,7 @@
 # Everything the project needs, from a fresh Debian machine:
 #   make demo   system packages + venv + torch + build, then a 2-rank torchrun DDP run on CPU
-#   make test   the same setup, then lint, pytest, the GoogleTest suites and the wheel's fresh-venv suite
+#   make test   the same setup, then lint, pytest, the GoogleTest suites, the wheel's fresh-venv suite
+#               and the docs site (make docs)
 #   make wheel  the sdist and the binary wheel built from it (dist/), for the torch in the venv;
 #               make wheel TORCH=torch==2.12.0 builds one for another torch release in its own venv
 
@@ -69,7 +70,7 @@ test-cpp: setup
 test-wheel: setup wheel
 	TORCH_SHARDS_WHEEL_REQUIRED=1 $(PY) -m pytest -q tests/packaging/test_wheel.py
 
-test: lint test-python test-cpp test-wheel
+test: lint test-python test-cpp test-wheel docs
 
 # The sdist, then the binary wheel built from it (as `python -m build` does), with HDF5, c-blosc,
 # lz4, zstd, zlib and libaec built from source and linked in (cmake/BundledDependencies.cmake),
@@ -146,7 +147,7 @@ fixtures:
 clean:
 	rm -rf build dist $(VENV) $(ANNBATCH_VENV) torch_shards/lib torch_shards/include torch_shards/share torch_shards/_build_info.py *.egg-info
 
-# Robustness (see README, Development): the GoogleTest suites and the libFuzzer
+# Robustness (see CONTRIBUTING.md): the GoogleTest suites and the libFuzzer
 # targets built with AddressSanitizer + UndefinedBehaviorSanitizer (clang from
 # Debian), and the fuzzing harness's long run against the reference libraries.
 SANITIZE_PACKAGES := clang-14 libclang-rt-14-dev
@@ -181,3 +182,15 @@ fuzz-long: setup
 docs-cpp: system
 	rm -rf docs/reference/cpp-api
 	doxygen docs/Doxyfile
+
+# The documentation site (mkdocs.yml, docs/): mkdocs-material, mkdocstrings for the Python API
+# reference, built with --strict (a broken link or anchor fails it) into build/site, after the C++
+# reference it links to. The packages go into the venv after torch, and pull no torch.
+DOCS_PACKAGES := "mkdocs>=1.6,<2" "mkdocs-material>=9.5,<10" "mkdocstrings[python]>=0.26"
+.PHONY: docs
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(PY) -m pip install -q $(DOCS_PACKAGES)
+	touch $@
+
+docs: docs-cpp $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d build/site
