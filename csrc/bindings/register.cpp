@@ -5,6 +5,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include "loader/dataset_door.h"
 #include "loader/device_stage.h"
 #include "torch_shards/dataset.h"
 #include "torch_shards/sampler.h"
@@ -37,7 +38,7 @@ c10::intrusive_ptr<ShardedDatasetImpl> make_dataset(
   options.prefetch_bytes = prefetch_bytes;
   options.pin_memory = pin_memory;
   options.device = parse_device(device, "ShardedDataset");
-  return c10::make_intrusive<ShardedDatasetImpl>(std::move(source), std::move(strategy), options, shared_state);
+  return DatasetDoor::make(std::move(source), std::move(strategy), options, shared_state);
 }
 
 c10::intrusive_ptr<DistributedSamplerImpl> make_sampler(int64_t num_rows, std::optional<int64_t> num_replicas,
@@ -106,10 +107,13 @@ TORCH_LIBRARY(torch_shards, m) {
 
   m.class_<BatchIteratorImpl>("BatchIterator")
       .def("next", &BatchIteratorImpl::next)
-      .def("wait", &BatchIteratorImpl::wait)
-      .def("poll", &BatchIteratorImpl::poll)
+      .def("wait", [](const c10::intrusive_ptr<BatchIteratorImpl>& self,
+                      int64_t timeout_ms) { return DatasetDoor::wait(*self, timeout_ms); })
+      .def("poll", [](const c10::intrusive_ptr<BatchIteratorImpl>& self,
+                      int64_t timeout_ms) { return DatasetDoor::poll(*self, timeout_ms); })
       .def("finished", &BatchIteratorImpl::finished)
-      .def("worker_batches", [](const c10::intrusive_ptr<BatchIteratorImpl>& self) { return self->worker_batches(); })
+      .def("worker_batches",
+           [](const c10::intrusive_ptr<BatchIteratorImpl>& self) { return DatasetDoor::worker_batches(*self); })
       .def("next_unit", &BatchIteratorImpl::next_unit)
       .def("push_unit", &BatchIteratorImpl::push_unit)
       .def("pending", &BatchIteratorImpl::pending)
@@ -140,7 +144,13 @@ TORCH_LIBRARY(torch_shards, m) {
            torch::arg("pin_memory") = false, torch::arg("shared_state") = torch::arg::none(),
            torch::arg("device") = torch::arg::none()})  // names and defaults as in Python
       .def("iter", &ShardedDatasetImpl::iter)
-      .def("iter_worker", &ShardedDatasetImpl::iter_worker, "",
+      .def("iter_worker",
+           [](const c10::intrusive_ptr<ShardedDatasetImpl>& self, int64_t worker, int64_t num_workers,
+              int64_t generation_seed, bool shared_memory, bool recycled, std::optional<int64_t> stream_start) {
+             return DatasetDoor::iter_worker(*self, worker, num_workers, generation_seed, shared_memory, recycled,
+                                             stream_start);
+           },
+           "",
            {torch::arg("worker"), torch::arg("num_workers"), torch::arg("generation_seed"), torch::arg("shared_memory"),
             torch::arg("recycled") = false, torch::arg("stream_start") = torch::arg::none()})
       .def("iter_epoch", &ShardedDatasetImpl::iter_epoch, "",
@@ -158,7 +168,8 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("drop_last", &ShardedDatasetImpl::drop_last)
       .def("even_batches", &ShardedDatasetImpl::even_batches)
       .def("pin_memory", &ShardedDatasetImpl::pin_memory)
-      .def("device_warning", [](const c10::intrusive_ptr<ShardedDatasetImpl>& self) { return self->device_warning(); })
+      .def("device_warning",
+           [](const c10::intrusive_ptr<ShardedDatasetImpl>& self) { return DatasetDoor::device_warning(*self); })
       .def("device",
            [](const c10::intrusive_ptr<ShardedDatasetImpl>& self) -> std::optional<std::string> {
              const auto device = self->device();
@@ -172,17 +183,24 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("strategy", &ShardedDatasetImpl::strategy)
       .def("describe", &ShardedDatasetImpl::describe)
       .def("fingerprint", &ShardedDatasetImpl::fingerprint)
-      .def("synchronize", &ShardedDatasetImpl::synchronize)
-      .def("synchronized", &ShardedDatasetImpl::synchronized)
-      .def("topology_source", &ShardedDatasetImpl::topology_source)
-      .def("shared_state", &ShardedDatasetImpl::shared_state)
+      .def("synchronize",
+           [](const c10::intrusive_ptr<ShardedDatasetImpl>& self, const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+             DatasetDoor::synchronize(*self, group);
+           })
+      .def("synchronized",
+           [](const c10::intrusive_ptr<ShardedDatasetImpl>& self) { return DatasetDoor::synchronized(*self); })
+      .def("topology_source",
+           [](const c10::intrusive_ptr<ShardedDatasetImpl>& self) { return DatasetDoor::topology_source(*self); })
+      .def("shared_state",
+           [](const c10::intrusive_ptr<ShardedDatasetImpl>& self) { return DatasetDoor::shared_state(*self); })
       .def("delivery_counts", &ShardedDatasetImpl::delivery_counts)
       .def("reader_stats", &ShardedDatasetImpl::reader_stats)
       .def("state_dict", &ShardedDatasetImpl::state_dict, "", {torch::arg("consumed_batches") = torch::arg::none()})
-      .def("workers_starting", &ShardedDatasetImpl::workers_starting)
+      .def("workers_starting",
+           [](const c10::intrusive_ptr<ShardedDatasetImpl>& self) { DatasetDoor::workers_starting(*self); })
       .def("load_state_dict", &ShardedDatasetImpl::load_state_dict)
-      .def_pickle([](const c10::intrusive_ptr<ShardedDatasetImpl>& self) { return self->state(); },
-                  [](ShardedDatasetImpl::State state) { return ShardedDatasetImpl::from_state(state); });
+      .def_pickle([](const c10::intrusive_ptr<ShardedDatasetImpl>& self) { return DatasetDoor::state(*self); },
+                  [](DatasetDoor::State state) { return DatasetDoor::from_state(state); });
 
   m.class_<SamplerIteratorImpl>("SamplerIterator")
       .def("next", &SamplerIteratorImpl::next)

@@ -23,6 +23,7 @@
 #include "io/storage/url.h"
 #include "loader/batches.h"
 #include "loader/buffer_pool.h"
+#include "loader/dataset_door.h"
 #include "loader/device_stage.h"
 #include "loader/epoch_reader.h"
 #include "loader/errors.h"
@@ -77,7 +78,12 @@ int64_t* words(const at::Tensor& state) { return state.data_ptr<int64_t>(); }
 }  // namespace
 
 ShardedDatasetImpl::ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c10::intrusive_ptr<StrategyImpl> strategy,
-                                       const DatasetOptions& options, const std::optional<at::Tensor>& shared_state)
+                                       const DatasetOptions& options)
+    : ShardedDatasetImpl(std::move(source), std::move(strategy), options, std::nullopt, DoorKey()) {}
+
+ShardedDatasetImpl::ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c10::intrusive_ptr<StrategyImpl> strategy,
+                                       const DatasetOptions& options, const std::optional<at::Tensor>& shared_state,
+                                       DoorKey)
     : source_(std::move(source)), options_(options) {
   TORCH_CHECK_VALUE(source_, kWho, ": source is null");
   TORCH_CHECK_VALUE(strategy, kWho, ": strategy is null");
@@ -887,7 +893,8 @@ ShardedDataset::ShardedDataset(const Source& source, const Strategy& strategy, c
         "ShardedDataset: pin_memory=true has no effect: this torch has no CUDA device, batches stay in "
         "pageable memory");
   }
-  if (!impl_->device_warning().empty()) TORCH_WARN(impl_->device_warning());
+  const std::string& device_warning = DatasetDoor::device_warning(*impl_);
+  if (!device_warning.empty()) TORCH_WARN(device_warning);
 }
 
 }  // namespace torch_shards

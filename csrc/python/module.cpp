@@ -34,6 +34,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "loader/dataset_door.h"
 #include "loader/iteration.h"
 #include "loader/transfer.h"
 #include "torch_shards/dataset.h"
@@ -139,7 +140,7 @@ PyObject* poll_batch(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nar
   std::optional<torch_shards::Batch> batch;
   {
     pybind11::gil_scoped_release no_gil;  // as torch.classes calls: the reader threads may need it
-    batch = impl->poll(timeout_ms);
+    batch = torch_shards::DatasetDoor::poll(*impl, timeout_ms);
   }
   if (!batch) Py_RETURN_NONE;
   Keys keys;
@@ -245,11 +246,12 @@ PyObject* poll_packed(PyObject* /*module*/, PyObject* const* args, Py_ssize_t na
   std::vector<torch_shards::Batch> batches;
   {
     pybind11::gil_scoped_release no_gil;  // as poll()
-    batches = impl->take_ready(timeout_ms, max_bytes);
+    batches = torch_shards::DatasetDoor::take_ready(*impl, timeout_ms, max_bytes);
   }
   if (batches.empty()) Py_RETURN_NONE;
   const bool last = endless == 0 && impl->batches_delivered() == impl->num_batches();
-  return packed_tuple(torch_shards::pack(batches, impl->iteration().worker, impl->worker_batches(), last));
+  return packed_tuple(torch_shards::pack(batches, torch_shards::DatasetDoor::iteration(*impl).worker,
+                                         torch_shards::DatasetDoor::worker_batches(*impl), last));
   END_HANDLE_TH_ERRORS
 }
 

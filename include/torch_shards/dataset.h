@@ -46,6 +46,7 @@ struct ResumeSegment;
 class BufferPool;
 class EpochReader;
 class BatchIteratorImpl;
+struct DatasetDoor;  // loader/dataset_door.h
 struct Iteration;
 struct IterationProgress;
 
@@ -94,28 +95,20 @@ struct DatasetOptions {
 // torch.classes.torch_shards.ShardedDataset.
 class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
  public:
-  // shared_state: the words this dataset shares with its DataLoader workers
-  // (epoch counter, delivery counters); the Python door hands the main
-  // process's to the copies it rebuilds in worker processes. None: a new one.
   ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c10::intrusive_ptr<StrategyImpl> strategy,
-                     const DatasetOptions& options, const std::optional<at::Tensor>& shared_state = std::nullopt);
+                     const DatasetOptions& options);
+  // For the doors only (DatasetDoor::make, loader/dataset_door.h: DoorKey cannot be made elsewhere).
+  class DoorKey {
+    friend struct DatasetDoor;
+    friend class ShardedDatasetImpl;
+    DoorKey() = default;
+  };
+  ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c10::intrusive_ptr<StrategyImpl> strategy,
+                     const DatasetOptions& options, const std::optional<at::Tensor>& shared_state, DoorKey);
   ~ShardedDatasetImpl() override;
 
   // Starts the next epoch in the process that trains (num_workers=0, C++, TorchScript).
   c10::intrusive_ptr<BatchIteratorImpl> iter();
-  // Starts the epoch of a DataLoader worker's generation: the first worker of
-  // a DataLoader iteration claims the next epoch and the others join it.
-  // generation_seed: DataLoader's base seed of that iteration (worker seed - id);
-  // shared_memory: assemble batches in shared memory sent without a copy;
-  // recycled: in slabs recycled under the main process's leases, for a
-  // worker whose batches cross as handles (the Python door's transfer);
-  // stream_start: in an endless loop (cycle=True), the batches the loop took
-  // (all workers together) before this epoch: the epoch's batches are then
-  // dealt to the workers so that DataLoader's round robin takes them as one
-  // run of the loop (core/stream_dealing.h). None: one epoch per loop.
-  c10::intrusive_ptr<BatchIteratorImpl> iter_worker(int64_t worker, int64_t num_workers, int64_t generation_seed,
-                                                    bool shared_memory, bool recycled = false,
-                                                    std::optional<int64_t> stream_start = std::nullopt);
   // One worker's share of a given epoch, leaving the epoch counter alone (inspection, tests).
   c10::intrusive_ptr<BatchIteratorImpl> iter_epoch(int64_t epoch, int64_t worker, int64_t num_workers);
 
@@ -147,8 +140,6 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   bool pin_memory() const { return options_.pin_memory; }
   // The device batches are delivered on (in-process iteration), or nullopt: the host.
   std::optional<c10::Device> device() const { return options_.device; }
-  // The LOCAL_RANK cross-check's warning for that device, or empty: each door warns its own way.
-  const std::string& device_warning() const { return device_warning_; }
   // An epoch's layout: its plan entries, its fetches and its batches (all ranks together).
   // @{
   int64_t plan_size() const;
@@ -166,19 +157,7 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   std::string describe() const;
   // What this rank reads and how, one "key: value" line per property that must agree across ranks.
   std::string fingerprint() const;
-  // Every process of the group says which rank it reads (of which world size) and what; the
-  // claims are checked (same world size, every rank read by as many processes, the same data and
-  // arguments, the same seed given) and, with seed=None, the group's first process's seed is
-  // taken: c10::ValueError on every process otherwise. Done at construction when a process group
-  // is given; the Python door does it at the first iteration when a group appeared since.
-  void synchronize(const c10::intrusive_ptr<c10d::ProcessGroup>& group);
-  // Whether synchronize() ran (here, or in the process whose state this copy shares).
-  bool synchronized() const;
-  // Where rank and world size came from: "explicit", "group", "environment" or "default".
-  const std::string& topology_source() const { return topology_source_; }
 
-  // The words shared with DataLoader workers' copies (see the constructor).
-  const at::Tensor& shared_state() const { return shared_state_; }
   // [DataLoader workers + 1, 2]: batches and rows delivered by each worker, then by the main process.
   at::Tensor delivery_counts() const;
   // Counters of this process's unfinished iterations, one dict each.
@@ -190,10 +169,6 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   // loop consumed this epoch); inside a DataLoader worker (torchdata's
   // StatefulDataLoader asks there) it is that worker's own state.
   StateDict state_dict(std::optional<int64_t> consumed_batches = std::nullopt) const;
-  // A DataLoader iterator is starting workers over this dataset (ts.DataLoader
-  // says so): until one of them claims its epoch, a state taken here is the
-  // start of the next epoch, not the last one's (which the loop finished).
-  void workers_starting();
   // Resumes from a checkpoint, on this dataset's topology (any number of
   // ranks and workers): the next iteration delivers every global batch of
   // the epoch not consumed yet, exactly once across the ranks, then epochs
@@ -205,6 +180,41 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   // (even_batches=None) merged into one.
   static StateDict merge_state_dicts(const std::vector<StateDict>& states);
 
+ private:
+  // The Python and TorchScript doors' plumbing, reached through DatasetDoor (loader/dataset_door.h).
+  friend struct DatasetDoor;
+  // Starts the epoch of a DataLoader worker's generation: the first worker of
+  // a DataLoader iteration claims the next epoch and the others join it.
+  // generation_seed: DataLoader's base seed of that iteration (worker seed - id);
+  // shared_memory: assemble batches in shared memory sent without a copy;
+  // recycled: in slabs recycled under the main process's leases, for a
+  // worker whose batches cross as handles (the Python door's transfer);
+  // stream_start: in an endless loop (cycle=True), the batches the loop took
+  // (all workers together) before this epoch: the epoch's batches are then
+  // dealt to the workers so that DataLoader's round robin takes them as one
+  // run of the loop (core/stream_dealing.h). None: one epoch per loop.
+  c10::intrusive_ptr<BatchIteratorImpl> iter_worker(int64_t worker, int64_t num_workers, int64_t generation_seed,
+                                                    bool shared_memory, bool recycled = false,
+                                                    std::optional<int64_t> stream_start = std::nullopt);
+  // The LOCAL_RANK cross-check's warning for that device, or empty: each door warns its own way.
+  const std::string& device_warning() const { return device_warning_; }
+  // Every process of the group says which rank it reads (of which world size) and what; the
+  // claims are checked (same world size, every rank read by as many processes, the same data and
+  // arguments, the same seed given) and, with seed=None, the group's first process's seed is
+  // taken: c10::ValueError on every process otherwise. Done at construction when a process group
+  // is given; the Python door does it at the first iteration when a group appeared since.
+  void synchronize(const c10::intrusive_ptr<c10d::ProcessGroup>& group);
+  // Whether synchronize() ran (here, or in the process whose state this copy shares).
+  bool synchronized() const;
+  // Where rank and world size came from: "explicit", "group", "environment" or "default".
+  const std::string& topology_source() const { return topology_source_; }
+  // The words shared with DataLoader workers' copies (the constructor taking a DoorKey: the Python door hands the
+  // main process's to the copies it rebuilds in worker processes).
+  const at::Tensor& shared_state() const { return shared_state_; }
+  // A DataLoader iterator is starting workers over this dataset (ts.DataLoader
+  // says so): until one of them claims its epoch, a state taken here is the
+  // start of the next epoch, not the last one's (which the loop finished).
+  void workers_starting();
   // Pickling (TorchScript): the source, the strategy, the arguments (the
   // seed as resolved; rank and world size only if given explicitly), the
   // next epoch and a loaded checkpoint not yet resumed (the copy resumes it).
@@ -215,7 +225,6 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   // A dataset rebuilt from a State (without a process group).
   static c10::intrusive_ptr<ShardedDatasetImpl> from_state(const State& state);
 
- private:
   c10::intrusive_ptr<BatchIteratorImpl> start(Iteration iteration, int64_t slot, sources::Memory memory);
   // Throws c10::ValueError unless the ranks agree on the seed (a single rank always does).
   void check_agreed() const;
@@ -266,12 +275,6 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   std::optional<Batch> next();
   // Whether next() has a batch to return (waits until it is read, or the epoch ends), without taking it.
   bool has_next();
-  // Waits at most timeout_ms; true once next() will not block (a batch, the end, or an error is ready).
-  bool wait(int64_t timeout_ms);
-  // The next batch if one is ready within timeout_ms, else nullopt: the end
-  // of the epoch (finished() is then true) or not ready yet. One call per
-  // batch for doors that must wake up now and then (Ctrl-C in Python).
-  std::optional<Batch> poll(int64_t timeout_ms);
   // Whether next() reached the end of the epoch.
   bool finished() const { return finished_; }
   // For a per-unit (fetch) transform: the next unit of rows read at once, or
@@ -281,18 +284,6 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   // The transformed unit: must keep its rows (count and order); cut into the
   // batches next() returns.
   void push_unit(const Batch& unit);
-  // For a DataLoader worker sending many batches at once: waits at most
-  // timeout_ms for the next batch, then takes it, the rest of its unit, and
-  // the next units (waiting for them) until the batches taken hold
-  // max_bytes or the epoch ends, each counted as delivered. Empty if none
-  // came in time, or at the end (finished() is then true). A read error met
-  // after the first unit is raised by the next call. With a per-unit
-  // transform (next_unit / push_unit), pass max_bytes=0: only the pushed
-  // unit's batches are taken.
-  std::vector<Batch> take_ready(int64_t timeout_ms, int64_t max_bytes);
-  // The batches each DataLoader worker of this iteration delivers (empty in
-  // the training process).
-  const std::vector<int64_t>& worker_batches() const;
   // Batches of the current unit not delivered yet.
   int64_t pending() const { return static_cast<int64_t>(pending_.size() - next_pending_); }
   // Stops the reader threads; later reads raise. Idempotent.
@@ -302,8 +293,6 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
 
   // The epoch this iterator delivers.
   int64_t epoch() const { return epoch_; }
-  // What this iteration reads (internal: Iteration is not part of the installed headers).
-  const Iteration& iteration() const;
   // Batches this iterator delivers in all, and those delivered so far.
   // @{
   int64_t num_batches() const { return num_batches_; }
@@ -319,6 +308,29 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   c10::Dict<std::string, int64_t> stats() const;
 
  private:
+  // The Python and TorchScript doors' plumbing, reached through DatasetDoor (loader/dataset_door.h).
+  friend struct DatasetDoor;
+  // Waits at most timeout_ms; true once next() will not block (a batch, the end, or an error is ready).
+  bool wait(int64_t timeout_ms);
+  // The next batch if one is ready within timeout_ms, else nullopt: the end
+  // of the epoch (finished() is then true) or not ready yet. One call per
+  // batch for doors that must wake up now and then (Ctrl-C in Python).
+  std::optional<Batch> poll(int64_t timeout_ms);
+  // For a DataLoader worker sending many batches at once: waits at most
+  // timeout_ms for the next batch, then takes it, the rest of its unit, and
+  // the next units (waiting for them) until the batches taken hold
+  // max_bytes or the epoch ends, each counted as delivered. Empty if none
+  // came in time, or at the end (finished() is then true). A read error met
+  // after the first unit is raised by the next call. With a per-unit
+  // transform (next_unit / push_unit), pass max_bytes=0: only the pushed
+  // unit's batches are taken.
+  std::vector<Batch> take_ready(int64_t timeout_ms, int64_t max_bytes);
+  // The batches each DataLoader worker of this iteration delivers (empty in
+  // the training process).
+  const std::vector<int64_t>& worker_batches() const;
+  // What this iteration reads (internal: Iteration is not part of the installed headers).
+  const Iteration& iteration() const;
+
   void cut(const Batch& unit, bool padding);
   bool refill();    // pending_ has a batch, or the epoch ended
   Batch deliver();  // the next pending batch, counted

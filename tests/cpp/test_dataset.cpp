@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "loader/dataset_door.h"
 #include "torch_shards/torch_shards.h"
 
 namespace ts = torch_shards;
@@ -563,13 +564,13 @@ TEST(Dataset, AWorkerCopysLoadedStateGivesTheMainObjectItsSeed) {
   };
   auto taken =
       c10::make_intrusive<ts::ShardedDatasetImpl>(rows_source(61).native(), ts::BlockShuffling(3).native(), options(5));
-  auto iterator = taken->iter_worker(0, 2, 1, false);
+  auto iterator = ts::DatasetDoor::iter_worker(*taken, 0, 2, 1, false);
   iterator->next();
   const ts::StateDict worker_state = taken->state_dict();
   auto main = c10::make_intrusive<ts::ShardedDatasetImpl>(rows_source(61).native(), ts::BlockShuffling(3).native(),
                                                           options(std::nullopt));
-  auto worker = c10::make_intrusive<ts::ShardedDatasetImpl>(rows_source(61).native(), ts::BlockShuffling(3).native(),
-                                                            options(std::nullopt), main->shared_state());
+  auto worker = ts::DatasetDoor::make(rows_source(61).native(), ts::BlockShuffling(3).native(), options(std::nullopt),
+                                      ts::DatasetDoor::shared_state(*main));
   worker->load_state_dict(worker_state);
   EXPECT_EQ(main->seed(), 5);
   EXPECT_EQ(main->state_dict().at("seed"), 5);
