@@ -5,13 +5,13 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <torch_shards/dataset.h>
+#include <torch_shards/sampler.h>
+#include <torch_shards/source.h>
+#include <torch_shards/strategy.h>
+#include <torch_shards/version.h>
 #include "loader/dataset_door.h"
 #include "loader/device_stage.h"
-#include "torch_shards/dataset.h"
-#include "torch_shards/sampler.h"
-#include "torch_shards/source.h"
-#include "torch_shards/strategy.h"
-#include "torch_shards/version.h"
 
 namespace torch_shards {
 namespace {

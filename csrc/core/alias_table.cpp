@@ -1,4 +1,4 @@
-#include "alias_table.h"
+#include "core/alias_table.h"
 
 #include <algorithm>
 

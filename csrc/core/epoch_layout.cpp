@@ -1,9 +1,9 @@
-#include "epoch_layout.h"
+#include "core/epoch_layout.h"
 
 #include <algorithm>
 #include <limits>
 
-#include "errors.h"
+#include "core/errors.h"
 
 namespace torch_shards::core {
 

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string>
 
-#include "dealing.h"
+#include "core/dealing.h"
 
 namespace torch_shards::core {
 

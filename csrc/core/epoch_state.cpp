@@ -1,4 +1,4 @@
-#include "epoch_state.h"
+#include "core/epoch_state.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "errors.h"
+#include "core/errors.h"
 
 namespace torch_shards::core {
 namespace {

@@ -1,6 +1,6 @@
-#include "local_rank.h"
+#include "core/local_rank.h"
 
-#include "errors.h"
+#include "core/errors.h"
 
 namespace torch_shards::core {
 

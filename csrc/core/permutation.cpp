@@ -1,8 +1,8 @@
-#include "permutation.h"
+#include "core/permutation.h"
 
 #include <numeric>
 
-#include "random.h"
+#include "core/random.h"
 
 namespace torch_shards::core {
 

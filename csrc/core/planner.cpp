@@ -1,11 +1,11 @@
-#include "planner.h"
+#include "core/planner.h"
 
 #include <algorithm>
 #include <utility>
 
-#include "errors.h"
-#include "radix_sort.h"
-#include "random.h"
+#include "core/errors.h"
+#include "core/radix_sort.h"
+#include "core/random.h"
 
 namespace torch_shards::core {
 

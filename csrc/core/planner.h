@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
-#include "epoch_layout.h"
-#include "strategy.h"
+#include "core/epoch_layout.h"
+#include "core/strategy.h"
 
 namespace torch_shards::core {
 

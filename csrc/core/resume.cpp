@@ -1,11 +1,11 @@
-#include "resume.h"
+#include "core/resume.h"
 
-#include "epoch_state.h"
+#include "core/epoch_state.h"
 
 #include <algorithm>
 #include <tuple>
 
-#include "errors.h"
+#include "core/errors.h"
 
 namespace torch_shards::core {
 

@@ -31,8 +31,8 @@
 #include <utility>
 #include <vector>
 
-#include "dealing.h"
-#include "epoch_layout.h"
+#include "core/dealing.h"
+#include "core/epoch_layout.h"
 
 namespace torch_shards::core {
 

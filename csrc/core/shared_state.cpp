@@ -1,8 +1,8 @@
-#include "shared_state.h"
+#include "core/shared_state.h"
 
 #include <sched.h>
 
-#include "errors.h"
+#include "core/errors.h"
 
 namespace torch_shards::core {
 namespace {

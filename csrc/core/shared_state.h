@@ -10,8 +10,8 @@
 #include <optional>
 #include <vector>
 
-#include "epoch_state.h"
-#include "resume.h"
+#include "core/epoch_state.h"
+#include "core/resume.h"
 
 namespace torch_shards::core {
 

@@ -1,4 +1,4 @@
-#include "strategy.h"
+#include "core/strategy.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,10 +9,10 @@
 #include <numeric>
 #include <unordered_map>
 
-#include "alias_table.h"
-#include "errors.h"
-#include "permutation.h"
-#include "random.h"
+#include "core/alias_table.h"
+#include "core/errors.h"
+#include "core/permutation.h"
+#include "core/random.h"
 
 namespace torch_shards::core {
 namespace {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "permutation.h"
+#include "core/permutation.h"
 
 namespace torch_shards::core {
 

@@ -1,9 +1,9 @@
-#include "stream_dealing.h"
+#include "core/stream_dealing.h"
 
 #include <algorithm>
 #include <utility>
 
-#include "errors.h"
+#include "core/errors.h"
 
 namespace torch_shards::core {
 

@@ -21,7 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "dealing.h"
+#include "core/dealing.h"
 
 namespace torch_shards::core {
 

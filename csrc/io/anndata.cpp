@@ -1,4 +1,4 @@
-#include "anndata.h"
+#include "io/anndata.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,8 +7,8 @@
 #include <mutex>
 #include <set>
 
-#include "../core/errors.h"
-#include "chunked_array.h"
+#include "core/errors.h"
+#include "io/chunked_array.h"
 
 namespace torch_shards::io {
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "csr_matrix.h"
-#include "group.h"
+#include "io/csr_matrix.h"
+#include "io/group.h"
 
 namespace torch_shards::io {
 

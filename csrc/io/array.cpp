@@ -1,15 +1,15 @@
-#include "array.h"
+#include "io/array.h"
 
 #include <algorithm>
 #include <cstring>
 #include <limits>
 #include <numeric>
 
-#include "../core/errors.h"
-#include "../core/radix_sort.h"
-#include "../core/scratch_buffer.h"
-#include "../core/streaming_copy.h"
-#include "codecs.h"
+#include "core/errors.h"
+#include "core/radix_sort.h"
+#include "core/scratch_buffer.h"
+#include "core/streaming_copy.h"
+#include "io/codecs.h"
 
 namespace torch_shards::io {
 

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "../core/thread_pool.h"
-#include "dtype.h"
-#include "file.h"
+#include "core/thread_pool.h"
+#include "io/dtype.h"
+#include "io/file.h"
 
 namespace torch_shards::io {
 

@@ -1,4 +1,4 @@
-#include "blosc_ranges.h"
+#include "io/blosc_ranges.h"
 
 #include <lz4.h>
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "../core/cpu_features.h"
+#include "core/cpu_features.h"
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -16,9 +16,9 @@
 #include <immintrin.h>
 #endif
 
-#include "../core/errors.h"
-#include "../core/scratch_buffer.h"
-#include "codecs.h"
+#include "core/errors.h"
+#include "core/scratch_buffer.h"
+#include "io/codecs.h"
 
 namespace torch_shards::io::codecs {
 

@@ -1,4 +1,4 @@
-#include "chunked_array.h"
+#include "io/chunked_array.h"
 
 #include <algorithm>
 #include <cstring>
@@ -9,9 +9,9 @@
 #include <memory>
 #include <mutex>
 
-#include "../core/errors.h"
-#include "../core/scratch_buffer.h"
-#include "file.h"
+#include "core/errors.h"
+#include "core/scratch_buffer.h"
+#include "io/file.h"
 
 namespace torch_shards::io {
 

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "../core/function_ref.h"
-#include "array.h"
-#include "blosc_ranges.h"
+#include "core/function_ref.h"
+#include "io/array.h"
+#include "io/blosc_ranges.h"
 
 namespace torch_shards::io {
 

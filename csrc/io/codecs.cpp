@@ -1,4 +1,4 @@
-#include "codecs.h"
+#include "io/codecs.h"
 
 #include <blosc.h>
 #include <zlib.h>
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "../core/errors.h"
+#include "core/errors.h"
 
 namespace torch_shards::io::codecs {
 

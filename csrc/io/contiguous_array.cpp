@@ -1,8 +1,8 @@
-#include "contiguous_array.h"
+#include "io/contiguous_array.h"
 
 #include <cstring>
 
-#include "../core/errors.h"
+#include "core/errors.h"
 
 namespace torch_shards::io {
 

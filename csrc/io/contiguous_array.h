@@ -4,8 +4,8 @@
 
 #include <memory>
 
-#include "array.h"
-#include "file.h"
+#include "io/array.h"
+#include "io/file.h"
 
 namespace torch_shards::io {
 

@@ -1,4 +1,4 @@
-#include "csr_matrix.h"
+#include "io/csr_matrix.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,10 +10,10 @@
 #include <sstream>
 #include <type_traits>
 
-#include "../core/cpu_features.h"
-#include "../core/errors.h"
-#include "../core/radix_sort.h"
-#include "../core/scratch_buffer.h"
+#include "core/cpu_features.h"
+#include "core/errors.h"
+#include "core/radix_sort.h"
+#include "core/scratch_buffer.h"
 
 namespace torch_shards::io {
 

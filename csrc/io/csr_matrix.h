@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "../core/function_ref.h"
-#include "array.h"
+#include "core/function_ref.h"
+#include "io/array.h"
 
 namespace torch_shards::io {
 

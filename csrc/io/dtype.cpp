@@ -1,4 +1,4 @@
-#include "dtype.h"
+#include "io/dtype.h"
 
 #include <cstdint>
 #include <stdexcept>

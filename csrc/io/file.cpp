@@ -1,4 +1,4 @@
-#include "file.h"
+#include "io/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,11 +17,11 @@
 #include <new>
 #include <system_error>
 
-#include "../core/errors.h"
-#include "../core/random.h"
-#include "../core/stable_hash.h"
-#include "../core/streaming_copy.h"
-#include "storage/remote_paths.h"
+#include "core/errors.h"
+#include "core/random.h"
+#include "core/stable_hash.h"
+#include "core/streaming_copy.h"
+#include "io/storage/remote_paths.h"
 
 namespace torch_shards::io {
 

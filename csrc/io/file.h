@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "../core/function_ref.h"
+#include "core/function_ref.h"
 
 namespace torch_shards::io {
 

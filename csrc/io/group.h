@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "array.h"
+#include "io/array.h"
 
 namespace torch_shards::io {
 

@@ -1,4 +1,4 @@
-#include "hdf5_array.h"
+#include "io/hdf5_array.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,13 +6,13 @@
 #include <optional>
 #include <vector>
 
-#include "../core/errors.h"
-#include "chunked_array.h"
-#include "codecs.h"
-#include "contiguous_array.h"
-#include "file.h"
-#include "hdf5_library.h"
-#include "text.h"
+#include "core/errors.h"
+#include "io/chunked_array.h"
+#include "io/codecs.h"
+#include "io/contiguous_array.h"
+#include "io/file.h"
+#include "io/hdf5_library.h"
+#include "io/text.h"
 
 namespace torch_shards::io {
 

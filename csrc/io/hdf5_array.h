@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "array.h"
-#include "hdf5_format.h"
+#include "io/array.h"
+#include "io/hdf5_format.h"
 
 namespace torch_shards::io {
 

@@ -1,4 +1,4 @@
-#include "hdf5_format.h"
+#include "io/hdf5_format.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,7 +6,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "../core/errors.h"
+#include "core/errors.h"
 
 namespace torch_shards::io::hdf5 {
 

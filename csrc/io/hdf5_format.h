@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "file.h"
+#include "io/file.h"
 
 namespace torch_shards::io::hdf5 {
 

@@ -1,14 +1,14 @@
-#include "hdf5_group.h"
+#include "io/hdf5_group.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "../core/errors.h"
-#include "file.h"
-#include "hdf5_array.h"
-#include "hdf5_format.h"
-#include "hdf5_library.h"
-#include "text.h"
+#include "core/errors.h"
+#include "io/file.h"
+#include "io/hdf5_array.h"
+#include "io/hdf5_format.h"
+#include "io/hdf5_library.h"
+#include "io/text.h"
 
 namespace torch_shards::io {
 

@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "group.h"
+#include "io/group.h"
 
 namespace torch_shards::io {
 

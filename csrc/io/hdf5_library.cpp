@@ -1,12 +1,12 @@
-#include "hdf5_library.h"
+#include "io/hdf5_library.h"
 
 #include <pthread.h>
 
-#include "../core/errors.h"
-#include "file.h"
-#include "hdf5_format.h"
-#include "hdf5_remote_driver.h"
-#include "storage/url.h"
+#include "core/errors.h"
+#include "io/file.h"
+#include "io/hdf5_format.h"
+#include "io/hdf5_remote_driver.h"
+#include "io/storage/url.h"
 
 namespace torch_shards::io {
 namespace {

@@ -1,4 +1,4 @@
-#include "hdf5_remote_driver.h"
+#include "io/hdf5_remote_driver.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,10 +6,10 @@
 #include <memory>
 #include <vector>
 
-#include "../core/errors.h"
-#include "file.h"
-#include "hdf5_library.h"
-#include "storage/url.h"
+#include "core/errors.h"
+#include "io/file.h"
+#include "io/hdf5_library.h"
+#include "io/storage/url.h"
 
 namespace torch_shards::io {
 

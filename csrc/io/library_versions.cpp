@@ -1,4 +1,4 @@
-#include "library_versions.h"
+#include "io/library_versions.h"
 
 #include <blosc.h>
 #include <dlfcn.h>
@@ -6,8 +6,8 @@
 #include <zlib.h>
 #include <zstd.h>
 
-#include "../core/errors.h"
-#include "hdf5_library.h"
+#include "core/errors.h"
+#include "io/hdf5_library.h"
 
 namespace torch_shards::io {
 namespace {

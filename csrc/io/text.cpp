@@ -1,4 +1,4 @@
-#include "text.h"
+#include "io/text.h"
 
 namespace torch_shards::io {
 

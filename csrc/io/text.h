@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "../core/utf8.h"
+#include "core/utf8.h"
 
 namespace torch_shards::io {
 

@@ -1,4 +1,4 @@
-#include "torch_shards/dataset.h"
+#include <torch_shards/dataset.h>
 
 #include <ATen/Context.h>
 #include <ATen/StorageUtils.h>

@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include <torch_shards/dataset.h>
 #include "loader/iteration.h"
-#include "torch_shards/dataset.h"
 
 namespace torch_shards {
 

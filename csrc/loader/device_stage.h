@@ -17,7 +17,7 @@
 #include <string>
 #include <utility>
 
-#include "torch_shards/source.h"
+#include <torch_shards/source.h>
 
 namespace torch_shards {
 

@@ -1,4 +1,4 @@
-#include "torch_shards/sampler.h"
+#include <torch_shards/sampler.h>
 
 #include <c10/util/Exception.h>
 

@@ -28,7 +28,7 @@
 #include <optional>
 #include <vector>
 
-#include "torch_shards/export.h"
+#include <torch_shards/export.h>
 
 namespace torch_shards {
 

@@ -1,5 +1,5 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
-#include "torch_shards/source.h"
+#include <torch_shards/source.h>
 
 #include <nlohmann/json.hpp>
 

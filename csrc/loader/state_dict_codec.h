@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include <torch_shards/export.h>
 #include "core/resume.h"
 #include "loader/iteration.h"
-#include "torch_shards/export.h"
 
 namespace torch_shards {
 

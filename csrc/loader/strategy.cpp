@@ -1,5 +1,5 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
-#include "torch_shards/strategy.h"
+#include <torch_shards/strategy.h>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
@@ -8,12 +8,12 @@
 #include <cstring>
 #include <vector>
 
+#include <torch_shards/source.h>
 #include "core/epoch_layout.h"
 #include "core/errors.h"
 #include "core/strategy.h"
 #include "loader/errors.h"
 #include "loader/sources/labels.h"
-#include "torch_shards/source.h"
 
 namespace torch_shards {
 namespace {

@@ -28,9 +28,9 @@
 #include <string>
 #include <vector>
 
+#include <torch_shards/export.h>
 #include "loader/shared_slab.h"
 #include "loader/sources/source.h"
-#include "torch_shards/export.h"
 
 namespace torch_shards {
 

@@ -1,12 +1,12 @@
-#include "torch_shards/version.h"
+#include <torch_shards/version.h>
 
 #include <torch/version.h>
 
 #include <nlohmann/json.hpp>
 
-#include "../core/errors.h"
-#include "../io/library_versions.h"
-#include "../io/storage/curl_library.h"
+#include "core/errors.h"
+#include "io/library_versions.h"
+#include "io/storage/curl_library.h"
 
 namespace torch_shards {
 namespace {

@@ -34,10 +34,10 @@
 #include <cstring>
 #include <unordered_map>
 
+#include <torch_shards/dataset.h>
 #include "loader/dataset_door.h"
 #include "loader/iteration.h"
 #include "loader/transfer.h"
-#include "torch_shards/dataset.h"
 
 namespace {
 

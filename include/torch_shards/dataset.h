@@ -27,10 +27,10 @@
 #include <tuple>
 #include <vector>
 
-#include "torch_shards/export.h"
-#include "torch_shards/handle.h"
-#include "torch_shards/source.h"
-#include "torch_shards/strategy.h"
+#include <torch_shards/export.h>
+#include <torch_shards/handle.h>
+#include <torch_shards/source.h>
+#include <torch_shards/strategy.h>
 
 namespace torch_shards {
 

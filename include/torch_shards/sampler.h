@@ -22,9 +22,9 @@
 #include <optional>
 #include <vector>
 
-#include "torch_shards/export.h"
-#include "torch_shards/handle.h"
-#include "torch_shards/strategy.h"
+#include <torch_shards/export.h>
+#include <torch_shards/handle.h>
+#include <torch_shards/strategy.h>
 
 namespace torch_shards {
 

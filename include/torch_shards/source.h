@@ -24,8 +24,8 @@
 #include <utility>
 #include <vector>
 
-#include "torch_shards/export.h"
-#include "torch_shards/handle.h"
+#include <torch_shards/export.h>
+#include <torch_shards/handle.h>
 
 namespace torch_shards {
 

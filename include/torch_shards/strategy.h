@@ -22,8 +22,8 @@
 #include <string>
 #include <tuple>
 
-#include "torch_shards/export.h"
-#include "torch_shards/handle.h"
+#include <torch_shards/export.h>
+#include <torch_shards/handle.h>
 
 namespace torch_shards {
 

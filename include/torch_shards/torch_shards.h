@@ -6,12 +6,12 @@
 //   target_link_libraries(app TorchShards::torch_shards)
 #pragma once
 
-#include "torch_shards/dataset.h"
-#include "torch_shards/export.h"
-#include "torch_shards/sampler.h"
-#include "torch_shards/source.h"
-#include "torch_shards/strategy.h"
-#include "torch_shards/version.h"
+#include <torch_shards/dataset.h>
+#include <torch_shards/export.h>
+#include <torch_shards/sampler.h>
+#include <torch_shards/source.h>
+#include <torch_shards/strategy.h>
+#include <torch_shards/version.h>
 
 // A reference from every program that includes this header, so the library
 // (and with it the registration of torch.classes.torch_shards.*) is loaded

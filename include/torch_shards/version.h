@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "torch_shards/export.h"
+#include <torch_shards/export.h>
 
 namespace torch_shards {
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "alias_table.h"
-#include "random.h"
+#include "core/alias_table.h"
+#include "core/random.h"
 
 namespace torch_shards::core {
 namespace {

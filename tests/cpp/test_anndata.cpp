@@ -17,12 +17,12 @@
 #include <thread>
 #include <vector>
 
-#include "anndata.h"
-#include "errors.h"
-#include "hdf5_group.h"
+#include "core/errors.h"
+#include "core/thread_pool.h"
+#include "io/anndata.h"
+#include "io/hdf5_group.h"
 #include "io/zarr/array.h"
 #include "io/zarr/group.h"
-#include "thread_pool.h"
 
 namespace torch_shards::io {
 namespace {

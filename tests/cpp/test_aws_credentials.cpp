@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "errors.h"
-#include "storage/aws_credentials.h"
+#include "core/errors.h"
+#include "io/storage/aws_credentials.h"
 
 using torch_shards::core::InvalidArgument;
 using torch_shards::core::ReadError;

@@ -7,7 +7,7 @@
 #include <set>
 #include <string>
 
-#include "torch_shards/version.h"
+#include <torch_shards/version.h>
 
 TEST(BuildInfo, NamesTheVersionTheTorchAndEveryLibraryWithTheFileItRunsFrom) {
   const nlohmann::json info = nlohmann::json::parse(torch_shards::build_info());

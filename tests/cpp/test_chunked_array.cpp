@@ -10,8 +10,8 @@
 #include <numeric>
 #include <vector>
 
-#include "chunked_array.h"
-#include "thread_pool.h"
+#include "core/thread_pool.h"
+#include "io/chunked_array.h"
 
 namespace torch_shards::io {
 namespace {

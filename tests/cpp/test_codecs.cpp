@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "blosc_ranges.h"
-#include "codecs.h"
+#include "io/blosc_ranges.h"
+#include "io/codecs.h"
 
 namespace torch_shards::io::codecs {
 namespace {

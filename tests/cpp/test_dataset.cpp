@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
+#include <torch_shards/torch_shards.h>
 #include "loader/dataset_door.h"
-#include "torch_shards/torch_shards.h"
 
 namespace ts = torch_shards;
 

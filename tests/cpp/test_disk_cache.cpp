@@ -23,8 +23,8 @@
 #include <thread>
 #include <vector>
 
-#include "errors.h"
-#include "storage/disk_cache.h"
+#include "core/errors.h"
+#include "io/storage/disk_cache.h"
 
 using torch_shards::core::InvalidArgument;
 using torch_shards::core::ReadError;

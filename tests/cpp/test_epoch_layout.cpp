@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "epoch_layout.h"
-#include "errors.h"
+#include "core/epoch_layout.h"
+#include "core/errors.h"
 
 namespace torch_shards::core {
 namespace {

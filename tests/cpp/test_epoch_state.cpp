@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "epoch_state.h"
-#include "errors.h"
+#include "core/epoch_state.h"
+#include "core/errors.h"
 
 namespace torch_shards::core {
 namespace {

@@ -16,9 +16,9 @@
 #include <thread>
 #include <vector>
 
-#include "array.h"
-#include "errors.h"
-#include "file.h"
+#include "core/errors.h"
+#include "io/array.h"
+#include "io/file.h"
 
 using torch_shards::core::ReadError;
 using torch_shards::io::File;

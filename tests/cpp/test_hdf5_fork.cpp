@@ -15,10 +15,10 @@
 #include <thread>
 #include <vector>
 
-#include "array.h"
-#include "hdf5_array.h"
-#include "hdf5_library.h"
-#include "thread_pool.h"
+#include "core/thread_pool.h"
+#include "io/array.h"
+#include "io/hdf5_array.h"
+#include "io/hdf5_library.h"
 
 namespace torch_shards::io {
 namespace {

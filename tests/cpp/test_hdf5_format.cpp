@@ -14,14 +14,14 @@
 #include <string>
 #include <vector>
 
-#include "array.h"
-#include "codecs.h"
-#include "errors.h"
-#include "file.h"
-#include "hdf5_array.h"
-#include "hdf5_format.h"
-#include "hdf5_library.h"
-#include "thread_pool.h"
+#include "core/errors.h"
+#include "core/thread_pool.h"
+#include "io/array.h"
+#include "io/codecs.h"
+#include "io/file.h"
+#include "io/hdf5_array.h"
+#include "io/hdf5_format.h"
+#include "io/hdf5_library.h"
 
 namespace torch_shards::io::hdf5 {
 namespace {

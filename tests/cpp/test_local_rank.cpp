@@ -1,7 +1,7 @@
 // The LOCAL_RANK / device cross-check of the device stage (damacy's), without a GPU.
 #include <gtest/gtest.h>
 
-#include "local_rank.h"
+#include "core/local_rank.h"
 
 namespace torch_shards::core {
 namespace {

@@ -11,8 +11,8 @@
 #include <set>
 #include <vector>
 
-#include "permutation.h"
-#include "random.h"
+#include "core/permutation.h"
+#include "core/random.h"
 #include "statistics.h"
 
 namespace torch_shards::core {

@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
-#include "errors.h"
-#include "planner.h"
+#include "core/errors.h"
+#include "core/planner.h"
+#include "core/strategy.h"
 #include "statistics.h"
-#include "strategy.h"
 
 namespace torch_shards::core {
 namespace {

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "radix_sort.h"
-#include "random.h"
+#include "core/radix_sort.h"
+#include "core/random.h"
 
 namespace torch_shards::core {
 namespace {

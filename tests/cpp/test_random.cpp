@@ -10,7 +10,7 @@
 #include <set>
 #include <vector>
 
-#include "random.h"
+#include "core/random.h"
 #include "statistics.h"
 
 namespace torch_shards::core {

@@ -10,10 +10,10 @@
 #include <tuple>
 #include <vector>
 
-#include "epoch_layout.h"
-#include "errors.h"
-#include "resume.h"
-#include "stream_dealing.h"
+#include "core/epoch_layout.h"
+#include "core/errors.h"
+#include "core/resume.h"
+#include "core/stream_dealing.h"
 
 namespace torch_shards::core {
 namespace {

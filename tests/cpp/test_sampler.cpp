@@ -8,7 +8,7 @@
 #include <set>
 #include <vector>
 
-#include "torch_shards/torch_shards.h"
+#include <torch_shards/torch_shards.h>
 
 namespace ts = torch_shards;
 

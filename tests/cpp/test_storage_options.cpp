@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "storage/storage_options.h"
-#include "storage/url.h"
+#include "io/storage/storage_options.h"
+#include "io/storage/url.h"
 
 namespace torch_shards::io::storage {
 namespace {

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "errors.h"
+#include "core/errors.h"
+#include "core/strategy.h"
 #include "statistics.h"
-#include "strategy.h"
 
 namespace torch_shards::core {
 namespace {

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "streaming_copy.h"
+#include "core/streaming_copy.h"
 
 namespace torch_shards::core {
 namespace {

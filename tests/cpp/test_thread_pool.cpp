@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "thread_pool.h"
+#include "core/thread_pool.h"
 
 namespace torch_shards::core {
 namespace {

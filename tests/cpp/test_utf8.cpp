@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "utf8.h"
+#include "core/utf8.h"
 
 namespace torch_shards::core {
 namespace {

@@ -24,12 +24,12 @@
 #include <string>
 #include <vector>
 
-#include "array.h"
-#include "errors.h"
+#include "core/errors.h"
+#include "core/thread_pool.h"
+#include "io/array.h"
+#include "io/text.h"
 #include "io/zarr/array.h"
 #include "io/zarr/group.h"
-#include "text.h"
-#include "thread_pool.h"
 
 namespace torch_shards::io {
 namespace {

@@ -1,4 +1,4 @@
-#include "aws_credentials.h"
+#include "io/storage/aws_credentials.h"
 
 #include <pwd.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "../../core/errors.h"
+#include "core/errors.h"
 
 namespace torch_shards::io::storage {
 

@@ -1,10 +1,10 @@
-#include "curl_library.h"
+#include "io/storage/curl_library.h"
 
 #include <dlfcn.h>
 
 #include <mutex>
 
-#include "../../core/errors.h"
+#include "core/errors.h"
 
 namespace torch_shards::io::storage {
 

@@ -1,4 +1,4 @@
-#include "disk_cache.h"
+#include "io/storage/disk_cache.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -18,8 +18,8 @@
 #include <tuple>
 #include <utility>
 
-#include "../../core/errors.h"
-#include "../../core/stable_hash.h"
+#include "core/errors.h"
+#include "core/stable_hash.h"
 
 namespace torch_shards::io::storage {
 

@@ -1,4 +1,4 @@
-#include "http_client.h"
+#include "io/storage/http_client.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,9 +7,9 @@
 #include <random>
 #include <thread>
 
-#include "../../core/errors.h"
-#include "../file.h"
-#include "curl_library.h"
+#include "core/errors.h"
+#include "io/file.h"
+#include "io/storage/curl_library.h"
 
 namespace torch_shards::io::storage {
 

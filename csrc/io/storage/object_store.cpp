@@ -1,4 +1,4 @@
-#include "object_store.h"
+#include "io/storage/object_store.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,8 +6,8 @@
 #include <map>
 #include <mutex>
 
-#include "../../core/errors.h"
-#include "../file.h"
+#include "core/errors.h"
+#include "io/file.h"
 
 namespace torch_shards::io::storage {
 

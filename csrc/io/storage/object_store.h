@@ -18,11 +18,11 @@
 #include <utility>
 #include <vector>
 
-#include "aws_credentials.h"
-#include "disk_cache.h"
-#include "http_client.h"
-#include "storage_options.h"
-#include "url.h"
+#include "io/storage/aws_credentials.h"
+#include "io/storage/disk_cache.h"
+#include "io/storage/http_client.h"
+#include "io/storage/storage_options.h"
+#include "io/storage/url.h"
 
 namespace torch_shards::io::storage {
 

@@ -1,11 +1,11 @@
-#include "remote_paths.h"
+#include "io/storage/remote_paths.h"
 
 #include <chrono>
 #include <map>
 #include <mutex>
 
-#include "../../core/errors.h"
-#include "../file.h"
+#include "core/errors.h"
+#include "io/file.h"
 
 namespace torch_shards::io::storage {
 

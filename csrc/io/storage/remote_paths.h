@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "object_store.h"
-#include "url.h"
+#include "io/storage/object_store.h"
+#include "io/storage/url.h"
 
 namespace torch_shards::io::storage {
 

@@ -1,11 +1,11 @@
-#include "storage_options.h"
+#include "io/storage/storage_options.h"
 
 #include <cstdlib>
 #include <map>
 #include <mutex>
 
-#include "../../core/errors.h"
-#include "url.h"
+#include "core/errors.h"
+#include "io/storage/url.h"
 
 namespace torch_shards::io::storage {
 

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-#include "aws_credentials.h"
+#include "io/storage/aws_credentials.h"
 
 namespace torch_shards::io::storage {
 

@@ -1,6 +1,6 @@
-#include "url.h"
+#include "io/storage/url.h"
 
-#include "../../core/errors.h"
+#include "core/errors.h"
 
 namespace torch_shards::io::storage {
 

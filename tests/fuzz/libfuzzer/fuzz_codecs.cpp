@@ -10,8 +10,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "blosc_ranges.h"
-#include "codecs.h"
+#include "io/blosc_ranges.h"
+#include "io/codecs.h"
 
 using namespace torch_shards::io::codecs;
 

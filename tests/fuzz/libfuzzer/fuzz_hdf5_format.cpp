@@ -13,8 +13,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "file.h"
-#include "hdf5_format.h"
+#include "io/file.h"
+#include "io/hdf5_format.h"
 
 using namespace torch_shards::io;
 

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "errors.h"
+#include "core/errors.h"
+#include "core/thread_pool.h"
 #include "io/zarr/array.h"
-#include "thread_pool.h"
 
 namespace {
 
