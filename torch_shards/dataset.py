@@ -40,12 +40,6 @@ def _shares_by_descriptor():
     return torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
 
 
-def _is_sub_group(group):
-    import torch.distributed as dist
-
-    return dist.get_world_size(group) < dist.get_world_size()
-
-
 def _wait(iterator):
     """Waits for the iterator's next batch in short steps, so that Ctrl-C is
     handled between them."""
@@ -426,13 +420,8 @@ class ShardedDataset(IterableDataset, NativeBacked):
         # The native object resolves rank, world size and seed (agreeing over
         # the group) and checks everything; copies in worker processes are
         # rebuilt from the resolved values and share its epoch state.
+        # A process_group that is a part of the job with seed=None is refused there too.
         group = resolve_group(process_group, "ShardedDataset")
-        if group is not None and seed is None and _is_sub_group(group):
-            raise ValueError(
-                "ShardedDataset: process_group is a part of the job's processes and seed=None: each such group would "
-                "agree on its own seed, and processes of different groups that read the same rank (tensor-parallel "
-                "peers) would read different rows. Pass seed= (the same on every process)"
-            )
         native = self._native_object = self._build(process_group=group)
         self.rank, self.world_size = native.rank(), native.world_size()
         # The seed the ranks agreed on; with seed=None and no process group yet, this process's
@@ -543,13 +532,8 @@ class ShardedDataset(IterableDataset, NativeBacked):
         """Iterated in the process that trains: the epoch is claimed at the first next(), as a
         sampler's generator starts, so that an iterator made and dropped unused takes none
         (StatefulDataLoader makes one when it restores the state of a finished epoch)."""
-        # A process group initialised after this dataset was built: agree on the seed and check
-        # the ranks' claims now (a single rank has nothing to agree on).
-        if self.world_size > 1 and not self.native.synchronized():
-            group = resolve_group(None)
-            if group is not None:
-                self.native.synchronize(boxed(group))
 
+        # native.iter() agrees on the seed over a process group initialised since this dataset was built.
         def start(stream_start):
             return self.native.iter()
 

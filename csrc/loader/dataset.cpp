@@ -85,6 +85,7 @@ ShardedDatasetImpl::ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c1
                                        const DatasetOptions& options, const std::optional<at::Tensor>& shared_state,
                                        DoorKey)
     : source_(std::move(source)), options_(options) {
+  check_seed_scope(options.process_group, options.seed, kWho);
   TORCH_CHECK_VALUE(source_, kWho, ": source is null");
   TORCH_CHECK_VALUE(strategy, kWho, ": strategy is null");
   strategy_ = strategy->resolved_for(*source_);  // labels read from the source (label_key)
@@ -162,6 +163,11 @@ void ShardedDatasetImpl::check_agreed() const {
 ShardedDatasetImpl::~ShardedDatasetImpl() = default;
 
 c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter() {
+  // A process group initialised after this dataset was built: the ranks agree on the seed and check
+  // their claims now (a single rank has nothing to agree on).
+  if (world_size_ > 1 && !synchronized()) {
+    if (const c10::intrusive_ptr<c10d::ProcessGroup> group = default_process_group()) synchronize(group);
+  }
   check_agreed();
   Iteration iteration;
   iteration.epoch = translate_errors([&] { return core::epoch_state_claim_main(words(shared_state_)); });

@@ -1,6 +1,7 @@
 #include "loader/topology.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
 #include <cerrno>
 #include <cstdlib>
@@ -54,6 +55,29 @@ std::string list_claims(const std::vector<Claim>& claims, const char* world_size
 }
 
 }  // namespace
+
+c10::intrusive_ptr<c10d::ProcessGroup> default_process_group() {
+  try {
+    return c10d::resolve_process_group("0");
+  } catch (const c10::Error&) {
+    return {};  // none registered
+  }
+}
+
+bool is_sub_group(const c10d::ProcessGroup& group) {
+  const c10::intrusive_ptr<c10d::ProcessGroup> job = default_process_group();
+  const std::optional<int64_t> job_size =
+      job ? std::optional<int64_t>(job->getSize()) : environment_integer("WORLD_SIZE");
+  return job_size && group.getSize() < *job_size;
+}
+
+void check_seed_scope(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::optional<int64_t>& seed,
+                      const std::string& who) {
+  TORCH_CHECK_VALUE(!group || seed || !is_sub_group(*group), who,
+                    ": process_group is a part of the job's processes and seed=None: each such group would agree on "
+                    "its own seed, and processes of different groups that read the same rank (tensor-parallel peers) "
+                    "would read different rows. Pass seed= (the same on every process)");
+}
 
 Topology resolve_topology(std::optional<int64_t> rank, std::optional<int64_t> world_size,
                           const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::string& who,

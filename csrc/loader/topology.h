@@ -26,6 +26,23 @@ Topology resolve_topology(std::optional<int64_t> rank, std::optional<int64_t> wo
                           const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::string& who,
                           const char* world_size_name = "world_size");
 
+// The job's default process group: the one torch.distributed's
+// init_process_group registers with c10d (under the name "0"), or null when
+// none is (no torch.distributed in this process, or not initialised yet).
+c10::intrusive_ptr<c10d::ProcessGroup> default_process_group();
+
+// Whether `group` holds only a part of the job's processes: fewer than the
+// default process group, or, without one, than the WORLD_SIZE environment
+// variable (torchrun) says.
+bool is_sub_group(const c10d::ProcessGroup& group);
+
+// Refuses (c10::ValueError) a seed to be agreed over a group that is a part
+// of the job (seed=None with such a process_group): each such group would
+// agree on its own seed, and processes of different groups reading the same
+// rank would read different rows.
+void check_seed_scope(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::optional<int64_t>& seed,
+                      const std::string& who);
+
 // A fresh random seed (local to this process).
 int64_t draw_seed();
 

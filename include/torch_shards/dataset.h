@@ -71,7 +71,9 @@ struct DatasetOptions {
   bool drop_last = false;     // drop the epoch's single short batch
   // "pad": short ranks repeat one batch; "drop": long ranks drop one; nullopt: uneven.
   std::optional<std::string> even_batches = "pad";
-  // nullopt: drawn (rank 0's, broadcast over process_group when there is one).
+  // nullopt: drawn (rank 0's, broadcast over process_group when there is one). Required with a
+  // process_group that is a part of the job (fewer processes than torch.distributed's default group, or
+  // than WORLD_SIZE): c10::ValueError otherwise, as such groups would each agree on their own seed.
   std::optional<int64_t> seed{};
   // Explicit, else from process_group, else the RANK / WORLD_SIZE environment variables, else 0 and 1
   // (a world_size above 1 with no rank from any of them is refused).
@@ -107,7 +109,9 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
                      const DatasetOptions& options, const std::optional<at::Tensor>& shared_state, DoorKey);
   ~ShardedDatasetImpl() override;
 
-  // Starts the next epoch in the process that trains (num_workers=0, C++, TorchScript).
+  // Starts the next epoch in the process that trains (num_workers=0, C++, TorchScript). Ranks that
+  // have not agreed on a seed yet (seed=None, no process group when the dataset was built) agree now over
+  // torch.distributed's default process group if one was initialised since, else c10::ValueError.
   c10::intrusive_ptr<BatchIteratorImpl> iter();
   // One worker's share of a given epoch, leaving the epoch counter alone (inspection, tests).
   c10::intrusive_ptr<BatchIteratorImpl> iter_epoch(int64_t epoch, int64_t worker, int64_t num_workers);
@@ -202,7 +206,7 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   // claims are checked (same world size, every rank read by as many processes, the same data and
   // arguments, the same seed given) and, with seed=None, the group's first process's seed is
   // taken: c10::ValueError on every process otherwise. Done at construction when a process group
-  // is given; the Python door does it at the first iteration when a group appeared since.
+  // is given; iter() does it at the first iteration when a group appeared since.
   void synchronize(const c10::intrusive_ptr<c10d::ProcessGroup>& group);
   // Whether synchronize() ran (here, or in the process whose state this copy shares).
   bool synchronized() const;

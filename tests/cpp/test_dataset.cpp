@@ -409,6 +409,31 @@ TEST(Dataset, SeedAndConsistencyOverAProcessGroup) {
   EXPECT_EQ(sorted_rows(epoch_batches(dataset)), iota(30));
 }
 
+// With seed=None, a group that is a part of the job (here one process of the two WORLD_SIZE says) is
+// refused: each such group would agree on its own seed. Given a seed, it reads.
+TEST(Dataset, AGroupThatIsAPartOfTheJobNeedsASeed) {
+  TempDir dir;
+  auto store = c10::make_intrusive<c10d::FileStore>(dir / "store", 1);
+  auto options = c10d::ProcessGroupGloo::Options::create();
+  options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  c10::intrusive_ptr<c10d::ProcessGroup> group = c10::make_intrusive<c10d::ProcessGroup>(store, 0, 1);
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, 0, 1, options);
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  setenv("WORLD_SIZE", "2", 1);
+  EXPECT_EQ(error_of<c10::ValueError>([&] {
+              ts::ShardedDataset(rows_source(30), ts::BlockShuffling(2), {.batch_size = 4, .process_group = group});
+            }),
+            "ShardedDataset: process_group is a part of the job's processes and seed=None: each such group would "
+            "agree on its own seed, and processes of different groups that read the same rank (tensor-parallel "
+            "peers) would read different rows. Pass seed= (the same on every process)");
+  ts::ShardedDataset dataset(rows_source(30), ts::BlockShuffling(2),
+                             {.batch_size = 4, .seed = 3, .process_group = group});
+  unsetenv("WORLD_SIZE");
+  EXPECT_EQ(dataset->seed(), 3);
+  EXPECT_EQ(sorted_rows(epoch_batches(dataset)), iota(30));
+}
+
 TEST(Dataset, RankAndWorldSizeFromTheEnvironment) {
   setenv("RANK", "1", 1);
   setenv("WORLD_SIZE", "3", 1);
