@@ -371,6 +371,7 @@ def op_arguments(files):
         "probe": (str(files / "x.h5"),),
         "set_storage_options": ("s3://bucket/prefix", json.dumps({"max_requests": 8, "cache_bytes": 1 << 30})),
         "annbatch_datasets": (str(ANNBATCH_COLLECTION),),
+        "open_plan": (str(files / "x.h5"), True, False),
         "sharded_dataset": (source, ts.Streaming().native, 2),
         "distributed_sampler": (10, 2, 1),
         "merge_state_dicts": ([dict(make_dataset().native.state_dict(None))],),

@@ -4,7 +4,6 @@ A source pickles by its parameters and builds its native object lazily in
 each process, so no handle ever crosses a fork.
 """
 
-import errno
 import json
 import multiprocessing.context
 import os
@@ -677,22 +676,13 @@ def open(path, **kwargs):  # noqa: A001 - mirrors the builtin for paths
     if storage:
         kwargs["storage"] = storage
         native_call("torch_shards.open", ops.set_storage_options, path, json.dumps(storage))
-    kind = ops.probe(path)
-    if kind == "missing":
-        raise FileNotFoundError(errno.ENOENT, f"torch_shards.open: {os.strerror(errno.ENOENT)}", path)
-    if kind in ("hdf5-anndata", "zarr-anndata"):
+    # The decision is native (torch_shards::plan_open, as C++'s torch_shards::open makes it): a missing path
+    # raises FileNotFoundError, a path it cannot open as asked ValueError naming it.
+    kind, paths = native_call("torch_shards.open", ops.open_plan, path, "dataset" in kwargs, "array" in kwargs)
+    if kind == "anndata":
         return AnnDataSource(path, **kwargs)
     if kind == "hdf5":
-        if "dataset" not in kwargs:
-            raise ValueError(f"torch_shards.open: {path} is an HDF5 file but not AnnData: pass dataset='/path/in/file'")
         return HDF5Source(path, **kwargs)
-    if kind == "zarr-array":
+    if kind == "zarr":
         return ZarrSource(path, **kwargs)
-    datasets = ops.annbatch_datasets(path) if kind in ("zarr-group", "unknown") else None
-    if datasets is not None:
-        return Collection([AnnDataSource(dataset, **kwargs) for dataset in datasets])
-    if kind == "zarr-group":
-        if "array" not in kwargs:
-            raise ValueError(f"torch_shards.open: {path} is a zarr group but not AnnData: pass array='/path/in/store'")
-        return ZarrSource(path, **kwargs)
-    raise ValueError(f"torch_shards.open: {path} is neither an HDF5 file nor a zarr store")
+    return Collection([AnnDataSource(dataset, **kwargs) for dataset in paths])

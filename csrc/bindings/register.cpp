@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include <torch_shards/dataset.h>
+#include <torch_shards/open.h>
 #include <torch_shards/sampler.h>
 #include <torch_shards/source.h>
 #include <torch_shards/strategy.h>
@@ -279,6 +280,12 @@ TORCH_LIBRARY(torch_shards, m) {
   m.def("set_storage_options(str url, str options_json) -> ()", &set_storage_options_json);
   m.def("build_info() -> str", [] { return torch_shards::build_info(); });
   m.def("annbatch_datasets(str path) -> str[]?", &annbatch_datasets);
+  // torch_shards.open's decision (open.h): the kind of source and the paths it reads.
+  m.def("open_plan(str path, bool dataset=False, bool array=False) -> (str, str[])",
+        [](const std::string& path, bool dataset, bool array) {
+          OpenPlan plan = plan_open(path, dataset, array);
+          return std::make_tuple(std::move(plan.kind), std::move(plan.paths));
+        });
   m.def("merge_state_dicts(Dict(str, int)[] states) -> Dict(str, int)", &ShardedDatasetImpl::merge_state_dicts);
   m.def(
       "sharded_dataset(__torch__.torch.classes.torch_shards.Source source, "

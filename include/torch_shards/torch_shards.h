@@ -8,6 +8,7 @@
 
 #include <torch_shards/dataset.h>
 #include <torch_shards/export.h>
+#include <torch_shards/open.h>
 #include <torch_shards/sampler.h>
 #include <torch_shards/source.h>
 #include <torch_shards/strategy.h>
