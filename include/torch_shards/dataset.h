@@ -97,6 +97,8 @@ struct DatasetOptions {
 // torch.classes.torch_shards.ShardedDataset.
 class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
  public:
+  // The batches of `source` in the order `strategy` plans, with `options` (DatasetOptions):
+  // c10::ValueError for a bad option, or, with a process group, for ranks that disagree.
   ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c10::intrusive_ptr<StrategyImpl> strategy,
                      const DatasetOptions& options);
   // For the doors only (DatasetDoor::make, loader/dataset_door.h: DoorKey cannot be made elsewhere).
@@ -105,6 +107,8 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
     friend class ShardedDatasetImpl;
     DoorKey() = default;
   };
+  // A copy that shares `shared_state` (the epoch counter and delivery counters of the dataset in the
+  // process that made it), as the doors rebuild it in a DataLoader worker; nullopt: a new one.
   ShardedDatasetImpl(c10::intrusive_ptr<SourceImpl> source, c10::intrusive_ptr<StrategyImpl> strategy,
                      const DatasetOptions& options, const std::optional<at::Tensor>& shared_state, DoorKey);
   ~ShardedDatasetImpl() override;

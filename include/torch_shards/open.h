@@ -35,8 +35,8 @@ struct OpenOptions {
 // itself, or "collection" with `paths` the datasets of an annbatch
 // DatasetCollection (each an AnnData), in annbatch's order.
 struct OpenPlan {
-  std::string kind;
-  std::vector<std::string> paths;
+  std::string kind;                // "anndata", "hdf5", "zarr" or "collection"
+  std::vector<std::string> paths;  // the path itself, or the collection's datasets
 };
 
 // The decision open() makes for `path`, given whether a dataset (HDF5) or an
