@@ -29,7 +29,8 @@ function main_page(    i) {
   in_code = 0; previous = ""
   for (i = 1; i <= top_lines; i++) emit("", top[i])
   emit("", "")
-  emit("", " The headers (see Files): source.h (sources, storage options), strategy.h (strategies),")
+  emit("", " The headers (see Files): source.h (sources, storage options), open.h (open a path by what")
+  emit("", " it holds), strategy.h (strategies),")
   emit("", " dataset.h (ShardedDataset, its options and checkpoints), sampler.h (DistributedSampler),")
   emit("", " handle.h (the value handles), version.h (version and build information).")
   print ""
