@@ -378,4 +378,47 @@ bool decompress_blosc_ranges(const uint8_t* in, size_t in_size, size_t out_size,
   return checked_whole && blocks_decoded == blocks;
 }
 
+BloscLayout blosc_layout(const uint8_t* in, size_t in_size, size_t out_size) {
+  check_blosc_frame(in, in_size, out_size);
+  BloscLayout layout;
+  layout.version = in[0];
+  layout.flags = in[2];
+  layout.compressor = in[2] >> 5;
+  layout.typesize = in[3];
+  layout.nbytes = out_size;
+  layout.blocksize = read_le32(in + 8);
+  layout.stored = (layout.flags & kStored) != 0;
+  if (layout.stored || out_size == 0) return layout;
+  const Frame frame{in, read_le32(in + 12), out_size, layout.blocksize, layout.typesize, layout.flags};
+  if (frame.splits(frame.blocksize) && frame.blocksize % frame.typesize != 0) {
+    frame.corrupt(concat("blocks of ", frame.blocksize, " bytes split into ", frame.typesize, " streams"));
+  }
+  const size_t blocks = (out_size + frame.blocksize - 1) / frame.blocksize;
+  layout.blocks.resize(blocks);
+  for (size_t b = 0; b < blocks; ++b) {
+    BloscBlock& block = layout.blocks[b];
+    block.offset = b * frame.blocksize;
+    block.size = std::min(frame.blocksize, out_size - block.offset);
+    const size_t streams = frame.splits(block.size) ? frame.typesize : 1;
+    block.stream_bytes = block.size / streams;
+    size_t offset = read_le32(in + kHeaderBytes + 4 * b);
+    for (size_t j = 0; j < streams; ++j) {
+      if (offset > frame.cbytes || frame.cbytes - offset < 4) {
+        frame.corrupt(concat("block ", b, " stream ", j, " starts at byte ", offset, ", past its ", frame.cbytes));
+      }
+      const size_t stored = read_le32(in + offset);
+      offset += 4;
+      if (stored > frame.cbytes - offset) {
+        frame.corrupt(concat("block ", b, " stream ", j, " of ", stored, " bytes at byte ", offset, " overruns its ",
+                             frame.cbytes));
+      }
+      block.streams.push_back(BloscStream{offset, stored, stored == block.stream_bytes});
+      offset += stored;
+    }
+  }
+  layout.byte_shuffle = (layout.flags & kByteShuffle) && layout.typesize > 1;
+  layout.bit_shuffle = !layout.byte_shuffle && (layout.flags & kBitShuffle);
+  return layout;
+}
+
 }  // namespace torch_shards::io::codecs

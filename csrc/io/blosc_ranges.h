@@ -45,4 +45,31 @@ struct ByteRange {
 bool decompress_blosc_ranges(const uint8_t* in, size_t in_size, size_t out_size, const std::vector<ByteRange>& ranges,
                              bool trusted = false);
 
+// Where the compressed streams of a blosc1 frame lie, for decoders that
+// decode them elsewhere (the GPU decode plan, csrc/io/decode_plan): the same
+// rules decompress_blosc_ranges follows. Each block decodes its streams, one
+// after another, into its bytes before unshuffling.
+struct BloscStream {
+  size_t offset = 0, size = 0;  // in the frame
+  bool stored = false;          // held as is (size == the stream's decoded bytes)
+};
+struct BloscBlock {
+  size_t offset = 0, size = 0;  // decoded bytes of the block within the frame's
+  size_t stream_bytes = 0;      // decoded bytes of each of its streams
+  std::vector<BloscStream> streams;
+};
+struct BloscLayout {
+  uint8_t version = 0, flags = 0;
+  int compressor = 0;  // bits 5-7 of the flags: 0 blosclz, 1 lz4 (lz4hc too), 2 snappy, 3 zlib, 4 zstd
+  size_t typesize = 1, nbytes = 0, blocksize = 0;
+  bool stored = false;             // the frame holds its bytes as is after the 16-byte header
+  bool byte_shuffle = false;       // each block unshuffled by byte (elements of typesize > 1)
+  bool bit_shuffle = false;        // each block bit-unshuffled (blocks of at least typesize bytes)
+  std::vector<BloscBlock> blocks;  // none when stored
+};
+// The layout of the blosc1 frame `in`, checked as check_blosc_frame checks it
+// (decoding to out_size bytes) and every stream lying within the frame.
+// Throws std::runtime_error naming the frame otherwise.
+BloscLayout blosc_layout(const uint8_t* in, size_t in_size, size_t out_size);
+
 }  // namespace torch_shards::io::codecs
