@@ -1,39 +1,37 @@
 """Batches delivered into GPU memory (ShardedDataset(device="cuda")) next to
 the physical limit measured in the same run: a pinned host-to-device copy of
-the same bytes. Dense (TensorSource) and sparse CSR (an .h5ad) batches, then
-the loop's wait fraction with a synthetic training step of fixed duration.
+the same bytes, measured after each round. Dense (TensorSource) batches at
+each batch size, sparse CSR (an .h5ad) batches against the same dataset read
+on the host only, then the loop's wait fraction with a synthetic training
+step of fixed GPU duration.
 
     python -m benchmarks.device_throughput    # table + benchmarks/results/device_throughput_<gpu>.{txt,json}
+    python -m benchmarks.device_throughput --batch-sizes 1024 4096 --steps 5 1 --rounds 5
 
-Expected: dense >= 0.8 of the pinned copy limit; wait fraction near 0 once the
-step is longer than reading and copying a batch. Needs a CUDA GPU (prints why
-not and exits 0 without one).
+A round is --epochs-per-round epochs after one warm-up epoch; each round
+reports its delivered GB/s, the pinned copy limit measured right after it and
+their ratio (min / median / max over the rounds), the memory faulted in per
+delivered byte and the CPU seconds per delivered GB (the host's work per byte).
+The GPU's NUMA node and the CPUs this process may run on are recorded beside.
+
+Targets (issue 48): dense >= 0.8 of the pinned copy limit in every round at
+batch 1024 and 4096; CSR rows/s on the device >= 0.9 of the host-only CSR
+rows/s; waiting < 2% of a 5 ms step. Needs a CUDA GPU (prints why not and
+exits 0 without one).
 """
 
 import os
+import shutil
+import statistics
 import sys
-import tempfile
 import time
 
 import torch
 
 try:
-    from benchmarks.harness import cli, data, limits, machine, results
+    from benchmarks.harness import cli, data, limits, machine, results, timing
 except ImportError:  # run as a file: benchmarks/ is on sys.path
-    from harness import cli, data, limits, machine, results
-
-
-def delivered_gbps(dataset, epochs=3):
-    total, start = 0, None
-    for epoch in range(epochs + 1):  # epoch 0 warms the pools
-        if epoch == 1:
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-        for batch in dataset:
-            if epoch:
-                total += sum(_nbytes(t) for t in batch.values())
-    torch.cuda.synchronize()
-    return total / (time.perf_counter() - start) / 1e9
+    from harness import cli, data, limits, machine, results, timing
 
 
 def _nbytes(tensor):
@@ -42,82 +40,254 @@ def _nbytes(tensor):
     return tensor.numel() * tensor.element_size()
 
 
+def measure_round(dataset, epochs, on_device=True):
+    """One round: `epochs` epochs after the first batch. Returns (bytes, rows, seconds, faulted bytes, CPU s)."""
+    total = rows = 0
+    if on_device:
+        torch.cuda.synchronize()
+    faults, cpu, start = machine.faulted_bytes(), timing.cpu_seconds(), time.perf_counter()
+    for _ in range(epochs):
+        for batch in dataset:
+            total += sum(_nbytes(t) for t in batch.values())
+            rows += batch["index"].shape[0]
+    if on_device:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    return total, rows, seconds, machine.faulted_bytes() - faults, timing.cpu_seconds() - cpu
+
+
+def spread(values):
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def dense_rounds(dataset, batch_bytes, rounds, epochs, report):
+    for _ in dataset:  # warm-up epoch: the pools fill
+        pass
+    out = []
+    for round_ in range(1, rounds + 1):
+        nbytes, rows, seconds, faults, cpu = measure_round(dataset, epochs)
+        gbps = nbytes / seconds / 1e9
+        limit = limits.pinned_copy_gbps(batch_bytes)
+        out.append(
+            {
+                "gbps": gbps,
+                "limit_gbps": limit,
+                "ratio": gbps / limit,
+                "faulted_per_byte": faults / nbytes,
+                "cpu_s_per_gb": cpu / (nbytes / 1e9),
+            }
+        )
+        report(f"  round {round_}: {gbps:.2f} GB/s, pinned limit {limit:.2f} GB/s, ratio {gbps / limit:.2f}")
+    return out
+
+
+def csr_rounds(on_device, on_host, rounds, epochs, report):
+    for dataset in (on_device, on_host):
+        for _ in dataset:
+            pass
+    out = []
+    for round_ in range(1, rounds + 1):
+        nbytes, rows, seconds, faults, cpu = measure_round(on_device, epochs)
+        _, host_rows, host_seconds, _, _ = measure_round(on_host, epochs, on_device=False)
+        device_rate, host_rate = rows / seconds, host_rows / host_seconds
+        out.append(
+            {
+                "rows_per_s": device_rate,
+                "host_rows_per_s": host_rate,
+                "ratio": device_rate / host_rate,
+                "gbps": nbytes / seconds / 1e9,
+                "faulted_per_byte": faults / nbytes,
+                "cpu_s_per_gb": cpu / (nbytes / 1e9),
+            }
+        )
+        report(
+            f"  round {round_}: {device_rate:.3g} rows/s on the device, {host_rate:.3g} on the host, "
+            f"ratio {device_rate / host_rate:.2f}"
+        )
+    return out
+
+
 def wait_fraction(dataset, step_ms):
+    """The fraction of the loop's time spent in next() with a GPU step of step_ms after each batch;
+    also the median and largest wait of one next()."""
     cycles = int(step_ms * 1e-3 * torch.cuda.get_device_properties(0).clock_rate * 1e3)
-    waited = 0.0
+    waits = []
     torch.cuda.synchronize()
     start = time.perf_counter()
     iterator = iter(dataset)
     while True:
         before = time.perf_counter()
         batch = next(iterator, None)
-        waited += time.perf_counter() - before
+        waits.append(time.perf_counter() - before)
         if batch is None:
             break
         torch.cuda._sleep(cycles)  # the training step: fixed GPU time
         batch["X"].sum()
         torch.cuda.synchronize()  # a step's end (loss.item())
-    return waited / (time.perf_counter() - start)
+    total = time.perf_counter() - start
+    return {
+        "fraction": sum(waits) / total,
+        "median_wait_ms": statistics.median(waits) * 1e3,
+        "max_wait_ms": max(waits) * 1e3,
+    }
+
+
+def numa_placement():
+    """The GPU's NUMA node (sysfs, from its PCI address), the machine's nodes and their CPUs, and the
+    CPUs this process may run on; what cannot be read is left out."""
+    out = {"process_cpus": sorted(os.sched_getaffinity(0))}
+    props = torch.cuda.get_device_properties(0)
+    if all(hasattr(props, name) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
+        address = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        out["gpu_pci"] = address
+        try:
+            with open(f"/sys/bus/pci/devices/{address}/numa_node") as f:
+                out["gpu_numa_node"] = int(f.read())
+        except (OSError, ValueError):
+            pass
+    nodes = {}
+    try:
+        for name in sorted(os.listdir("/sys/devices/system/node")):
+            if name.startswith("node") and name[4:].isdigit():
+                with open(f"/sys/devices/system/node/{name}/cpulist") as f:
+                    nodes[name] = f.read().strip()
+    except OSError:
+        pass
+    out["nodes"] = nodes
+    return out
 
 
 def main():
     parser = cli.parser(
         __doc__,
         lambda args: f"device_throughput_{machine.gpu_slug(torch.cuda.get_device_name(0))}",
-        rounds=3,
-        rounds_aliases=("--epochs",),
-        rounds_help="epochs measured after a warm-up epoch (their rate is reported)",
+        rounds=5,
+        rounds_help="rounds measured after a warm-up epoch (min / median / max reported)",
     )
+    parser.add_argument("--epochs", "--epochs-per-round", dest="epochs", type=int, default=2)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--width", type=int, default=2048, help="float32 values per dense row (8 KB)")
-    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--batch-sizes", "--batch-size", dest="batch_sizes", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--csr-rows", type=int, default=None, help="rows of the .h5ad (default: --rows)")
+    parser.add_argument("--steps", type=float, nargs="+", default=[5, 1], help="synthetic step lengths in ms")
+    parser.add_argument("--skip", default="", help="comma-separated parts to leave out: dense, csr, wait")
     parser.add_argument("--out-dir", default=None, help="a directory for the default names (the older --out)")
     if not torch.cuda.is_available():
         parser.parse_args()
         print("device_throughput: needs a CUDA GPU; none here (nothing measured)")
         return 0
     args = cli.parse(parser)
+    skip = args.skip  # a set (cli.parse)
     if args.out_dir:
         args.out = os.path.join(args.out_dir, os.path.basename(args.out))
-    import anndata as ad
-
     import torch_shards as ts
 
-    if hasattr(ad.settings, "allow_write_nullable_strings"):  # pandas 3's string index, anndata < 0.13
-        ad.settings.allow_write_nullable_strings = True
-
+    report = results.Report()
     gpu = torch.cuda.get_device_name(0)
+    numa = numa_placement()
+    report(f"GPU: {gpu}; torch {torch.__version__}; NUMA: {numa}")
     x = torch.randn(args.rows, args.width)
-    dense = ts.ShardedDataset(
-        ts.TensorSource(x), ts.BlockShuffling(64), batch_size=args.batch_size, seed=0, device="cuda"
+    measured = {"gpu": gpu, "torch": torch.__version__, "numa": numa, "rows": args.rows, "width": args.width}
+    measured["dense"], measured["csr"], measured["wait"] = {}, [], []
+
+    def dense(batch_size):
+        strategy = ts.BlockShuffling(64)
+        return ts.ShardedDataset(ts.TensorSource(x), strategy, batch_size=batch_size, seed=0, device="cuda")
+
+    if "dense" not in skip:
+        for batch_size in args.batch_sizes:
+            report(f"dense float32, batch {batch_size}:")
+            measured["dense"][batch_size] = dense_rounds(
+                dense(batch_size), batch_size * args.width * 4, args.rounds, args.epochs, report
+            )
+    if "csr" not in skip:
+        import anndata as ad
+
+        if hasattr(ad.settings, "allow_write_nullable_strings"):  # pandas 3's string index, anndata < 0.13
+            ad.settings.allow_write_nullable_strings = True
+        csr_rows = args.csr_rows or args.rows
+        tmp = data.scratch_dir(csr_rows * 400 * 8, "torch_shards_device_")  # in memory where /dev/shm has room
+        try:
+            path = os.path.join(tmp, "csr.h5ad")
+            ad.AnnData(data.sparse_rows(csr_rows, 20_000, 400)).write_h5ad(path)
+            for batch_size in args.batch_sizes:
+                report(f"CSR (.h5ad, 2% dense), batch {batch_size}:")
+
+                def csr(device, batch_size=batch_size):
+                    source, strategy = ts.AnnDataSource(path), ts.BlockShuffling(64)
+                    return ts.ShardedDataset(source, strategy, batch_size=batch_size, seed=0, device=device)
+
+                per_round = csr_rounds(csr("cuda"), csr(None), args.rounds, args.epochs, report)
+                measured["csr"].append({"batch_size": batch_size, "rounds": per_round})
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if "wait" not in skip:
+        for batch_size in args.batch_sizes:
+            for step_ms in args.steps:
+                found = wait_fraction(dense(batch_size), step_ms)
+                measured["wait"].append({"batch_size": batch_size, "step_ms": step_ms, **found})
+                report(f"wait, batch {batch_size}, {step_ms:g} ms step: {found['fraction']:.4f}")
+
+    def cells(values, digits=2):
+        s = spread(values)
+        return f"{s['min']:.{digits}f} / {s['median']:.{digits}f} / {s['max']:.{digits}f}"
+
+    tables = [
+        results.markdown(
+            [
+                "batches",
+                "delivered GB/s (min / median / max)",
+                "pinned H2D limit GB/s",
+                "ratio per round",
+                "faulted bytes per byte",
+                "CPU s per GB",
+            ],
+            [
+                (
+                    f"dense float32, batch {b}",
+                    cells([r["gbps"] for r in rounds]),
+                    cells([r["limit_gbps"] for r in rounds]),
+                    cells([r["ratio"] for r in rounds]),
+                    cells([r["faulted_per_byte"] for r in rounds], 4),
+                    cells([r["cpu_s_per_gb"] for r in rounds], 3),
+                )
+                for b, rounds in measured["dense"].items()
+            ],
+        ),
+        results.markdown(
+            ["CSR (.h5ad, 2% dense)", "device rows/s (median)", "host-only rows/s (median)", "ratio per round"],
+            [
+                (
+                    f"batch {c['batch_size']}",
+                    f"{statistics.median(r['rows_per_s'] for r in c['rounds']):.3g}",
+                    f"{statistics.median(r['host_rows_per_s'] for r in c['rounds']):.3g}",
+                    cells([r["ratio"] for r in c["rounds"]]),
+                )
+                for c in measured["csr"]
+            ],
+        ),
+        results.markdown(
+            ["batch", "synthetic step", "wait fraction", "median / max wait of one next()"],
+            [
+                (
+                    w["batch_size"],
+                    f"{w['step_ms']:g} ms",
+                    f"{w['fraction']:.4f}",
+                    f"{w['median_wait_ms']:.3f} / {w['max_wait_ms']:.3f} ms",
+                )
+                for w in measured["wait"]
+            ],
+        ),
+    ]
+    header = (
+        f"GPU: {gpu}; torch {torch.__version__}; {args.rows} rows x {args.width} float32, BlockShuffling(64); "
+        f"{args.rounds} rounds of {args.epochs} epochs after a warm-up epoch; GPU NUMA node "
+        f"{numa.get('gpu_numa_node', 'unknown')}, {len(numa['process_cpus'])} CPUs allowed"
     )
-    batch_bytes = args.batch_size * args.width * 4
-    rows = []
-    limit = limits.pinned_copy_gbps(batch_bytes)
-    ours = delivered_gbps(dense, args.rounds)
-    rows.append(("dense float32", ours, limit))
-    print(f"dense: {ours:.2f} GB/s, pinned copy limit {limit:.2f} GB/s", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "csr.h5ad")
-        ad.AnnData(data.sparse_rows(args.rows, 20_000, 400)).write_h5ad(path)
-        print("written", path, flush=True)
-        csr = ts.ShardedDataset(
-            ts.AnnDataSource(path), ts.BlockShuffling(64), batch_size=args.batch_size, seed=0, device="cuda"
-        )
-        rows.append(("CSR (.h5ad, 2% dense)", delivered_gbps(csr, args.rounds), limit))
-    waits = [(ms, wait_fraction(dense, ms)) for ms in (1, 5, 20)]
-    text = "\n\n".join(
-        [
-            f"GPU: {gpu}; torch {torch.__version__}",
-            results.markdown(
-                ["batches", "delivered GB/s", "pinned H2D limit GB/s", "ratio"],
-                [(name, f"{gbps:.2f}", f"{lim:.2f}", f"{gbps / lim:.2f}") for name, gbps, lim in rows],
-            ),
-            results.markdown(["synthetic step", "wait fraction"], [(f"{ms} ms", f"{f:.3f}") for ms, f in waits]),
-        ]
-    )
+    text = "\n\n".join([header, *tables])
+    print()
     print(text)
-    results.write(args.out, text, {"gpu": gpu, "rows": rows, "wait_fraction": waits})
+    results.write(args.out, text, measured)
     return 0
 
 

@@ -49,6 +49,7 @@ except ImportError:  # run as a file, or imported with benchmarks/ on sys.path (
     from harness.machine import faulted_bytes
 
 BLOCK = 64
+SOURCES = ("TensorSource", "HDF5 contiguous", "HDF5 chunked")
 
 
 def ours_epoch(dataset):
@@ -148,6 +149,13 @@ def main():
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 4096])
     parser.add_argument("--prefetch", type=int, default=None, help="ShardedDataset's prefetch (default: its default)")
+    parser.add_argument(
+        "--sources",
+        nargs="+",
+        choices=list(SOURCES),
+        default=list(SOURCES),
+        help="the sources measured (default: all three)",
+    )
     args = cli.parse(parser)
     if args.replot:
         return plot(results.read_json(args.out)["results"], args.out + ".png")
@@ -159,15 +167,18 @@ def main():
     x = torch.randn(args.rows, args.columns)
     directory = data.scratch_dir(x.numel() * x.element_size(), "torch_shards_host_path_")
     contiguous, chunked = os.path.join(directory, "contiguous.h5"), os.path.join(directory, "chunked.h5")
-    with h5py.File(contiguous, "w") as f:
-        f.create_dataset("X", data=x.numpy())
-    with h5py.File(chunked, "w") as f:
-        f.create_dataset("X", data=x.numpy(), chunks=(BLOCK, args.columns))
+    if "HDF5 contiguous" in args.sources:
+        with h5py.File(contiguous, "w") as f:
+            f.create_dataset("X", data=x.numpy())
+    if "HDF5 chunked" in args.sources:
+        with h5py.File(chunked, "w") as f:
+            f.create_dataset("X", data=x.numpy(), chunks=(BLOCK, args.columns))
     sources = {
         "TensorSource": lambda: ts.TensorSource({"X": x}),
         "HDF5 contiguous": lambda: ts.HDF5Source(contiguous, "X"),
         "HDF5 chunked": lambda: ts.HDF5Source(chunked, "X"),
     }
+    sources = {name: make for name, make in sources.items() if name in args.sources}
     found = []
     try:
         for name, make_source in sources.items():
