@@ -226,23 +226,32 @@ DecodePlan DecodePlanner::plan(const std::vector<Segment>& segments, core::Threa
     }
     plan.copies.push_back(copy);
   };
+  int64_t last_chunk_row = -1;
+  std::vector<uint32_t> chunk_of_part(parts.size());  // of last_chunk_row
   for (const Segment& segment : segments) {
     for (int64_t row = segment.source; row < segment.source + segment.length; ++row) {
       const int64_t chunk_row = row / chunk_shape_[0], in_chunk = row % chunk_shape_[0];
       const uint64_t out_row = static_cast<uint64_t>(segment.dest + row - segment.source) * plan.row_bytes;
-      for (const Part& part : parts) {
-        std::vector<int64_t> coords{chunk_row};
-        coords.insert(coords.end(), part.inner.begin(), part.inner.end());
-        auto [it, added] = index_of.emplace(std::move(coords), static_cast<uint32_t>(plan.chunks.size()));
-        if (added) {
-          PlannedChunk chunk;
-          chunk.coords = it->first;
-          chunk.staging_offset = static_cast<uint64_t>(plan.chunks.size()) * chunk_bytes_;
-          plan.chunks.push_back(std::move(chunk));
+      if (chunk_row != last_chunk_row) {
+        for (size_t p = 0; p < parts.size(); ++p) {
+          std::vector<int64_t> coords{chunk_row};
+          coords.insert(coords.end(), parts[p].inner.begin(), parts[p].inner.end());
+          auto [it, added] = index_of.emplace(std::move(coords), static_cast<uint32_t>(plan.chunks.size()));
+          if (added) {
+            PlannedChunk chunk;
+            chunk.coords = it->first;
+            chunk.staging_offset = static_cast<uint64_t>(plan.chunks.size()) * chunk_bytes_;
+            plan.chunks.push_back(std::move(chunk));
+          }
+          chunk_of_part[p] = it->second;
         }
-        const uint64_t base = plan.chunks[it->second].staging_offset + in_chunk * chunk_row_bytes;
-        for (const Copy& run : part.runs)
+        last_chunk_row = chunk_row;
+      }
+      for (size_t p = 0; p < parts.size(); ++p) {
+        const uint64_t base = plan.chunks[chunk_of_part[p]].staging_offset + in_chunk * chunk_row_bytes;
+        for (const Copy& run : parts[p].runs) {
           add_copy(Copy{base + run.staging_offset, out_row + run.output_offset, run.size});
+        }
       }
     }
   }
