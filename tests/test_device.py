@@ -71,6 +71,26 @@ def test_device_loader_refuses_batches_that_are_not_dicts_of_tensors():
         ts.DeviceLoader([], None)
 
 
+def test_device_loader_checks_prefetch_bytes_and_counts_no_staging_on_the_cpu():
+    with pytest.raises(ValueError, match="prefetch_bytes must be >= 0"):
+        ts.DeviceLoader([], "cpu", prefetch_bytes=-1)
+    with pytest.raises(TypeError, match="prefetch_bytes must be an int"):
+        ts.DeviceLoader([], "cpu", prefetch_bytes=1.5)
+    wrapped = ts.DeviceLoader([{"x": torch.ones(2)}], "cpu", prefetch_bytes=0)
+    assert [b["x"].tolist() for b in wrapped] == [[1.0, 1.0]]
+    assert wrapped.staging_stats["allocations"] == 0 and wrapped.staging_stats["in_flight"] == 0
+
+
+def csr_batches(count, rows=16, columns=30):
+    generator = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(count):
+        dense = torch.rand(rows, columns, generator=generator)
+        dense[dense < 0.8] = 0
+        out.append({"X": dense.to_sparse_csr(), "y": torch.arange(rows) + i, "w": torch.rand(columns, rows).t()})
+    return out
+
+
 def test_the_torchscript_door_takes_the_device():
     native = torch.ops.torch_shards.sharded_dataset(source().native, ts.Streaming().native, 8, seed=0, device="cpu")
     assert native.device() is None
@@ -162,3 +182,67 @@ def test_device_loader_over_workers(num_workers):
     assert len(on_device) == len(host)
     for a, b in zip(on_device, host):
         assert a["X"].is_cuda and torch.equal(a["X"].cpu(), b)
+
+
+@cuda
+def test_device_loader_stages_unpinned_batches_csr_included():
+    # Pageable batches (as DataLoader workers send them): staged into pinned buffers, one copy each.
+    host = csr_batches(40)
+    wrapped = ts.DeviceLoader(host, "cuda")
+    for a, b in zip(wrapped, host, strict=True):
+        assert a["X"].layout == torch.sparse_csr and a["X"].is_cuda
+        assert torch.equal(a["X"].to_dense().cpu(), b["X"].to_dense())
+        assert torch.equal(a["y"].cpu(), b["y"]) and torch.equal(a["w"].cpu(), b["w"])
+    stats = wrapped.staging_stats
+    assert stats["allocations"] <= 4 and stats["reuses"] >= 36  # recycled, not one pinned allocation per batch
+
+
+@cuda
+def test_staging_buffers_are_reused_only_after_their_copies():
+    # Large batches, the consumer stream kept busy: a staging buffer written again while its copy still
+    # ran would show as a batch holding the next one's values. The bound forces reuse at once.
+    n, width = 24, 4_000_000
+    host = [{"X": torch.full((2, width), float(i))} for i in range(n)]
+    wrapped = ts.DeviceLoader(host, "cuda", prefetch_bytes=2 * 2 * width * 4)
+    held = []
+    for batch in wrapped:
+        torch.cuda._sleep(2_000_000)
+        held.append(batch["X"])
+    torch.cuda.synchronize()
+    assert [float(x[0, 0]) for x in held] == [float(i) for i in range(n)]
+    assert all(torch.all(x == i) for i, x in enumerate(held))
+    stats = wrapped.staging_stats
+    bound = 2 * 2 * width * 4
+    assert stats["peak_in_flight_bytes"] <= bound * 9 // 8 and stats["allocations"] <= 3  # size classes: 1/8
+
+
+@cuda
+def test_pinned_batches_in_process_are_copied_directly():
+    # ShardedDataset(device=): its batches come pinned from its BufferPool and are not staged.
+    data = dataset("cuda")
+    for _ in data:
+        pass
+    x = torch.arange(8.0).pin_memory()
+    wrapped = ts.DeviceLoader([{"x": x}], "cuda")
+    assert [b["x"].cpu().tolist() for b in wrapped] == [x.tolist()]
+    assert wrapped.staging_stats["allocations"] == 0  # pinned: copied as it is
+
+
+@cuda
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_device_loader_csr_over_workers(tmp_path, context):
+    import anndata as ad
+    import numpy as np
+    import scipy.sparse as sp
+
+    x = sp.random(ROWS, 20, density=0.2, format="csr", dtype=np.float32, random_state=0)
+    ad.AnnData(x).write_h5ad(tmp_path / "a.h5ad")
+    data = ts.ShardedDataset(ts.AnnDataSource(tmp_path / "a.h5ad"), ts.BlockShuffling(4), batch_size=8, seed=1)
+    loader = DataLoader(data, batch_size=None, num_workers=2, multiprocessing_context=context)
+    rows = []
+    for batch in ts.DeviceLoader(loader, "cuda"):
+        assert batch["X"].layout == torch.sparse_csr and batch["X"].is_cuda
+        index = batch["index"].cpu().numpy()
+        assert np.array_equal(batch["X"].to_dense().cpu().numpy(), x[index].toarray())
+        rows.extend(index.tolist())
+    assert sorted(rows) == list(range(ROWS))

@@ -127,12 +127,14 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("stats", &BatchIteratorImpl::stats);
 
   m.class_<DeviceStageImpl>("DeviceStage")
-      .def(torch::init<std::string>())
+      .def(torch::init<std::string, int64_t>(), "",
+           {torch::arg("device"), torch::arg("prefetch_bytes") = int64_t{1} << 30})
       .def("put", &DeviceStageImpl::put)
       .def("take", &DeviceStageImpl::take)
       .def("pending", &DeviceStageImpl::pending)
       .def("device", &DeviceStageImpl::device)
-      .def("warning", [](const c10::intrusive_ptr<DeviceStageImpl>& self) { return self->warning(); });
+      .def("warning", [](const c10::intrusive_ptr<DeviceStageImpl>& self) { return self->warning(); })
+      .def("stats", &DeviceStageImpl::stats);
 
   m.class_<ShardedDatasetImpl>("ShardedDataset")
       .def(

@@ -162,4 +162,56 @@ BufferPool::Stats BufferPool::stats() const {
   return out;
 }
 
+FencedBuffers::FencedBuffers(sources::Memory memory, int64_t bound_bytes)
+    : memory_(memory), bound_(std::max<int64_t>(bound_bytes, 0)), pool_(bound_) {
+  core::check_argument(memory == sources::Memory::kPinned || memory == sources::Memory::kPageable,
+                       "FencedBuffers: staging memory is pinned or pageable");
+}
+
+FencedBuffers::~FencedBuffers() {
+  for (InFlight& copy : in_flight_) {
+    try {
+      copy.fence->wait();
+    } catch (...) {  // a device that failed: nothing is left to wait for
+    }
+  }
+}
+
+void FencedBuffers::reclaim() {
+  // In order: a copy stream runs its copies in the order they were queued.
+  while (!in_flight_.empty() && in_flight_.front().fence->done()) {
+    in_flight_bytes_ -= in_flight_.front().bytes;
+    in_flight_.pop_front();  // the storage's last holder but the pool: free for it again
+  }
+}
+
+c10::Storage FencedBuffers::acquire(size_t bytes) {
+  reclaim();
+  while (!in_flight_.empty() && in_flight_bytes_ + bytes > static_cast<size_t>(bound_)) {
+    ++counts_.waits;
+    in_flight_.front().fence->wait();
+    reclaim();
+  }
+  const BufferPool::Stats before = pool_.stats();
+  c10::Storage storage = pool_.acquire(bytes, memory_);
+  const BufferPool::Stats after = pool_.stats();
+  counts_.allocations += after.allocations - before.allocations;
+  counts_.reuses += after.reuses - before.reuses;
+  return storage;
+}
+
+void FencedBuffers::retire(c10::Storage storage, std::unique_ptr<Fence> fence, std::vector<c10::Storage> keep) {
+  const size_t bytes = storage ? storage.nbytes() : 0;
+  in_flight_.push_back(InFlight{std::move(storage), std::move(keep), std::move(fence), bytes});
+  in_flight_bytes_ += bytes;
+  counts_.peak_in_flight_bytes = std::max(counts_.peak_in_flight_bytes, static_cast<int64_t>(in_flight_bytes_));
+}
+
+FencedBuffers::Stats FencedBuffers::stats() const {
+  Stats out = counts_;
+  out.in_flight = static_cast<int64_t>(in_flight_.size());
+  out.in_flight_bytes = static_cast<int64_t>(in_flight_bytes_);
+  return out;
+}
+
 }  // namespace torch_shards

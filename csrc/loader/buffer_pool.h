@@ -37,9 +37,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <vector>
+
+#include <torch_shards/export.h>
 
 #include "loader/tensor_pool.h"
 
@@ -91,6 +94,72 @@ class BufferPool {
   uint64_t clock_ = 0;
   static constexpr int kAdopting = -1;
   std::atomic<int> owner_pid_;  // the process the pool belongs to (kAdopting while a child adopts it)
+  Stats counts_;
+};
+
+// The end of an asynchronous use of memory (a copy to the GPU): its memory
+// may be written again only once the fence is done. The device stage's fence
+// is the CUDA event recorded after the copy (device_stage.cpp); the tests use
+// host fences they complete themselves.
+class TORCH_SHARDS_API Fence {
+ public:
+  virtual ~Fence() = default;
+  virtual bool done() = 0;  // without waiting
+  virtual void wait() = 0;  // until done
+};
+
+// Staging memory of the device stage, from a BufferPool of its own (pinned:
+// the copies to the GPU are asynchronous only from pinned memory), under one
+// discipline with the host path's: a storage handed out is given back with
+// the fence of the copy that reads it (retire) and goes back to the pool only
+// once that fence is done, so it is never written while its copy may still
+// run. The bytes retired and not yet done stay within `bound_bytes` (the
+// dataset's prefetch_bytes): acquire() waits for the oldest fences first
+// (never for the last one left: a batch larger than the bound still goes, one
+// at a time). Storages are sized in the pool's size classes, so after the
+// first rounds every acquire reuses one: no allocation per batch. Not
+// thread-safe (one consumer, as the stage).
+class TORCH_SHARDS_API FencedBuffers {
+ public:
+  struct Stats {
+    int64_t allocations = 0;      // storages the pool allocated
+    int64_t reuses = 0;           // storages it handed out again
+    int64_t waits = 0;            // fences waited for (the bound reached)
+    int64_t in_flight = 0;        // retired storages whose fences are not known done
+    int64_t in_flight_bytes = 0;  // their bytes
+    int64_t peak_in_flight_bytes = 0;
+  };
+
+  FencedBuffers(sources::Memory memory, int64_t bound_bytes);
+  // Waits for the fences still pending: no storage is freed while a copy may read it.
+  ~FencedBuffers();
+  FencedBuffers(const FencedBuffers&) = delete;
+  FencedBuffers& operator=(const FencedBuffers&) = delete;
+
+  // A storage of at least `bytes` bytes, uninitialised.
+  c10::Storage acquire(size_t bytes);
+  // `storage` (from acquire) is read until `fence` is done; `keep` (e.g. the
+  // host batch a copy reads directly) is held as long, not counted in the bound.
+  void retire(c10::Storage storage, std::unique_ptr<Fence> fence, std::vector<c10::Storage> keep = {});
+  // Lets go of what the done fences held (acquire does it too).
+  void reclaim();
+  sources::Memory memory() const { return memory_; }
+  int64_t bound_bytes() const { return bound_; }
+  Stats stats() const;
+
+ private:
+  struct InFlight {
+    c10::Storage storage;
+    std::vector<c10::Storage> keep;
+    std::unique_ptr<Fence> fence;
+    size_t bytes = 0;
+  };
+
+  sources::Memory memory_;
+  int64_t bound_;
+  BufferPool pool_;
+  std::deque<InFlight> in_flight_;  // in the order retired
+  size_t in_flight_bytes_ = 0;
   Stats counts_;
 };
 
