@@ -137,6 +137,19 @@ bench-smoke: setup $(if $(filter $(ANNBATCH_VENV)/%,$(ANNBATCH_PYTHON)),$(ANNBAT
 	$(PY) -m benchmarks.remote --rows 20000 --rounds 1 --seconds 0.5 --latency 0.001 \
 		--annbatch-python $(ANNBATCH_PYTHON) --out $(BENCH_SMOKE_OUT)
 
+# The GPU check (benchmarks/gpu_check.py): on a machine with a CUDA GPU, it builds the extension
+# (incrementally, in build/native), runs every GPU test, the GPU benchmarks and the host path benchmark on
+# every core, each step timed and bounded, 8 minutes in all, and writes benchmarks/results/<name>_<gpu>.*.
+# On the GPU machine (no venv there) it first sources .gpu/gpu-machine.sh env, as
+# ../shared/tools/gpu-machine.sh packs it. Without a GPU it runs the other steps and names each GPU step
+# it skips. No setup: the GPU machine has no package index. GPU_CHECK_ARGS: e.g. --no-build, --quick.
+GPU_CHECK_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_CHECK_ARGS ?=
+.PHONY: gpu-check
+gpu-check:
+	bash -c 'if [ -f .gpu/gpu-machine.sh ] && [ ! -x $(PY) ]; then source .gpu/gpu-machine.sh env; fi; \
+		exec $(GPU_CHECK_PYTHON) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)'
+
 # The AnnData fixtures (tests/data/anndata): the script runs once per Python listed, each with its
 # own anndata (the environments are in the script's docstring), e.g.
 #   make fixtures FIXTURE_PYTHONS="/work/venv313/bin/python .venv/bin/python /work/venv-ad07/bin/python"
