@@ -11,6 +11,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -651,11 +652,13 @@ TEST(BitUnshuffle, InvertsBitshuffle) {
 TEST(NvcompLibrary, MissingLibraryNamesTheWheel) {
   TempDir site;
   // A wheel's folder holding a file that is not a library: tried, and named in the error.
-  write_file(site.path() + "/nvidia/nvcomp/lib64/libnvcomp.so.5", Bytes{1, 2, 3});
+  write_file(site.path() + "/nvidia/libnvcomp/lib64/libnvcomp.so.6", Bytes{1, 2, 3});
+  const char* before = std::getenv("TORCH_SHARDS_NVCOMP_LIBRARY");
+  const std::string saved = before ? before : "";
   ::unsetenv("TORCH_SHARDS_NVCOMP_LIBRARY");
   const std::vector<std::string> candidates = nvcomp_candidates({site.path(), site.path() + "/nowhere"});
   ASSERT_GE(candidates.size(), 4u);
-  EXPECT_EQ(candidates[0], site.path() + "/nvidia/nvcomp/lib64/libnvcomp.so.5");
+  EXPECT_EQ(candidates[0], site.path() + "/nvidia/libnvcomp/lib64/libnvcomp.so.6");
   EXPECT_EQ(candidates.back(), "libnvcomp.so");
   try {
     load_nvcomp({site.path()});
@@ -665,12 +668,29 @@ TEST(NvcompLibrary, MissingLibraryNamesTheWheel) {
     EXPECT_NE(message.find("pip install nvidia-libnvcomp-cu13"), std::string::npos) << message;
     EXPECT_NE(message.find("nvidia-libnvcomp-cu12"), std::string::npos) << message;
     EXPECT_NE(message.find("torch_shards[gpu]"), std::string::npos) << message;
-    EXPECT_NE(message.find(site.path() + "/nvidia/nvcomp/lib64/libnvcomp.so.5"), std::string::npos) << message;
+    EXPECT_NE(message.find(site.path() + "/nvidia/libnvcomp/lib64/libnvcomp.so.6"), std::string::npos) << message;
   }
-  ::setenv("TORCH_SHARDS_NVCOMP_LIBRARY", "/no/such/libnvcomp.so.5", 1);
-  EXPECT_EQ(nvcomp_candidates({})[0], "/no/such/libnvcomp.so.5");
+  ::setenv("TORCH_SHARDS_NVCOMP_LIBRARY", "/no/such/libnvcomp.so.6", 1);
+  EXPECT_EQ(nvcomp_candidates({})[0], "/no/such/libnvcomp.so.6");
   EXPECT_THROW(load_nvcomp({}), NvcompNotFound);
-  ::unsetenv("TORCH_SHARDS_NVCOMP_LIBRARY");
+  if (before) ::setenv("TORCH_SHARDS_NVCOMP_LIBRARY", saved.c_str(), 1);
+}
+
+// With TORCH_SHARDS_TEST_NVCOMP_SITE set to a site-packages folder holding nvidia-libnvcomp-cu13 (or -cu12),
+// the wheel's library loads (no GPU needed) and has every decompressor.
+TEST(NvcompLibrary, LoadsTheWheelWhereGiven) {
+  const char* site = std::getenv("TORCH_SHARDS_TEST_NVCOMP_SITE");
+  if (!site || !*site) GTEST_SKIP() << "TORCH_SHARDS_TEST_NVCOMP_SITE is not set";
+  const NvcompLibrary library = load_nvcomp({site});
+  EXPECT_NE(library.location.find(site), std::string::npos) << library.location;
+  EXPECT_GE(library.major, 4);
+  std::printf("nvCOMP %u (major %d) from %s\n", library.version, library.major, library.location.c_str());
+  for (const NvcompDecompressor* decompressor : {&library.lz4, &library.zstd, &library.deflate}) {
+    EXPECT_NE(decompressor->decompress_async, nullptr);
+    EXPECT_NE(decompressor->temp_size, nullptr);
+  }
+  ASSERT_NE(library.status_string, nullptr);
+  EXPECT_NE(library.status_string(0), nullptr);
 }
 
 }  // namespace

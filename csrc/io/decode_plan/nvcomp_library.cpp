@@ -20,36 +20,33 @@ const char* const kNvcompInstallHint =
 
 namespace {
 
-// Folders of the wheels, under a site-packages folder.
-constexpr const char* kWheelFolders[] = {"nvidia/nvcomp/lib64",    "nvidia/nvcomp/lib",    "nvidia/nvcomp",
-                                         "nvidia/libnvcomp/lib64", "nvidia/libnvcomp/lib", "nvidia/cu13/lib",
-                                         "nvidia/cu12/lib"};
+// Folders of the wheels, under a site-packages folder: nvidia-libnvcomp-cu13 / -cu12 first.
+constexpr const char* kWheelFolders[] = {
+    "nvidia/libnvcomp/lib64", "nvidia/libnvcomp/lib", "nvidia/nvcomp/lib64", "nvidia/nvcomp/lib",
+    "nvidia/nvcomp",          "nvidia/cu13/lib",      "nvidia/cu12/lib",
+};
 
-// The soname's major version: 5 for libnvcomp.so.5 or libnvcomp.so.5.0.1, 0 for none.
+// nvcompProperties_t.
+struct Properties {
+  uint32_t version = 0, cudart_version = 0;
+};
+
+// The soname's major version: 6 for libnvcomp.so.6 or libnvcomp.so.6.0.0, 0 for none.
 int major_of(const std::string& name) {
   const size_t at = name.rfind(".so.");
   if (at == std::string::npos) return 0;
   return std::atoi(name.c_str() + at + 4);
 }
 
-bool resolve(void* handle, const char* format, NvcompDecompressor& out, std::string& missing) {
+bool resolve(void* handle, const char* format, bool with_options, NvcompDecompressor& out, std::string& missing) {
   const std::string async = concat("nvcompBatched", format, "DecompressAsync");
+  const std::string temp =
+      concat("nvcompBatched", format, with_options ? "DecompressGetTempSize" : "DecompressGetTempSizeEx");
   out.decompress_async = ::dlsym(handle, async.c_str());
-  if (out.decompress_async == nullptr) {
-    missing = async;
-    return false;
-  }
-  for (const char* suffix : {"DecompressGetTempSizeEx", "DecompressGetTempSizeSync", "DecompressGetTempSizeAsync",
-                             "DecompressGetTempSize"}) {
-    const std::string name = concat("nvcompBatched", format, suffix);
-    if (void* symbol = ::dlsym(handle, name.c_str())) {
-      out.temp_size = symbol;
-      out.temp_size_name = name;
-      return true;
-    }
-  }
-  missing = concat("nvcompBatched", format, "DecompressGetTempSize");
-  return false;
+  out.temp_size = ::dlsym(handle, temp.c_str());
+  if (out.decompress_async == nullptr) missing = async;
+  if (out.temp_size == nullptr) missing = temp;
+  return out.decompress_async != nullptr && out.temp_size != nullptr;
 }
 
 }  // namespace
@@ -81,7 +78,9 @@ std::vector<std::string> nvcomp_candidates(const std::vector<std::string>& searc
       }
     }
   }
-  for (const char* name : {"libnvcomp.so.5", "libnvcomp.so.4", "libnvcomp.so"}) candidates.emplace_back(name);
+  for (const char* name : {"libnvcomp.so.6", "libnvcomp.so.5", "libnvcomp.so.4", "libnvcomp.so"}) {
+    candidates.emplace_back(name);
+  }
   return candidates;
 }
 
@@ -95,20 +94,33 @@ NvcompLibrary load_nvcomp(const std::vector<std::string>& search_dirs) {
       continue;
     }
     NvcompLibrary library;
+    library.location = candidate;
+    library.major = major_of(candidate);
+    // The version the library reports (a constant: no GPU involved), else its soname's.
+    if (const auto properties =
+            reinterpret_cast<NvcompStatus (*)(Properties*)>(::dlsym(handle, "nvcompGetProperties"))) {
+      Properties values;
+      if (properties(&values) == 0 && values.version >= 1000) {
+        library.version = values.version;
+        library.major = static_cast<int>(values.version / 1000);
+      }
+    }
     std::string missing;
-    if (!resolve(handle, "LZ4", library.lz4, missing) || !resolve(handle, "Zstd", library.zstd, missing) ||
-        !resolve(handle, "Deflate", library.deflate, missing)) {
+    // An unversioned file that does not say: the current API (options) first.
+    const bool options = library.major == 0 || library.with_options();
+    if (!resolve(handle, "LZ4", options, library.lz4, missing) ||
+        !resolve(handle, "Zstd", options, library.zstd, missing) ||
+        !resolve(handle, "Deflate", options, library.deflate, missing)) {
       tried += concat(tried.empty() ? "" : "; ", candidate, " has no ", missing);
       ::dlclose(handle);
       continue;
     }
+    if (library.major == 0) library.major = 5;
     library.status_string = reinterpret_cast<const char* (*)(NvcompStatus)>(::dlsym(handle, "nvcompGetStatusString"));
-    library.location = candidate;
     Dl_info where{};
     if (::dladdr(library.lz4.decompress_async, &where) != 0 && where.dli_fname != nullptr) {
       library.location = where.dli_fname;
     }
-    library.major = major_of(candidate) ? major_of(candidate) : major_of(library.location);
     return library;
   }
   throw NvcompNotFound(concat("nvCOMP (libnvcomp.so) was not found (tried: ", tried, "). ", kNvcompInstallHint));
