@@ -262,6 +262,7 @@ STORAGE_OPTIONS = (
     "retries",
     "cache_dir",
     "cache_bytes",
+    "cache_whole_bytes",
 )
 
 
@@ -636,6 +637,10 @@ def open(path, **kwargs):  # noqa: A001 - mirrors the builtin for paths
             - ``cache_dir``: a node-local cache shared by every process on the node
               (default TORCH_SHARDS_CACHE_DIR, else none).
             - ``cache_bytes``: the cache's bound, default 64 GiB (TORCH_SHARDS_CACHE_BYTES).
+            - ``cache_whole_bytes``: with a cache, objects of at most this many bytes (and at
+              most ``cache_bytes / 4``) are fetched whole at their first read and every read of
+              them is served from a mapping of that one entry; 0: cache ranges only. Default
+              1 GiB (TORCH_SHARDS_CACHE_WHOLE_BYTES).
 
     Returns:
         Source: an ``AnnDataSource``, ``HDF5Source``, ``ZarrSource`` or ``Collection``.

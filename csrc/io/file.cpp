@@ -221,6 +221,10 @@ int current_process_id() {
   return cached_pid.load(std::memory_order_relaxed);
 }
 
+bool run_guarded(core::FunctionRef<void()> work) {
+  return guarded([&] { work(); });
+}
+
 std::mutex& first_use_mutex() {
   install_fork_handler();
   return *first_use;

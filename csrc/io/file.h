@@ -147,6 +147,12 @@ class File {
 // This process's id, cached (getpid is a system call) and refreshed after fork.
 int current_process_id();
 
+// Runs work() (copies from a mapping made elsewhere: the cache's entries)
+// with a SIGBUS on this thread (the mapped file shrank, its storage failed)
+// abandoning it where it stands: false then, true when it ran to its end.
+// work() must hold nothing that needs destroying.
+bool run_guarded(core::FunctionRef<void()> work);
+
 // Guards the first use, in a process, of state kept per process (a file's
 // descriptor and mapping, a store's cache of shard indexes). A forked child
 // gets it unlocked whatever the parent's threads were doing: a mutex of the

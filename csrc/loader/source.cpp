@@ -279,6 +279,7 @@ void set_storage_options(const std::string& url, const StorageOptions& options) 
     native.retries = options.retries;
     native.cache_dir = options.cache_dir;
     native.cache_bytes = options.cache_bytes;
+    native.cache_whole_bytes = options.cache_whole_bytes;
     io::storage::set_storage_options(io::storage::parse_url(url).text, native);
   });
 }
@@ -316,6 +317,9 @@ void set_storage_options_json(const std::string& url, const std::string& options
       } else if (key == "cache_bytes") {
         expect(value.is_number_integer() && value.get<int64_t>() > 0, "a positive integer");
         options.cache_bytes = value.get<int64_t>();
+      } else if (key == "cache_whole_bytes") {
+        expect(value.is_number_integer() && value.get<int64_t>() >= 0, "a non-negative integer");
+        options.cache_whole_bytes = value.get<int64_t>();
       } else if (key == "timeout") {
         expect(value.is_number() && value.get<double>() > 0, "a positive number of seconds");
         options.timeout = value.get<double>();
@@ -323,7 +327,7 @@ void set_storage_options_json(const std::string& url, const std::string& options
         throw core::InvalidArgument(core::concat(
             "unknown storage option ", key,
             " (known: endpoint_url, region, profile, anonymous, max_requests, timeout, retries, cache_dir, "
-            "cache_bytes)"));
+            "cache_bytes, cache_whole_bytes)"));
       }
     }
   });

@@ -161,7 +161,8 @@ TORCH_SHARDS_API std::string probe(const std::string& path);
 // made; the longest registered URL wins). Unset fields come from the
 // environment: the AWS variables and files (AWS_PROFILE, AWS_REGION,
 // AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ~/.aws/credentials ...),
-// TORCH_SHARDS_CACHE_DIR, TORCH_SHARDS_CACHE_BYTES, TORCH_SHARDS_MAX_REQUESTS.
+// TORCH_SHARDS_CACHE_DIR, TORCH_SHARDS_CACHE_BYTES, TORCH_SHARDS_CACHE_WHOLE_BYTES,
+// TORCH_SHARDS_MAX_REQUESTS.
 struct StorageOptions {
   std::string endpoint_url;         // an S3-compatible server ("http://127.0.0.1:9000"); "": AWS
   std::string region;               // "": AWS_REGION, the profile's, or us-east-1
@@ -172,6 +173,9 @@ struct StorageOptions {
   int retries = -1;                 // attempts after a transient failure; -1: 6
   std::string cache_dir;            // node-local cache shared by every process of the node; "": none
   int64_t cache_bytes = 0;          // its bound; 0: 64 GiB
+  // Objects up to this size (and cache_bytes / 4) are cached whole, one mapped entry each; 0: none;
+  // -1: TORCH_SHARDS_CACHE_WHOLE_BYTES or 1 GiB.
+  int64_t cache_whole_bytes = -1;
 };
 // Registers `options` for the URLs below `url` in this process (see StorageOptions).
 TORCH_SHARDS_API void set_storage_options(const std::string& url, const StorageOptions& options);

@@ -5,6 +5,10 @@
 // read-only directory, a file size limit) return false and leave no temporary
 // file; the accounting recovered by a rescan; stale temporary files removed;
 // forked processes and threads hammering one small cache, every hit verified.
+// Whole entries: filled once then mapped, damage (payload, header, cut short)
+// a miss and removed, one fill per node among forked processes and their
+// threads, a waiter taking over from a filler that died, a bounded wait, and
+// mappings intact after their entry is evicted or replaced.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -13,11 +17,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -494,3 +501,194 @@ TEST_F(DiskCacheTest, ThreadsShareOneCache) {
 }
 
 }  // namespace
+
+// ---- whole entries, mapped (map, map_or_fill) --------------------------------------------------------------------
+
+namespace {
+
+// A fill that writes value_for(key, size) and counts its runs in `counter` (one byte appended per run,
+// O_APPEND: atomic across processes), sleeping `pause_ms` first so that others find it under way.
+std::function<bool(uint8_t*)> counted_fill(const std::string& key, size_t size, const std::string& counter,
+                                           int pause_ms = 0) {
+  return [=](uint8_t* out) {
+    const int fd = ::open(counter.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0666);
+    if (fd >= 0) {
+      const char one = '1';
+      (void)!::write(fd, &one, 1);
+      ::close(fd);
+    }
+    if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    const std::vector<uint8_t> value = value_for(key, size);
+    std::memcpy(out, value.data(), size);
+    return true;
+  };
+}
+
+int64_t file_size(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
+}
+
+bool same_bytes(const torch_shards::io::storage::MappedEntry& entry, const std::vector<uint8_t>& value) {
+  return entry.size() == value.size() && std::memcmp(entry.data(), value.data(), value.size()) == 0;
+}
+
+}  // namespace
+
+TEST_F(DiskCacheTest, WholeEntryIsFilledOnceThenMapped) {
+  const DiskCache cache(dir_, 1 << 24);
+  const std::string key = "object\ns3://bucket/shard-0\n\"etag-1\"\n300000";
+  const std::string counter = dir_ + "/fills";
+  const std::vector<uint8_t> value = value_for(key, 300000);
+  EXPECT_EQ(cache.map(key, value.size()), nullptr);  // absent
+  const auto filled = cache.map_or_fill(key, value.size(), counted_fill(key, value.size(), counter), 5);
+  ASSERT_NE(filled, nullptr);
+  EXPECT_TRUE(same_bytes(*filled, value));
+  EXPECT_EQ(file_size(counter), 1);
+  // One entry, accounted; no temporary file or lock file left behind.
+  EXPECT_EQ(cache.held_bytes(), DiskCache::entry_bytes(key.size(), value.size()));
+  EXPECT_EQ(on_disk(dir_).entries, 1);
+  EXPECT_EQ(on_disk(dir_).temporaries, 0);
+  EXPECT_FALSE(exists(cache.entry_path(key) + ".lock"));
+  // Mapped again (verified) without filling; the same bytes through a plain read too.
+  const auto mapped = cache.map_or_fill(key, value.size(), counted_fill(key, value.size(), counter), 5);
+  ASSERT_NE(mapped, nullptr);
+  EXPECT_TRUE(same_bytes(*mapped, value));
+  EXPECT_EQ(file_size(counter), 1);
+  std::vector<uint8_t> out(value.size());
+  EXPECT_TRUE(cache.read(key, out.data(), out.size()));
+  EXPECT_EQ(out, value);
+  // Another size is a miss, not the entry.
+  EXPECT_EQ(cache.map(key, value.size() - 1), nullptr);
+  // Larger than the bound: not stored, nothing filled.
+  EXPECT_EQ(cache.map_or_fill("big", 1 << 25, counted_fill("big", 1 << 25, counter), 5), nullptr);
+  EXPECT_EQ(file_size(counter), 1);
+}
+
+TEST_F(DiskCacheTest, DamagedWholeEntryIsAMissAndRemoved) {
+  const DiskCache cache(dir_, 1 << 24);
+  const std::string counter = dir_ + "/fills";
+  for (const int damage : {0, 1, 2}) {
+    const std::string key = "object\nkey-" + std::to_string(damage);
+    const std::vector<uint8_t> value = value_for(key, 100000);
+    ASSERT_NE(cache.map_or_fill(key, value.size(), counted_fill(key, value.size(), counter), 5), nullptr);
+    const std::string path = cache.entry_path(key);
+    const int64_t each = DiskCache::entry_bytes(key.size(), value.size());
+    if (damage == 0) overwrite_byte(path, each - 1);  // the payload
+    if (damage == 1) overwrite_byte(path, 9);         // the header
+    if (damage == 2) {
+      ASSERT_EQ(::truncate(path.c_str(), each - 4096), 0);  // cut short
+    }
+    EXPECT_EQ(cache.map(key, value.size()), nullptr) << "damage " << damage;
+    EXPECT_FALSE(exists(path)) << "damage " << damage;
+    // Filled afresh, with the right bytes.
+    const auto again = cache.map_or_fill(key, value.size(), counted_fill(key, value.size(), counter), 5);
+    ASSERT_NE(again, nullptr);
+    EXPECT_TRUE(same_bytes(*again, value));
+  }
+  EXPECT_EQ(file_size(counter), 6);
+  EXPECT_EQ(cache.held_bytes(), on_disk(dir_).entry_bytes);
+}
+
+TEST_F(DiskCacheTest, ForkedProcessesFillAWholeEntryOnce) {
+  const std::string key = "object\nhttp://127.0.0.1/shared\n\"e\"\n2000000";
+  const std::string counter = dir_ + "/fills";
+  const size_t size = 2000000;
+  std::vector<pid_t> children;
+  for (int worker = 0; worker < 6; ++worker) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      int failures = 0;
+      try {
+        const DiskCache cache(dir_ + "/cache", 1 << 26);
+        // Two threads of each process too: one fill per node.
+        std::vector<std::thread> threads;
+        std::atomic<int> wrong{0};
+        for (int t = 0; t < 2; ++t) {
+          threads.emplace_back([&] {
+            const auto entry = cache.map_or_fill(key, size, counted_fill(key, size, counter, 300), 30);
+            if (entry == nullptr || !same_bytes(*entry, value_for(key, size))) ++wrong;
+          });
+        }
+        for (auto& thread : threads) thread.join();
+        failures = wrong.load();
+      } catch (...) {
+        failures = 1;
+      }
+      ::_exit(failures);
+    }
+    children.push_back(child);
+  }
+  for (const pid_t child : children) EXPECT_EQ(wait_for(child), 0) << "failures in child " << child;
+  EXPECT_EQ(file_size(counter), 1);
+  EXPECT_EQ(on_disk(dir_ + "/cache").temporaries, 0);
+}
+
+TEST_F(DiskCacheTest, WaiterTakesOverWhenTheFillerDies) {
+  const DiskCache cache(dir_, 1 << 24);
+  const std::string key = "object\ndies";
+  const std::string counter = dir_ + "/fills";
+  const size_t size = 50000;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Dies in the middle of its fill, holding the lock.
+    cache.map_or_fill(
+        key, size,
+        [&](uint8_t*) {
+          std::vector<uint8_t> scratch(size);
+          counted_fill(key, size, counter)(scratch.data());
+          ::_exit(0);
+          return true;
+        },
+        5);
+    ::_exit(1);
+  }
+  EXPECT_EQ(wait_for(child), 0);
+  EXPECT_EQ(file_size(counter), 1);
+  const auto entry = cache.map_or_fill(key, size, counted_fill(key, size, counter), 5);
+  ASSERT_NE(entry, nullptr);
+  EXPECT_TRUE(same_bytes(*entry, value_for(key, size)));
+  EXPECT_EQ(file_size(counter), 2);
+}
+
+TEST_F(DiskCacheTest, WaitForAnotherFillIsBounded) {
+  const DiskCache cache(dir_, 1 << 24);
+  const std::string key = "object\nslow";
+  const std::string counter = dir_ + "/fills";
+  std::thread slow(
+      [&] { EXPECT_NE(cache.map_or_fill(key, 1000, counted_fill(key, 1000, counter, 1500), 5), nullptr); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(cache.map_or_fill(key, 1000, counted_fill(key, 1000, counter), 0.2), nullptr);  // gave up waiting
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1000));
+  slow.join();
+  EXPECT_EQ(file_size(counter), 1);
+  EXPECT_NE(cache.map(key, 1000), nullptr);
+}
+
+TEST_F(DiskCacheTest, EvictionAndReplacementLeaveMappingsIntact) {
+  // Room for about three entries of 200 kB: writing more evicts the mapped one.
+  const DiskCache cache(dir_, 700000);
+  const std::string key = "object\nmapped";
+  const std::string counter = dir_ + "/fills";
+  const std::vector<uint8_t> value = value_for(key, 200000);
+  const auto entry = cache.map_or_fill(key, value.size(), counted_fill(key, value.size(), counter), 5);
+  ASSERT_NE(entry, nullptr);
+  for (int i = 0; i < 6; ++i) {
+    const std::string other = "other-" + std::to_string(i);
+    const std::vector<uint8_t> bytes = value_for(other, 200000);
+    ASSERT_TRUE(cache.write(other, bytes.data(), bytes.size()));
+  }
+  EXPECT_FALSE(exists(cache.entry_path(key)));  // evicted
+  EXPECT_TRUE(same_bytes(*entry, value));       // still readable, unchanged
+  // Replaced by a rename (a write under the same key): the mapping still holds the old bytes.
+  const auto again = cache.map_or_fill(key, value.size(), counted_fill(key, value.size(), counter), 5);
+  ASSERT_NE(again, nullptr);
+  std::vector<uint8_t> other_value(value.size(), 7);
+  ASSERT_TRUE(cache.write(key, other_value.data(), other_value.size()));
+  EXPECT_TRUE(same_bytes(*again, value));
+  EXPECT_EQ(cache.held_bytes(), on_disk(dir_).entry_bytes);
+  EXPECT_LE(cache.held_bytes(), cache.max_bytes());
+}

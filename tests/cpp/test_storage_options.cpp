@@ -70,6 +70,23 @@ TEST(StorageOptions, UnsetFieldsComeFromTheEnvironment) {
   ::unsetenv("TORCH_SHARDS_CACHE_DIR");
 }
 
+TEST(StorageOptions, WholeObjectBound) {
+  StorageOptions options;
+  EXPECT_EQ(options.resolved().cache_whole_bytes, int64_t{1} << 30);  // the default
+  options.cache_bytes = int64_t{1} << 30;
+  EXPECT_EQ(options.resolved().whole_object_bound(), int64_t{1} << 28);  // at most a quarter of the cache
+  options.cache_whole_bytes = 1000;
+  EXPECT_EQ(options.resolved().whole_object_bound(), 1000);
+  options.cache_whole_bytes = 0;
+  EXPECT_EQ(options.resolved().whole_object_bound(), 0);  // off
+  options.cache_whole_bytes = -1;
+  ::setenv("TORCH_SHARDS_CACHE_WHOLE_BYTES", "4096", 1);
+  EXPECT_EQ(options.resolved().cache_whole_bytes, 4096);
+  ::setenv("TORCH_SHARDS_CACHE_WHOLE_BYTES", "-5", 1);
+  EXPECT_THROW(options.resolved(), std::invalid_argument);
+  ::unsetenv("TORCH_SHARDS_CACHE_WHOLE_BYTES");
+}
+
 TEST(StorageOptions, BadValuesAreRefusedWhereGiven) {
   StorageOptions options;
   options.max_requests = 5000;

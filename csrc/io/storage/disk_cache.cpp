@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -20,6 +21,7 @@
 
 #include "core/errors.h"
 #include "core/stable_hash.h"
+#include "io/file.h"
 
 namespace torch_shards::io::storage {
 
@@ -379,7 +381,7 @@ class Temporary {
       const uint64_t unique = mix64(thread * 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(now_ns()) ^
                                     reinterpret_cast<uintptr_t>(this) ^ (attempt << 56));
       path_ = dir + "/" + kTemporaryPrefix + hex(pid, 8) + "-" + hex(unique, 16);
-      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);  // RDWR: map_or_fill maps it
       if (fd_ >= 0 || errno != EEXIST) return;
     }
   }
@@ -441,6 +443,33 @@ void touch(int fd, const struct stat& st) {
   if (now_ns() - nanoseconds(st.st_mtim) >= DiskCache::kTouchIntervalSeconds * kNanoseconds) {
     ::futimens(fd, nullptr);  // allowed to the owner or anyone who may write the file; else the LRU is coarser
   }
+}
+
+// Renames the complete, closed `temporary` into place at `path` (an entry of `bytes` bytes on disk)
+// and adds it to the total, in one critical section (marked dirty while inside it); evicts down to 90%
+// of max_bytes (never this entry) when the total passes max_bytes. False when it could not.
+bool place(const std::string& dir, int64_t max_bytes, Temporary& temporary, const std::string& path, int64_t bytes) {
+  AccountingLock lock(dir);
+  if (!lock.ok()) return false;
+  const std::optional<int64_t> total = current_total(lock, dir, max_bytes);
+  if (!total || !lock.store(*total, true)) return false;
+  struct stat old {};
+  const int64_t replaced = ::lstat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode) ? old.st_size : 0;
+  bool renamed = ::rename(temporary.path().c_str(), path.c_str()) == 0;
+  if (!renamed && errno == ENOENT) {  // the first entry of its subdirectory
+    const std::string sub = path.substr(0, path.rfind('/'));
+    renamed =
+        (::mkdir(sub.c_str(), 0777) == 0 || errno == EEXIST) && ::rename(temporary.path().c_str(), path.c_str()) == 0;
+  }
+  if (!renamed) {
+    lock.store(*total, false);
+    return false;
+  }
+  temporary.keep();
+  int64_t held = *total - replaced + bytes;
+  if (held > max_bytes) held = scan(dir, max_bytes, path);
+  lock.store(held, false);  // if this fails the record stays dirty: the next operation counts afresh
+  return true;
 }
 
 }  // namespace
@@ -577,31 +606,185 @@ bool DiskCache::write(const std::string& key, const void* data, size_t size) con
       return false;
     }
 
-    // Into place, and onto the total, in one critical section (marked dirty while inside it).
-    AccountingLock lock(dir_);
-    if (!lock.ok()) return false;
-    const std::optional<int64_t> total = current_total(lock, dir_, max_bytes_);
-    if (!total || !lock.store(*total, true)) return false;
-    struct stat old {};
-    const int64_t replaced = ::lstat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode) ? old.st_size : 0;
-    bool renamed = ::rename(temporary.path().c_str(), path.c_str()) == 0;
-    if (!renamed && errno == ENOENT) {  // the first entry of its subdirectory
-      const std::string sub = path.substr(0, path.rfind('/'));
-      renamed =
-          (::mkdir(sub.c_str(), 0777) == 0 || errno == EEXIST) && ::rename(temporary.path().c_str(), path.c_str()) == 0;
-    }
-    if (!renamed) {
-      lock.store(*total, false);
-      return false;
-    }
-    temporary.keep();
-    int64_t held = *total - replaced + bytes;
-    if (held > max_bytes_) held = scan(dir_, max_bytes_, path);
-    lock.store(held, false);  // if this fails the record stays dirty: the next operation counts afresh
-    return true;
+    return place(dir_, max_bytes_, temporary, path, bytes);
   } catch (...) {  // e.g. std::bad_alloc: not stored (Temporary removes its file)
     return false;
   }
+}
+
+// ---- whole entries, mapped -------------------------------------------------------------------------------------
+
+MappedEntry::MappedEntry(void* base, size_t length, size_t offset, size_t size)
+    : base_(base), length_(length), offset_(offset), size_(size) {}
+
+MappedEntry::~MappedEntry() {
+  if (base_ != nullptr && length_ > 0) ::munmap(base_, length_);
+}
+
+namespace {
+
+// A page-sized mapping for an empty payload would be no mapping at all: an entry file is never empty
+// (its header), so every mapping here has a length.
+void* map_file(int fd, size_t length, int protection) {
+  void* address = ::mmap(nullptr, length, protection, MAP_SHARED, fd, 0);
+  return address == MAP_FAILED ? nullptr : address;
+}
+
+// <entry>.lock, held (flock, exclusive) by the one process filling the entry; removed once it is in
+// place. Not an entry name: scans neither count nor evict it.
+class FillLock {
+ public:
+  explicit FillLock(std::string path) : path_(std::move(path)) {}
+  ~FillLock() { release(false); }
+  FillLock(const FillLock&) = delete;
+  FillLock& operator=(const FillLock&) = delete;
+
+  enum class Result { kHeld, kTimedOut, kFailed };
+  // Polls for the lock until `deadline_ns` (CLOCK_REALTIME); `ready()` is asked between polls and ends
+  // the wait (kTimedOut) when it returns true (the entry appeared).
+  template <typename Ready>
+  Result acquire(int64_t deadline_ns, const Ready& ready) {
+    int64_t pause_us = 200;
+    for (;;) {
+      fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+      if (fd_ < 0 && errno == ENOENT) {
+        const std::string sub = path_.substr(0, path_.rfind('/'));
+        if (::mkdir(sub.c_str(), 0777) == 0 || errno == EEXIST)
+          fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+      }
+      if (fd_ < 0) return Result::kFailed;
+      for (;;) {
+        if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) break;
+        if (errno != EWOULDBLOCK && errno != EINTR) {
+          close_descriptor();
+          return Result::kFailed;
+        }
+        if (ready() || now_ns() >= deadline_ns) {
+          close_descriptor();
+          return Result::kTimedOut;
+        }
+        ::usleep(static_cast<useconds_t>(pause_us));
+        pause_us = std::min<int64_t>(pause_us * 2, 20000);
+      }
+      // Locked the file that is there now, not one its last holder removed meanwhile.
+      struct stat held {};
+      struct stat there {};
+      if (::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &there) == 0 && same_file(held, there))
+        return Result::kHeld;
+      release(false);
+    }
+  }
+  // Unlocks (removing the file first when `remove`: the entry is in place, no one needs it).
+  void release(bool remove) {
+    if (fd_ < 0) return;
+    if (remove) ::unlink(path_.c_str());
+    ::flock(fd_, LOCK_UN);
+    close_descriptor();
+  }
+
+ private:
+  void close_descriptor() {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  std::string path_;
+  int fd_ = -1;
+};
+
+}  // namespace
+
+std::shared_ptr<const MappedEntry> DiskCache::map(const std::string& key, size_t size) const {
+  try {
+    const std::string path = entry_path(key);
+    const Descriptor file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st {};
+    if (file.get() < 0 || ::fstat(file.get(), &st) != 0 || !S_ISREG(st.st_mode)) return nullptr;
+    Header header;
+    if (static_cast<uint64_t>(st.st_size) != kHeaderSize + uint64_t{key.size()} + size) {
+      std::vector<uint8_t> head(kHeaderSize + key.size());
+      const size_t got = std::min<size_t>(head.size(), static_cast<size_t>(st.st_size));
+      if (!pread_all(file.get(), head.data(), got, 0)) return nullptr;
+      const Verdict verdict = check_head(file.get(), st.st_size, head.data(), got, key, &header);
+      if (verdict == Verdict::kDamaged || verdict == Verdict::kResized) {
+        remove_entry(dir_, max_bytes_, path, &st, verdict == Verdict::kResized);
+      }
+      return nullptr;
+    }
+    const size_t length = static_cast<size_t>(st.st_size);
+    void* base = map_file(file.get(), length, PROT_READ);
+    if (base == nullptr) return nullptr;
+    auto entry = std::make_shared<const MappedEntry>(base, length, kHeaderSize + key.size(), size);
+    Verdict verdict = Verdict::kDamaged;
+    bool intact = false;
+    // Guarded: a file truncated behind the cache's back faults here, and is a damaged entry.
+    const bool read = io::run_guarded([&] {
+      verdict =
+          check_head(file.get(), st.st_size, static_cast<const uint8_t*>(base), kHeaderSize + key.size(), key, &header);
+      intact = verdict == Verdict::kMatch && crc32_of(entry->data(), size) == header.payload_crc;
+    });
+    if (read && verdict == Verdict::kOtherKey) return nullptr;
+    if (!read || !intact) {
+      remove_entry(dir_, max_bytes_, path, &st, !read || verdict == Verdict::kResized);
+      return nullptr;
+    }
+    touch(file.get(), st);
+    return entry;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+std::shared_ptr<const MappedEntry> DiskCache::map_or_fill(const std::string& key, size_t size,
+                                                          const std::function<bool(uint8_t*)>& fill,
+                                                          double wait_s) const {
+  if (std::shared_ptr<const MappedEntry> entry = map(key, size)) return entry;
+  if (key.size() > std::numeric_limits<uint32_t>::max() || size > static_cast<uint64_t>(max_bytes_) ||
+      entry_bytes(key.size(), size) > max_bytes_) {
+    return nullptr;
+  }
+  const std::string path = entry_path(key);
+  FillLock lock(path + ".lock");
+  std::shared_ptr<const MappedEntry> found;
+  const int64_t deadline = now_ns() + static_cast<int64_t>(std::max(wait_s, 0.0) * 1e9);
+  int64_t next_look = 0;
+  const FillLock::Result result = lock.acquire(deadline, [&] {
+    // Now and then (not at every poll: a map verifies the whole entry), whether the entry is there.
+    if (now_ns() < next_look) return false;
+    next_look = now_ns() + kNanoseconds / 4;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return false;
+    found = map(key, size);
+    return found != nullptr;
+  });
+  if (found) return found;
+  if (result != FillLock::Result::kHeld) return nullptr;
+  // Held: whoever held it before filled the entry, or died (or failed) without.
+  if (std::shared_ptr<const MappedEntry> entry = map(key, size)) return entry;
+
+  Temporary temporary(dir_);
+  if (!temporary.ok()) return nullptr;
+  const size_t offset = kHeaderSize + key.size();
+  const size_t length = offset + size;
+  // Allocated up front: a full disk fails here, not as a fault while the mapping is written.
+  if (::posix_fallocate(temporary.fd(), 0, static_cast<off_t>(length)) != 0) return nullptr;
+  void* base = map_file(temporary.fd(), length, PROT_READ | PROT_WRITE);
+  if (base == nullptr) return nullptr;
+  auto entry = std::make_shared<MappedEntry>(base, length, offset, size);
+  auto* bytes = static_cast<uint8_t*>(base);
+  if (!fill(bytes + offset)) return nullptr;  // an exception passes: temporary and lock released
+  Header header;
+  header.payload_size = size;
+  header.key_size = static_cast<uint32_t>(key.size());
+  header.key_crc = crc32_of(key.data(), key.size());
+  header.payload_crc = crc32_of(bytes + offset, size);
+  encode_header(header, bytes);
+  std::memcpy(bytes + kHeaderSize, key.data(), key.size());
+  ::mprotect(base, length, PROT_READ);
+  if (!temporary.close()) return nullptr;
+  // Not placed (the lock or rename failed): the mapping still holds the bytes, filled and checked by
+  // this process; the temporary file is removed and the mapping stays valid.
+  if (place(dir_, max_bytes_, temporary, path, entry_bytes(key.size(), size))) lock.release(true);
+  return entry;
 }
 
 int64_t DiskCache::held_bytes() const {

@@ -24,15 +24,47 @@
 // the critical section, is recovered by the same scan, which also removes
 // temporary files of crashed writers (untouched for kStaleTemporarySeconds).
 // The total held therefore exceeds max_bytes only by files being written.
+//
+// Whole entries, mapped (map, map_or_fill): an entry read many times in
+// small pieces (a whole object of a remote store) is mapped read-only and
+// verified once (header, key, payload CRC); the bytes are then read from the
+// mapping with no system call and no check per read. Entries are only ever
+// replaced by a rename or removed by an unlink, never changed in place, so
+// a mapping stays valid (and its bytes right) after its entry is evicted or
+// replaced. map_or_fill has one process of the node fill a missing entry at
+// a time: it holds flock(LOCK_EX) on a lock file beside the entry
+// (<entry>.lock, removed when the entry is in place) while it fills a
+// temporary file (fallocated, mapped writable) and renames it into place;
+// the others wait (polling, bounded in time), then map the entry; a waiter
+// whose filler died (its lock released by the kernel, no entry) fills it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace torch_shards::io::storage {
+
+// A whole entry's payload mapped read-only; unmapped when the last holder lets it go. Read it with
+// io::run_guarded (file.h): a file truncated behind the cache's back faults instead of reading.
+class MappedEntry {
+ public:
+  // Adopts the mapping [base, base + length); the payload is `size` bytes at `offset` in it.
+  MappedEntry(void* base, size_t length, size_t offset, size_t size);
+  ~MappedEntry();
+  MappedEntry(const MappedEntry&) = delete;
+  MappedEntry& operator=(const MappedEntry&) = delete;
+  const uint8_t* data() const { return static_cast<const uint8_t*>(base_) + offset_; }
+  size_t size() const { return size_; }
+
+ private:
+  void* base_;
+  size_t length_, offset_, size_;
+};
 
 class DiskCache {
  public:
@@ -67,6 +99,17 @@ class DiskCache {
   // the key is removed). A failure to write (disk full, permissions) does not throw: false, and no
   // temporary file is left behind; true when stored.
   bool write(const std::string& key, const void* data, size_t size) const;
+
+  // The entry under `key`, mapped and verified, when it exists and holds exactly `size` bytes; null
+  // when absent, of another size, damaged (removed) or not mappable. Marks it used (LRU). Never throws.
+  std::shared_ptr<const MappedEntry> map(const std::string& key, size_t size) const;
+  // map(key, size), else the entry filled: by this call, fill(out) writing its `size` bytes, unless
+  // another process (or thread) of the node is filling it, which this call then waits for (up to
+  // wait_s seconds) and maps. Null when it cannot be stored (larger than max_bytes, disk full, no
+  // lock file) or the wait ran out: the caller reads otherwise. An exception from fill passes
+  // through (nothing stored, the lock released); a fill that returns false stores nothing (null).
+  std::shared_ptr<const MappedEntry> map_or_fill(const std::string& key, size_t size,
+                                                 const std::function<bool(uint8_t*)>& fill, double wait_s) const;
 
   // Bytes held now (the entries' file sizes, as accounted; a rescan when the accounting is missing or
   // stale), for tests and monitoring. Throws ReadError naming .accounting if it cannot be opened.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <list>
 #include <map>
 #include <mutex>
 
@@ -95,6 +96,32 @@ std::vector<std::string> xml_values(const std::string& xml, const std::string& t
 std::string cache_key(const Url& url, const ObjectStamp& stamp, int64_t offset, int64_t size) {
   return concat(url.text, '\n', stamp.etag, '\n', stamp.size, '\n', offset, '+', size);
 }
+
+std::string whole_key(const Url& url, const ObjectStamp& stamp) {
+  return concat("object\n", url.text, '\n', stamp.etag, '\n', stamp.size);
+}
+
+// This process's mappings of whole objects (most recently used first) and the fetches under way
+// (one per object: the others wait on its mutex). per_process: a forked child starts afresh (the
+// parent's mappings stay mapped in it, read-only, never unmapped).
+struct WholeObjects {
+  std::mutex mutex;
+  std::list<std::pair<std::string, std::shared_ptr<const MappedEntry>>> recent;
+  std::map<std::string, std::shared_ptr<std::timed_mutex>> fetching;
+
+  std::shared_ptr<const MappedEntry> find(const std::string& key) {  // under mutex
+    for (auto it = recent.begin(); it != recent.end(); ++it) {
+      if (it->first != key) continue;
+      recent.splice(recent.begin(), recent, it);
+      return it->second;
+    }
+    return nullptr;
+  }
+  void forget(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mutex);
+    recent.remove_if([&](const auto& item) { return item.first == key; });
+  }
+};
 
 }  // namespace
 
@@ -229,16 +256,115 @@ std::vector<std::optional<std::vector<uint8_t>>> ObjectStore::get(const std::vec
   return out;
 }
 
+void ObjectStore::check_ranged(const Url& url, const ObjectStamp& stamp, const HttpRequest& request,
+                               const HttpResponse& response, const std::function<std::string()>& what) const {
+  if (response.status != 206 && !(response.status == 200 && request.offset == 0 && response.received == request.size)) {
+    if (response.status >= 200 && response.status < 300 && response.error.empty()) {
+      throw ReadError(concat(url.text, ": ", what(), ": the server answered a range request with HTTP ",
+                             response.status, " (it does not serve ranges)"));
+    }
+    fail(url.text, response, what());
+  }
+  if (!stamp.etag.empty() && !response.etag.empty() && response.etag != stamp.etag) {
+    HttpResponse changed = response;
+    changed.status = 412;
+    fail(url.text, changed, what());
+  }
+  if (response.total_size >= 0 && response.total_size != stamp.size) {
+    throw ReadError(concat(url.text, ": the object changed since the dataset opened it (size ", stamp.size, " -> ",
+                           response.total_size, " bytes); open the dataset again once the object is written"));
+  }
+}
+
+std::shared_ptr<const MappedEntry> ObjectStore::whole(const Url& url, const ObjectStamp& stamp,
+                                                      const std::function<std::string()>& what) const {
+  if (!cache_ || stamp.etag.empty() || stamp.size <= 0 || stamp.size > options_.whole_object_bound()) return nullptr;
+  const std::string key = whole_key(url, stamp);
+  WholeObjects& table = per_process<WholeObjects>();
+  std::shared_ptr<std::timed_mutex> fetching;
+  {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    if (std::shared_ptr<const MappedEntry> entry = table.find(key)) return entry;
+    std::shared_ptr<std::timed_mutex>& slot = table.fetching[key];
+    if (!slot) slot = std::make_shared<std::timed_mutex>();
+    fetching = slot;
+  }
+  // One fetch per object in this process; the others wait for it, then find its mapping.
+  std::unique_lock<std::timed_mutex> mine(*fetching, std::defer_lock);
+  const bool held = mine.try_lock_for(std::chrono::duration<double>(kWholeWaitSeconds));
+  const auto done = [&] {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    auto it = table.fetching.find(key);
+    if (it != table.fetching.end() && it->second.use_count() <= 2) table.fetching.erase(it);  // the table's and ours
+  };
+  if (!held) {
+    done();
+    return nullptr;
+  }
+  {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    if (std::shared_ptr<const MappedEntry> entry = table.find(key)) {
+      mine.unlock();
+      done();
+      return entry;
+    }
+  }
+  const std::string target = request_url(url);
+  const auto fill = [&](uint8_t* out) {
+    std::vector<HttpRequest> requests;
+    for (int64_t offset = 0; offset < stamp.size; offset += kWholePartBytes) {
+      HttpRequest& request = requests.emplace_back();
+      request.url = target;
+      request.offset = offset;
+      request.size = std::min(kWholePartBytes, stamp.size - offset);
+      request.out = out + offset;
+      request.headers.push_back("If-Match: " + stamp.etag);
+    }
+    std::vector<HttpResponse> responses;
+    client_->perform(requests, responses);
+    for (size_t i = 0; i < requests.size(); ++i) check_ranged(url, stamp, requests[i], responses[i], what);
+    return true;
+  };
+  std::shared_ptr<const MappedEntry> entry;
+  try {
+    entry = cache_->map_or_fill(key, static_cast<size_t>(stamp.size), fill, kWholeWaitSeconds);
+  } catch (...) {
+    mine.unlock();
+    done();
+    throw;
+  }
+  if (entry) {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    table.recent.emplace_front(key, entry);
+    if (table.recent.size() > kMappedObjects) table.recent.pop_back();
+  }
+  mine.unlock();
+  done();
+  return entry;
+}
+
 void ObjectStore::read(const Url& url, const ObjectStamp& stamp, std::vector<RangeRead>& ranges,
                        const std::function<std::string()>& what) const {
+  for (const RangeRead& range : ranges) {
+    if (range.size > 0 && (range.offset < 0 || range.offset + range.size > stamp.size)) {
+      throw ReadError(concat(url.text, ": ", what(), ": bytes [", range.offset, ", ", range.offset + range.size,
+                             ") lie beyond the object's ", stamp.size, " bytes (truncated?)"));
+    }
+  }
+  if (std::shared_ptr<const MappedEntry> entry = whole(url, stamp, what)) {
+    const bool copied = run_guarded([&] {
+      for (const RangeRead& range : ranges) {
+        if (range.size > 0) std::memcpy(range.out, entry->data() + range.offset, static_cast<size_t>(range.size));
+      }
+    });
+    if (copied) return;
+    // The entry's file was cut short behind the cache's back: forget the mapping, read the ranges.
+    per_process<WholeObjects>().forget(whole_key(url, stamp));
+  }
   // What the cache lacks, by offset.
   std::vector<const RangeRead*> missing;
   for (const RangeRead& range : ranges) {
     if (range.size <= 0) continue;
-    if (range.offset < 0 || range.offset + range.size > stamp.size) {
-      throw ReadError(concat(url.text, ": ", what(), ": bytes [", range.offset, ", ", range.offset + range.size,
-                             ") lie beyond the object's ", stamp.size, " bytes (truncated?)"));
-    }
     if (cache_ && !stamp.etag.empty() &&
         cache_->read(cache_key(url, stamp, range.offset, range.size), range.out, static_cast<size_t>(range.size))) {
       continue;
@@ -287,24 +413,7 @@ void ObjectStore::read(const Url& url, const ObjectStamp& stamp, std::vector<Ran
   std::vector<HttpResponse> responses;
   client_->perform(requests, responses);
   for (size_t g = 0; g < groups.size(); ++g) {
-    const HttpResponse& response = responses[g];
-    if (response.status != 206 &&
-        !(response.status == 200 && requests[g].offset == 0 && response.received == requests[g].size)) {
-      if (response.status >= 200 && response.status < 300 && response.error.empty()) {
-        throw ReadError(concat(url.text, ": ", what(), ": the server answered a range request with HTTP ",
-                               response.status, " (it does not serve ranges)"));
-      }
-      fail(url.text, response, what());
-    }
-    if (!stamp.etag.empty() && !response.etag.empty() && response.etag != stamp.etag) {
-      HttpResponse changed = response;
-      changed.status = 412;
-      fail(url.text, changed, what());
-    }
-    if (response.total_size >= 0 && response.total_size != stamp.size) {
-      throw ReadError(concat(url.text, ": the object changed since the dataset opened it (size ", stamp.size, " -> ",
-                             response.total_size, " bytes); open the dataset again once the object is written"));
-    }
+    check_ranged(url, stamp, requests[g], responses[g], what);
     const Group& group = groups[g];
     for (size_t i = group.first; i <= group.last; ++i) {
       const RangeRead& range = *missing[i];

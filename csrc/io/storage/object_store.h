@@ -8,6 +8,14 @@
 // If-Match: an object replaced since it was opened fails the read (412)
 // instead of mixing its versions, and cache entries are keyed by the ETag,
 // so a replaced object's old bytes are never served for its new ETag.
+//
+// With a cache, an object of at most StorageOptions::whole_object_bound()
+// bytes is fetched whole at its first ranged read (ranged GETs of
+// kWholePartBytes, together, with If-Match) into one cache entry keyed by
+// URL + ETag + size (DiskCache::map_or_fill: one download per object per
+// node at a time), and every range of it is then copied from a read-only
+// mapping of that entry, verified once per process: this process keeps the
+// last kMappedObjects mappings (per_process: a forked child keeps its own).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +47,14 @@ struct RangeRead {
 
 class ObjectStore {
  public:
+  // A whole object is fetched in ranged GETs of this many bytes, all requested together.
+  static constexpr int64_t kWholePartBytes = int64_t{16} << 20;
+  // Mappings of whole objects each process keeps (least recently used dropped).
+  static constexpr size_t kMappedObjects = 64;
+  // How long a read waits for another process (or thread) fetching the same whole object before it
+  // reads its ranges itself.
+  static constexpr double kWholeWaitSeconds = 300;
+
   // The store for `url` with the options registered for it (storage_options.h):
   // one per bucket/host and options in each process.
   static std::shared_ptr<const ObjectStore> of(const Url& url);
@@ -71,6 +87,13 @@ class ObjectStore {
  private:
   std::string request_url(const Url& url) const;  // where requests for `url` go
   std::string bucket_url() const;                 // s3: the bucket's URL, for listings
+  // The object's whole cache entry, mapped (fetched first when missing), or null (not cacheable whole,
+  // the cache cannot store it, or another's fetch took too long).
+  std::shared_ptr<const MappedEntry> whole(const Url& url, const ObjectStamp& stamp,
+                                           const std::function<std::string()>& what) const;
+  // Throws the error of a ranged GET's answer unless it holds the range asked for of the version stamped.
+  void check_ranged(const Url& url, const ObjectStamp& stamp, const HttpRequest& request, const HttpResponse& response,
+                    const std::function<std::string()>& what) const;
   [[noreturn]] void fail(const std::string& url, const HttpResponse& response, const std::string& what) const;
 
   std::string scheme_, host_;

@@ -1,5 +1,6 @@
 #include "io/storage/storage_options.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -17,6 +18,7 @@ constexpr int kDefaultMaxRequests = 64;
 constexpr double kDefaultTimeout = 60;
 constexpr int kDefaultRetries = 6;
 constexpr int64_t kDefaultCacheBytes = int64_t{64} << 30;
+constexpr int64_t kDefaultCacheWholeBytes = int64_t{1} << 30;
 
 std::mutex registry_mutex;
 std::map<std::string, StorageOptions>& registry() {
@@ -53,14 +55,22 @@ StorageOptions StorageOptions::resolved() const {
   if (out.cache_bytes == 0) out.cache_bytes = integer_from_environment("TORCH_SHARDS_CACHE_BYTES", 1);
   if (out.cache_bytes == 0) out.cache_bytes = kDefaultCacheBytes;
   core::check_argument(out.cache_bytes > 0, "cache_bytes must be positive, got ", out.cache_bytes);
+  if (out.cache_whole_bytes < 0) {
+    const char* text = std::getenv("TORCH_SHARDS_CACHE_WHOLE_BYTES");
+    out.cache_whole_bytes = text != nullptr && *text != '\0'
+                                ? integer_from_environment("TORCH_SHARDS_CACHE_WHOLE_BYTES", 0)
+                                : kDefaultCacheWholeBytes;
+  }
   return out;
 }
 
 std::string StorageOptions::identity() const {
   return concat(aws.profile, '\n', aws.region, '\n', aws.endpoint_url, '\n',
                 aws.anonymous ? (*aws.anonymous ? "1" : "0") : "-", '\n', max_requests, '\n', timeout_s, '\n', retries,
-                '\n', cache_dir, '\n', cache_bytes);
+                '\n', cache_dir, '\n', cache_bytes, '\n', cache_whole_bytes);
 }
+
+int64_t StorageOptions::whole_object_bound() const { return std::min(cache_whole_bytes, cache_bytes / 4); }
 
 void set_storage_options(const std::string& url, const StorageOptions& options) {
   (void)options.resolved();  // a bad value is refused where it is given
