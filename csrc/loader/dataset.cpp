@@ -318,7 +318,7 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
       std::remove_if(iterators_.begin(), iterators_.end(), [](const auto& weak) { return weak.expired(); }),
       iterators_.end());
   iterators_.emplace_back(iterator);
-  if (on_device) iterator->deliver_to(*options_.device);
+  if (on_device) iterator->deliver_to(*options_.device, options_.prefetch_bytes);
   return iterator;
 }
 
@@ -689,8 +689,8 @@ BatchIteratorImpl::~BatchIteratorImpl() {
   reader_->close();
 }
 
-void BatchIteratorImpl::deliver_to(c10::Device device) {
-  device_stage_ = translate_errors([&] { return std::make_unique<DeviceStage>(device); });
+void BatchIteratorImpl::deliver_to(c10::Device device, int64_t staging_bytes) {
+  device_stage_ = translate_errors([&] { return std::make_unique<DeviceStage>(device, staging_bytes); });
 }
 
 const Iteration& BatchIteratorImpl::iteration() const { return *progress_->iteration; }

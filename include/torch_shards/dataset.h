@@ -296,8 +296,10 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   int64_t pending() const { return static_cast<int64_t>(pending_.size() - next_pending_); }
   // Stops the reader threads; later reads raise. Idempotent.
   void close();
-  // Delivers every later batch on `device`, copied on a side stream (the dataset's device option).
-  void deliver_to(c10::Device device);
+  // Delivers every later batch on `device`, copied on a side stream (the dataset's device option);
+  // batches not in pinned memory are staged through pinned buffers, at most `staging_bytes` in flight
+  // (the dataset's prefetch_bytes).
+  void deliver_to(c10::Device device, int64_t staging_bytes);
 
   // The epoch this iterator delivers.
   int64_t epoch() const { return epoch_; }
