@@ -187,14 +187,15 @@ def test_device_loader_over_workers(num_workers):
 @cuda
 def test_device_loader_stages_unpinned_batches_csr_included():
     # Pageable batches (as DataLoader workers send them): staged into pinned buffers, one copy each.
-    host = csr_batches(40)
-    wrapped = ts.DeviceLoader(host, "cuda")
+    host = csr_batches(40)  # each staged in under 4 KB (one size class)
+    wrapped = ts.DeviceLoader(host, "cuda", prefetch_bytes=3 * 4096)  # at most 3 staged copies in flight
     for a, b in zip(wrapped, host, strict=True):
         assert a["X"].layout == torch.sparse_csr and a["X"].is_cuda
         assert torch.equal(a["X"].to_dense().cpu(), b["X"].to_dense())
         assert torch.equal(a["y"].cpu(), b["y"]) and torch.equal(a["w"].cpu(), b["w"])
     stats = wrapped.staging_stats
     assert stats["allocations"] <= 4 and stats["reuses"] >= 36  # recycled, not one pinned allocation per batch
+    assert stats["peak_in_flight_bytes"] <= 3 * 4096
 
 
 @cuda
