@@ -272,11 +272,105 @@ def test_the_cache_never_serves_a_replaced_object(data_dir, tmp_path):
         assert torch.equal(fresh["X"], torch.from_numpy(new))
 
 
+def ranged_gets(service, name):
+    """The ranged GETs a FaultProxy or RangeHTTPServer logged for paths containing `name`."""
+    return [entry for entry in list(service.requests) if entry[0] == "GET" and entry[2] and name in entry[1]]
+
+
+def test_s3_collection_through_the_cache_second_epoch_makes_no_request(s3, s3_credentials, tmp_path):
+    # An annbatch collection on S3 (moto, behind a proxy that logs every request) read through the cache:
+    # the first epoch fetches each object whole (one ranged GET per object of these sizes), the second
+    # reads every range from the mapped entries: no request at all. Every row once, both epochs.
+    with FaultProxy(s3.endpoint_url) as proxy:
+        source = ts.open("s3://cells/stores/collection.zarr", cache_dir=tmp_path / "cache", endpoint_url=proxy.url)
+        local = ts.open(s3.local_copy / "collection.zarr")
+        dataset = ts.ShardedDataset(source, ts.BlockShuffling(block_size=8), batch_size=32)
+        for epoch in range(2):
+            dataset.set_epoch(epoch)
+            proxy.reset_log()
+            batches = list(dataset)
+            seen = torch.cat([batch["index"] for batch in batches])
+            assert sorted(seen.tolist()) == list(range(len(source)))
+            for batch in batches[:4]:
+                same_batches({k: v for k, v in batch.items() if k != "index"}, local.read(batch["index"]))
+            ranged = ranged_gets(proxy, "/")
+            if epoch == 0:
+                paths = [path for _, path, _ in ranged]
+                assert ranged and len(paths) == len(set(paths)), ranged  # each object fetched once
+            else:
+                assert proxy.requests == [], proxy.requests[:10]
+    entries = [f for f in (tmp_path / "cache").rglob("*") if f.is_file() and f.parent != tmp_path / "cache"]
+    assert entries and not any(f.name.endswith(".lock") for f in entries)  # no lock file left behind
+
+
+def entry_sizes(cache):
+    return [f.stat().st_size for f in cache.rglob("*") if f.is_file() and f.parent != cache]
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_cache_whole_bytes_chooses_whole_or_ranged_entries(data_dir, http, tmp_path, whole):
+    # Shards (about 6 kB each here) cached whole by default; with cache_whole_bytes below their size, range
+    # by range. Either way the second read is served from the cache.
+    cache = tmp_path / "cache"
+    options = {"cache_dir": cache} if whole else {"cache_dir": cache, "cache_whole_bytes": 1000}
+    shard = max(f.stat().st_size for f in (data_dir / "sharded.zarr" / "c").rglob("*") if f.is_file())
+    local = source_of(data_dir, "sharded.zarr").read(ROW_SETS[1])
+    same_batches(local, source_of(http.url, "sharded.zarr", **options).read(ROW_SETS[1]))
+    assert (max(entry_sizes(cache)) > shard) == whole
+    http.reset_log()
+    same_batches(local, source_of(http.url, "sharded.zarr", **options).read(ROW_SETS[1]))
+    assert ranged_gets(http, "/") == []
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_share_one_download_of_an_h5ad(data_dir, tmp_path, context):
+    # One server per test: its log holds this test's requests only. The .h5ad is fetched whole once,
+    # by whichever process reads it first; the workers map the entry.
+    with RangeHTTPServer(data_dir) as server:
+        source = source_of(server.url, "cells.h5ad", cache_dir=tmp_path / "cache")
+        dataset = ts.ShardedDataset(source, ts.BlockShuffling(block_size=16), batch_size=32)
+        loader = DataLoader(dataset, batch_size=None, num_workers=3, multiprocessing_context=context)
+        local = source_of(data_dir, "cells.h5ad")
+        for _ in range(2):
+            batches = list(loader)
+            seen = torch.cat([batch["index"] for batch in batches])
+            assert sorted(seen.tolist()) == list(range(ROWS))
+            for batch in batches[:3]:
+                same_batches({k: v for k, v in batch.items() if k != "index"}, local.read(batch["index"]))
+        size = (data_dir / "cells.h5ad").stat().st_size
+        assert ranged_gets(server, "cells.h5ad") == [("GET", "/cells.h5ad", f"bytes=0-{size - 1}")]
+
+
+def test_a_damaged_whole_entry_is_fetched_again(data_dir, tmp_path):
+    # A damaged entry is a miss (removed), never wrong data: read in a spawned process (which maps the
+    # entries afresh; this process keeps its own mappings).
+    with RangeHTTPServer(data_dir) as server:
+        cache = tmp_path / "cache"
+        source = source_of(server.url, "plain.h5", cache_dir=cache)
+        expected = source_of(data_dir, "plain.h5").read(ROW_SETS[0])
+        same_batches(expected, source.read(ROW_SETS[0]))
+        (entry,) = [f for f in cache.rglob("*") if f.is_file() and f.parent != cache]
+        data = bytearray(entry.read_bytes())
+        data[-100] ^= 0x5A
+        replacement = entry.with_name(entry.name + ".new")
+        replacement.write_bytes(bytes(data))
+        os.replace(replacement, entry)  # as a bad disk would leave it; the mapping here keeps the old file
+        server.reset_log()
+        dataset = ts.ShardedDataset(source, ts.BlockShuffling(block_size=16), batch_size=ROWS)
+        loader = DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context="spawn")
+        batches = list(loader)
+        index = torch.cat([batch["index"] for batch in batches])
+        values = torch.cat([batch["X"] for batch in batches])
+        assert torch.equal(values[torch.argsort(index)], expected["X"])
+        assert len(ranged_gets(server, "plain.h5")) == 1  # fetched again, whole
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
         ({"max_requests": 0}, "max_requests"),
         ({"cache_bytes": -1}, "cache_bytes"),
+        ({"cache_whole_bytes": -1}, "cache_whole_bytes"),
         ({"timeout": "soon"}, "timeout"),
         ({"storage": {"colour": 1}}, "unknown storage option"),
         ({"endpoint_url": "http://127.0.0.1:1"}, "apply to s3:// URLs only"),

@@ -280,12 +280,13 @@ std::shared_ptr<const MappedEntry> ObjectStore::whole(const Url& url, const Obje
                                                       const std::function<std::string()>& what) const {
   if (!cache_ || stamp.etag.empty() || stamp.size <= 0 || stamp.size > options_.whole_object_bound()) return nullptr;
   const std::string key = whole_key(url, stamp);
+  const std::string mapped_key = cache_->dir() + '\n' + key;  // this process's mappings: of this cache
   WholeObjects& table = per_process<WholeObjects>();
   std::shared_ptr<std::timed_mutex> fetching;
   {
     std::lock_guard<std::mutex> lock(table.mutex);
-    if (std::shared_ptr<const MappedEntry> entry = table.find(key)) return entry;
-    std::shared_ptr<std::timed_mutex>& slot = table.fetching[key];
+    if (std::shared_ptr<const MappedEntry> entry = table.find(mapped_key)) return entry;
+    std::shared_ptr<std::timed_mutex>& slot = table.fetching[mapped_key];
     if (!slot) slot = std::make_shared<std::timed_mutex>();
     fetching = slot;
   }
@@ -294,7 +295,7 @@ std::shared_ptr<const MappedEntry> ObjectStore::whole(const Url& url, const Obje
   const bool held = mine.try_lock_for(std::chrono::duration<double>(kWholeWaitSeconds));
   const auto done = [&] {
     std::lock_guard<std::mutex> lock(table.mutex);
-    auto it = table.fetching.find(key);
+    auto it = table.fetching.find(mapped_key);
     if (it != table.fetching.end() && it->second.use_count() <= 2) table.fetching.erase(it);  // the table's and ours
   };
   if (!held) {
@@ -303,7 +304,7 @@ std::shared_ptr<const MappedEntry> ObjectStore::whole(const Url& url, const Obje
   }
   {
     std::lock_guard<std::mutex> lock(table.mutex);
-    if (std::shared_ptr<const MappedEntry> entry = table.find(key)) {
+    if (std::shared_ptr<const MappedEntry> entry = table.find(mapped_key)) {
       mine.unlock();
       done();
       return entry;
@@ -335,7 +336,7 @@ std::shared_ptr<const MappedEntry> ObjectStore::whole(const Url& url, const Obje
   }
   if (entry) {
     std::lock_guard<std::mutex> lock(table.mutex);
-    table.recent.emplace_front(key, entry);
+    table.recent.emplace_front(mapped_key, entry);
     if (table.recent.size() > kMappedObjects) table.recent.pop_back();
   }
   mine.unlock();
@@ -359,7 +360,7 @@ void ObjectStore::read(const Url& url, const ObjectStamp& stamp, std::vector<Ran
     });
     if (copied) return;
     // The entry's file was cut short behind the cache's back: forget the mapping, read the ranges.
-    per_process<WholeObjects>().forget(whole_key(url, stamp));
+    per_process<WholeObjects>().forget(cache_->dir() + '\n' + whole_key(url, stamp));
   }
   // What the cache lacks, by offset.
   std::vector<const RangeRead*> missing;
