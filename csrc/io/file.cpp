@@ -288,7 +288,25 @@ File::~File() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+const uint8_t* File::remote_mapping(core::FunctionRef<std::string()> what) const {
+  if (const uint8_t* data = whole_data_.load(std::memory_order_acquire)) return data;
+  if (size_ == 0 || whole_missing_.load(std::memory_order_relaxed)) return nullptr;
+  // Outside the lock: this may fetch the object (the store lets one thread of the process do it).
+  std::shared_ptr<const storage::MappedEntry> entry = storage::map_remote(*remote_, [&] { return what(); });
+  if (!entry) {
+    whole_missing_.store(true, std::memory_order_relaxed);
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(first_use_mutex());
+  if (!whole_) {
+    whole_ = std::move(entry);
+    whole_data_.store(whole_->data(), std::memory_order_release);
+  }
+  return whole_data_.load(std::memory_order_acquire);
+}
+
 const uint8_t* File::mapping() const {
+  if (remote_) return remote_mapping([] { return std::string("the object"); });
   if (!map_ || size_ == 0) return nullptr;
   if (const uint8_t* mapped = mapped_.load(std::memory_order_acquire)) return mapped;
   const int fd = descriptor();  // before the lock: descriptor() takes it to reopen in a new process
@@ -373,7 +391,7 @@ void File::read_at(int64_t offset, size_t bytes, void* out, core::FunctionRef<st
                    bool streaming) const {
   if (!contains(offset, bytes)) check_range(offset, bytes, what());  // raises
   note_use();
-  if (remote_) {
+  if (remote_ && remote_mapping(what) == nullptr) {
     read_remote({Range{offset, bytes, out}}, what);
     return;
   }
@@ -413,6 +431,14 @@ void File::read_ranges(const std::vector<Range>& ranges, core::FunctionRef<std::
     return;
   }
   note_use();
+  if (const uint8_t* mapped = remote_mapping(what)) {
+    for (const Range& range : ranges) {
+      if (range.bytes > 0 && !guarded_copy(range.out, mapped + range.offset, range.bytes, false)) {
+        throw mapping_fault(path_, range.offset, range.bytes, what());
+      }
+    }
+    return;
+  }
   read_remote(ranges, what);
 }
 

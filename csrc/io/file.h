@@ -8,8 +8,10 @@
 //
 // Paths may be URLs (s3://, http://, https://: storage/url.h): a File of a
 // URL is an object stamped with its size and ETag when opened, read with
-// ranged requests (storage/object_store.h), never mapped; the functions
-// below take URLs too.
+// ranged requests (storage/object_store.h); the functions below take URLs
+// too. With a cache and an object it holds whole (cache_whole_bytes), the
+// File keeps the cache entry's mapping from its first read on and reads it
+// as it reads a mapped local file.
 //
 // A file rewritten while a job reads it would hand out rows that mix old and
 // new contents: each File keeps the stamp it had when opened (FileStamp), and
@@ -36,7 +38,8 @@ namespace torch_shards::io {
 
 namespace storage {
 struct RemoteObject;
-}
+class MappedEntry;
+}  // namespace storage
 
 // What tells one state of a file from another: the file itself (device and
 // inode: a path replaced by a rename has another) and when it last changed
@@ -131,11 +134,18 @@ class File {
 
   File(std::string path, std::shared_ptr<const storage::RemoteObject> remote);
   void read_remote(const std::vector<Range>& ranges, core::FunctionRef<std::string()> what) const;
+  // The object's whole cache entry, mapped (fetched at the first call), or null: not held whole.
+  const uint8_t* remote_mapping(core::FunctionRef<std::string()> what) const;
 
   std::string path_;
   int64_t size_ = 0;
   bool map_ = false;
   std::shared_ptr<const storage::RemoteObject> remote_;  // set for an object behind a URL
+  // Its whole cache entry once mapped (inherited through a fork: read-only, still valid), or
+  // whole_missing_ once the cache said it does not hold it whole.
+  mutable std::shared_ptr<const storage::MappedEntry> whole_;
+  mutable std::atomic<const uint8_t*> whole_data_{nullptr};
+  mutable std::atomic<bool> whole_missing_{false};
   mutable std::atomic<int> fd_{-1};
   mutable std::atomic<int> owner_pid_{0};
   mutable std::atomic<const uint8_t*> mapped_{nullptr};

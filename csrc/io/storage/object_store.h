@@ -47,8 +47,9 @@ struct RangeRead {
 
 class ObjectStore {
  public:
-  // A whole object is fetched in ranged GETs of this many bytes, all requested together.
-  static constexpr int64_t kWholePartBytes = int64_t{16} << 20;
+  // A whole object is fetched in ranged GETs of this many bytes, all requested together (many
+  // connections at once: a server answers each at a fraction of what it answers in all).
+  static constexpr int64_t kWholePartBytes = int64_t{8} << 20;
   // Mappings of whole objects each process keeps (least recently used dropped).
   static constexpr size_t kMappedObjects = 64;
   // How long a read waits for another process (or thread) fetching the same whole object before it
@@ -74,6 +75,10 @@ class ObjectStore {
   // it holds them. what() names the bytes in messages.
   void read(const Url& url, const ObjectStamp& stamp, std::vector<RangeRead>& ranges,
             const std::function<std::string()>& what) const;
+  // The object's whole cache entry, mapped (fetched first when missing), or null (not cacheable whole,
+  // the cache cannot store it, or another's fetch took too long).
+  std::shared_ptr<const MappedEntry> whole(const Url& url, const ObjectStamp& stamp,
+                                           const std::function<std::string()>& what) const;
   // The entries directly below `dir` (name, is a "directory"), sorted: S3
   // listings; over HTTP there are none to ask for (Unsupported).
   std::vector<std::pair<std::string, bool>> list(const Url& dir) const;
@@ -87,10 +92,6 @@ class ObjectStore {
  private:
   std::string request_url(const Url& url) const;  // where requests for `url` go
   std::string bucket_url() const;                 // s3: the bucket's URL, for listings
-  // The object's whole cache entry, mapped (fetched first when missing), or null (not cacheable whole,
-  // the cache cannot store it, or another's fetch took too long).
-  std::shared_ptr<const MappedEntry> whole(const Url& url, const ObjectStamp& stamp,
-                                           const std::function<std::string()>& what) const;
   // Throws the error of a ranged GET's answer unless it holds the range asked for of the version stamped.
   void check_ranged(const Url& url, const ObjectStamp& stamp, const HttpRequest& request, const HttpResponse& response,
                     const std::function<std::string()>& what) const;

@@ -45,6 +45,10 @@ void read_remote(const RemoteObject& object, std::vector<RangeRead>& ranges, con
   ObjectStore::of(object.url)->read(object.url, object.stamp, ranges, what);
 }
 
+std::shared_ptr<const MappedEntry> map_remote(const RemoteObject& object, const std::function<std::string()>& what) {
+  return ObjectStore::of(object.url)->whole(object.url, object.stamp, what);
+}
+
 std::optional<ObjectStamp> stat_remote(const std::string& text) {
   const Url url = parse_url(text);
   Recent& table = recent();

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -26,6 +27,9 @@ struct RemoteObject {
 std::optional<RemoteObject> open_remote(const std::string& url);
 // Reads ranges of an opened object (ObjectStore::read).
 void read_remote(const RemoteObject& object, std::vector<RangeRead>& ranges, const std::function<std::string()>& what);
+// The object's whole cache entry, mapped (fetched first when missing), or null when the cache does
+// not hold it whole (ObjectStore::whole).
+std::shared_ptr<const MappedEntry> map_remote(const RemoteObject& object, const std::function<std::string()>& what);
 // The object's stamp (kept a few seconds), or nullopt when there is none.
 std::optional<ObjectStamp> stat_remote(const std::string& url);
 // An object at `url`, or objects below it.
