@@ -199,8 +199,15 @@ class ShardedChunkStore : public ChunkStore {
   bool can_locate() const override { return true; }
   bool maps_chunks() const override { return true; }
   // Shards behind URLs: the indexes a read needs are loaded in parallel
-  // first, then each shard's chunks requested together.
-  bool reads_together() const override { return storage::is_url(dir_); }
+  // first, then each shard's chunks requested together; unless every shard
+  // opened so far is held whole in the node-local cache, mapped
+  // (storage/object_store.h): its chunks are then decoded where they lie, as
+  // from a local shard. A shard opened later that is not held whole turns
+  // requests together back on.
+  bool reads_together() const override {
+    return storage::is_url(dir_) && (shards_in_ranges_.load(std::memory_order_relaxed) > 0 ||
+                                     shards_held_whole_.load(std::memory_order_relaxed) == 0);
+  }
   std::vector<std::optional<std::vector<uint8_t>>> read_chunks(const std::vector<std::vector<int64_t>>& coords,
                                                                core::ThreadPool& pool) const override {
     std::map<std::vector<int64_t>, size_t> first_of_shard;  // a chunk of each shard touched
@@ -352,6 +359,7 @@ class ShardedChunkStore : public ChunkStore {
     }
     const int64_t index_offset = layout_.index_at_start ? 0 : file.size() - static_cast<int64_t>(index_bytes);
     std::vector<uint8_t> bytes = file.read_at(index_offset, index_bytes, "the shard index");
+    if (file.remote()) (file.mapped() ? shards_held_whole_ : shards_in_ranges_).fetch_add(1, std::memory_order_relaxed);
     if (layout_.index_crc32c) {
       try {
         strip_crc32c(bytes);
@@ -391,6 +399,8 @@ class ShardedChunkStore : public ChunkStore {
   int64_t indexed_shards_ = -1;  // shards in the grid, or -1: more than kMaxIndexedShards
   mutable std::unique_ptr<Cache> cache_;
   mutable std::atomic<int> cache_pid_{0};
+  // Shards behind URLs opened so far: held whole (mapped) in the cache, or read in ranges.
+  mutable std::atomic<int64_t> shards_held_whole_{0}, shards_in_ranges_{0};
 };
 
 }  // namespace
