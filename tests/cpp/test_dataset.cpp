@@ -19,6 +19,7 @@
 
 #include <torch_shards/torch_shards.h>
 #include "loader/dataset_door.h"
+#include "temp_dir.h"
 
 namespace ts = torch_shards;
 
@@ -63,18 +64,7 @@ std::string error_of(F&& make) {
   return "no exception";
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "torch_shards_test_XXXXXX").string();
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return (std::filesystem::path(path_) / name).string(); }
-
- private:
-  std::string path_;
-};
+using torch_shards::testing_support::TempDir;
 
 }  // namespace
 

@@ -30,6 +30,7 @@
 #include "io/decode_plan/decode_plan.h"
 #include "io/decode_plan/nvcomp_library.h"
 #include "io/zarr/array.h"
+#include "temp_dir.h"
 
 namespace torch_shards::io::decode_plan {
 namespace {
@@ -39,30 +40,8 @@ using Bytes = std::vector<uint8_t>;
 using Shape = std::vector<int64_t>;
 using json = nlohmann::json;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "test_decode_plan_XXXXXX").string();
-    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    root_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(root_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return root_; }
-
- private:
-  std::string root_;
-};
-
-void write_file(const std::string& path, const Bytes& bytes) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
+using testing_support::TempDir;
+using testing_support::write_file;
 
 void write_json(const std::string& path, const json& value) {
   const std::string text = value.dump(2);

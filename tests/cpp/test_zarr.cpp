@@ -30,6 +30,7 @@
 #include "io/text.h"
 #include "io/zarr/array.h"
 #include "io/zarr/group.h"
+#include "temp_dir.h"
 
 namespace torch_shards::io {
 namespace {
@@ -42,32 +43,8 @@ using json = nlohmann::json;
 // ---------------------------------------------------------------------------
 // Files
 
-class TempStore {
- public:
-  TempStore() {
-    std::string pattern = (fs::temp_directory_path() / "test_zarr_XXXXXX").string();
-    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    root_ = pattern;
-  }
-  ~TempStore() {
-    std::error_code ignored;
-    fs::remove_all(root_, ignored);
-  }
-  TempStore(const TempStore&) = delete;
-  TempStore& operator=(const TempStore&) = delete;
-
-  const std::string& path() const { return root_; }
-
- private:
-  std::string root_;
-};
-
-void write_file(const std::string& path, const Bytes& bytes) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
+using testing_support::TempDir;
+using testing_support::write_file;
 
 void write_text(const std::string& path, const std::string& text) { write_file(path, Bytes(text.begin(), text.end())); }
 
@@ -456,7 +433,7 @@ void expect_read_error(Action&& action, const std::string& store, const std::str
 // zarr v2
 
 TEST(ZarrV2, COrderUncompressedWithEdgeChunks) {
-  TempStore store;
+  TempDir store;
   const Shape shape{7, 5}, chunks{3, 2};
   const auto values = sample_values<float>(product(shape));
   const std::string dir = store.path() + "/X/data";
@@ -476,7 +453,7 @@ TEST(ZarrV2, COrderUncompressedWithEdgeChunks) {
 }
 
 TEST(ZarrV2, FortranOrder3D) {
-  TempStore store;
+  TempDir store;
   const Shape shape{5, 4, 3}, chunks{2, 3, 2};
   const auto values = sample_values<int32_t>(product(shape));
   write_json(store.path() + "/.zarray", v2_metadata(shape, chunks, "<i4", {{"id", "zlib"}, {"level", 1}}, "F"));
@@ -490,7 +467,7 @@ TEST(ZarrV2, FortranOrder3D) {
 }
 
 TEST(ZarrV2, BigEndianTypes) {
-  TempStore store;
+  TempDir store;
   const Shape shape{10, 3}, chunks{4, 2};
   const auto doubles = sample_values<double>(product(shape));
   const auto shorts = sample_values<int16_t>(product(shape));
@@ -512,7 +489,7 @@ TEST(ZarrV2, BigEndianTypes) {
 }
 
 TEST(ZarrV2, MissingChunksReadAsFillValue) {
-  TempStore store;
+  TempDir store;
   const Shape shape{9, 4}, chunks{3, 3};
   const auto values = sample_values<float>(product(shape));
   const auto missing = [](const Shape& c) { return (c[0] == 1 && c[1] == 0) || c[0] == 2; };
@@ -556,7 +533,7 @@ TEST(ZarrV2, MissingChunksReadAsFillValue) {
 }
 
 TEST(ZarrV2, IntegerAndBoolFillValues) {
-  TempStore store;
+  TempDir store;
   const Shape shape{6}, chunks{4};
   json metadata = v2_metadata(shape, chunks, "<i8");
   metadata["fill_value"] = -7;
@@ -574,7 +551,7 @@ TEST(ZarrV2, IntegerAndBoolFillValues) {
 }
 
 TEST(ZarrV2, SlashDimensionSeparator) {
-  TempStore store;
+  TempDir store;
   const Shape shape{6, 5}, chunks{4, 2};
   const auto values = sample_values<uint16_t>(product(shape));
   json metadata = v2_metadata(shape, chunks, "<u2", {{"id", "gzip"}, {"level", 5}});
@@ -611,7 +588,7 @@ TEST(ZarrV2, EveryCompressor) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    TempStore store;
+    TempDir store;
     write_json(store.path() + "/.zarray", v2_metadata(shape, chunks, "<f8", c.compressor));
     write_chunks(
         store.path(), to_bytes(values), shape, chunks, 8, [](const Shape& x) { return v2_key(x, '.'); }, c.encode);
@@ -622,7 +599,7 @@ TEST(ZarrV2, EveryCompressor) {
 }
 
 TEST(ZarrV2, ThreeDimensionsSplitEverywhere) {
-  TempStore store;
+  TempDir store;
   const Shape shape{11, 7, 5}, chunks{4, 3, 2};
   const auto values = sample_values<int64_t>(product(shape));
   write_json(store.path() + "/.zarray",
@@ -637,7 +614,7 @@ TEST(ZarrV2, ThreeDimensionsSplitEverywhere) {
 }
 
 TEST(ZarrV2, ChunksLargerThanTheArray) {
-  TempStore store;
+  TempDir store;
   const Shape shape{3, 2}, chunks{10, 10};
   const auto values = sample_values<int32_t>(product(shape));
   write_json(store.path() + "/.zarray", v2_metadata(shape, chunks, "<i4"));
@@ -654,7 +631,7 @@ TEST(ZarrV3, DefaultKeyEncodingBothSeparators) {
   const auto values = sample_values<float>(product(shape));
   for (char separator : {'/', '.'}) {
     SCOPED_TRACE(separator);
-    TempStore store;
+    TempDir store;
     json metadata = v3_metadata(shape, chunks, "float32", json::array({bytes_codec()}));
     metadata["chunk_key_encoding"]["configuration"]["separator"] = std::string(1, separator);
     write_json(store.path() + "/a/zarr.json", metadata);
@@ -673,7 +650,7 @@ TEST(ZarrV3, V2KeyEncodingBothSeparators) {
   const auto values = sample_values<int32_t>(product(shape));
   for (char separator : {'.', '/'}) {
     SCOPED_TRACE(separator);
-    TempStore store;
+    TempDir store;
     json metadata = v3_metadata(shape, chunks, "int32", json::array({bytes_codec()}));
     metadata["chunk_key_encoding"] = {{"name", "v2"}};
     if (separator == '/') metadata["chunk_key_encoding"]["configuration"] = {{"separator", "/"}};
@@ -685,7 +662,7 @@ TEST(ZarrV3, V2KeyEncodingBothSeparators) {
 }
 
 TEST(ZarrV3, BigEndianBytesCodec) {
-  TempStore store;
+  TempDir store;
   const Shape shape{9, 4}, chunks{4, 3};
   const auto values = sample_values<double>(product(shape));
   write_json(store.path() + "/zarr.json",
@@ -700,7 +677,7 @@ TEST(ZarrV3, BigEndianBytesCodec) {
 }
 
 TEST(ZarrV3, ComplexBigEndianSwapsEachPart) {
-  TempStore store;
+  TempDir store;
   const Shape shape{5}, chunks{2};
   const auto values = sample_values<float>(10);  // 5 complex64 as (re, im) pairs
   write_json(store.path() + "/zarr.json", v3_metadata(shape, chunks, "complex64", json::array({bytes_codec("big")})));
@@ -711,7 +688,7 @@ TEST(ZarrV3, ComplexBigEndianSwapsEachPart) {
 }
 
 TEST(ZarrV3, TransposeCodecs) {
-  TempStore store;
+  TempDir store;
   const Shape shape{7, 5, 6}, chunks{3, 4, 5};
   const auto values = sample_values<uint32_t>(product(shape));
   const Shape order{2, 0, 1};
@@ -770,7 +747,7 @@ TEST(ZarrV3, BytesToBytesChains) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    TempStore store;
+    TempDir store;
     write_json(store.path() + "/zarr.json", v3_metadata(shape, chunks, "int16", c.codecs));
     write_chunks(
         store.path(), to_bytes(values), shape, chunks, 2, [](const Shape& x) { return v3_key(x); }, c.encode);
@@ -779,7 +756,7 @@ TEST(ZarrV3, BytesToBytesChains) {
 }
 
 TEST(ZarrV3, FillValues) {
-  TempStore store;
+  TempDir store;
   const Shape shape{3}, chunks{2};
   const auto fill_of = [&](const std::string& name, const std::string& data_type, const json& fill) {
     json metadata = v3_metadata(shape, chunks, data_type, json::array({bytes_codec()}));
@@ -819,7 +796,7 @@ TEST(ZarrV3, ShardingIndexAtEndAndStart) {
   for (bool at_start : {false, true}) {
     for (bool index_crc : {true, false}) {
       SCOPED_TRACE(std::string(at_start ? "start" : "end") + (index_crc ? " crc" : ""));
-      TempStore store;
+      TempDir store;
       write_json(store.path() + "/s/zarr.json",
                  v3_metadata(shape, shard, "float32",
                              json::array({sharding_codec(inner, inner_codecs, at_start, index_crc)})));
@@ -845,7 +822,7 @@ TEST(ZarrV3, ShardedBlockReadsOfWholeAndPartialChunks) {
                    {{"name", "blosc"},
                     {"configuration",
                      {{"typesize", 4}, {"cname", "lz4"}, {"clevel", 3}, {"shuffle", "shuffle"}, {"blocksize", 0}}}}});
-  TempStore store;
+  TempDir store;
   json metadata = v3_metadata(shape, shard, "float32", json::array({sharding_codec(inner, inner_codecs, false)}));
   metadata["fill_value"] = -2.5;
   write_json(store.path() + "/zarr.json", metadata);
@@ -884,7 +861,7 @@ TEST(ZarrV3, PartialChunkReadsCheckEachChunkWholeFirst) {
                    {{"name", "blosc"},
                     {"configuration",
                      {{"typesize", 4}, {"cname", "lz4"}, {"clevel", 5}, {"shuffle", "shuffle"}, {"blocksize", 0}}}}});
-  TempStore store;
+  TempDir store;
   write_json(store.path() + "/zarr.json",
              v3_metadata(shape, shard, "float32", json::array({sharding_codec(inner, inner_codecs, false)})));
   bool damaged = false;
@@ -929,7 +906,7 @@ TEST(ZarrV3, PartialChunkReadsCheckEachChunkWholeFirst) {
 TEST(ZarrV2, BlockReadsOfWholeRowChunks) {
   const Shape shape{97, 6}, chunks{8, 6};
   const auto values = sample_values<int32_t>(product(shape));
-  TempStore store;
+  TempDir store;
   write_json(store.path() + "/.zarray",
              v2_metadata(shape, chunks, "<i4",
                          {{"id", "blosc"}, {"cname", "lz4"}, {"clevel", 5}, {"shuffle", 1}, {"blocksize", 0}}));
@@ -941,7 +918,7 @@ TEST(ZarrV2, BlockReadsOfWholeRowChunks) {
 }
 
 TEST(ZarrV3, ShardingMissingInnerChunksAndShards) {
-  TempStore store;
+  TempDir store;
   const Shape shape{16, 6}, shard{8, 6}, inner{4, 3};
   const auto values = sample_values<int32_t>(product(shape));
   json metadata =
@@ -964,7 +941,7 @@ TEST(ZarrV3, ShardingMissingInnerChunksAndShards) {
 }
 
 TEST(ZarrV3, Sharded3DWithEdgeShardsAndInnerTranspose) {
-  TempStore store;
+  TempDir store;
   const Shape shape{13, 7, 5}, shard{6, 4, 4}, inner{3, 2, 2};
   const auto values = sample_values<uint16_t>(product(shape));
   const Shape order{1, 2, 0};
@@ -988,7 +965,7 @@ TEST(ZarrV3, Sharded3DWithEdgeShardsAndInnerTranspose) {
 }
 
 TEST(ZarrV3, ConcurrentReadsShareShardIndexes) {
-  TempStore store;
+  TempDir store;
   const Shape shape{64, 2}, shard{16, 2}, inner{1, 2};
   const auto values = sample_values<double>(product(shape));
   write_json(
@@ -1009,7 +986,7 @@ TEST(ZarrV3, ConcurrentReadsShareShardIndexes) {
 // Errors
 
 TEST(ZarrV3, ForkedChildReadsShardsThroughItsOwnIndexCache) {
-  TempStore store;
+  TempDir store;
   const std::string s = store.path();
   const Shape shape{16}, shard{8}, inner{2};
   const auto values = sample_values<int32_t>(16);
@@ -1030,7 +1007,7 @@ TEST(ZarrV3, ForkedChildReadsShardsThroughItsOwnIndexCache) {
 }
 
 TEST(ZarrErrors, Metadata) {
-  TempStore store;
+  TempDir store;
   const std::string s = store.path();
   const auto open = [&](const std::string& path) { return [&, path] { open_zarr_array(s, path); }; };
 
@@ -1086,7 +1063,7 @@ TEST(ZarrErrors, Metadata) {
 }
 
 TEST(ZarrErrors, CorruptChunks) {
-  TempStore store;
+  TempDir store;
   const std::string s = store.path();
   const Shape shape{8}, chunks{4};
   const auto values = sample_values<int32_t>(8);
@@ -1138,7 +1115,7 @@ TEST(ZarrErrors, CorruptChunks) {
 }
 
 TEST(ZarrErrors, CorruptShards) {
-  TempStore store;
+  TempDir store;
   const std::string s = store.path();
   const Shape shape{8}, shard{8}, inner{2};
   const auto values = sample_values<int32_t>(8);
@@ -1202,7 +1179,7 @@ Bytes vlen_encode(const std::vector<std::string>& items);
 // Sizes, shapes and types read from metadata: checked against the zarr
 // specification and against each other before anything is allocated.
 TEST(ZarrErrors, MetadataTypesAndSizesAreCheckedBeforeUse) {
-  TempStore store;
+  TempDir store;
   const std::string s = store.path();
   const auto open = [&](const std::string& path) { return [&, path] { open_zarr_array(s, path); }; };
 
@@ -1248,7 +1225,7 @@ TEST(ZarrErrors, MetadataTypesAndSizesAreCheckedBeforeUse) {
 }
 
 TEST(ZarrErrors, HugeDeclaredSizesFailBeforeAllocating) {
-  TempStore store;
+  TempDir store;
   const std::string s = store.path();
   core::ThreadPool pool(0);
   // The largest 1-D uint8 array: the chunk grid must not overflow, missing chunks read as the fill value.
@@ -1295,7 +1272,7 @@ TEST(ZarrErrors, HugeDeclaredSizesFailBeforeAllocating) {
 }
 
 TEST(ZarrErrors, RowsOutsideTheArray) {
-  TempStore store;
+  TempDir store;
   write_json(store.path() + "/.zarray", v2_metadata({4}, {2}, "<i4"));
   const auto array = open_zarr_array(store.path(), "/");
   core::ThreadPool pool(0);
@@ -1330,7 +1307,7 @@ Bytes utf32_encode(const std::vector<uint32_t>& code_points, size_t length) {
 const std::vector<std::string> kWords = {"alpha", "", "γάμμα", "delta-δ", "ε", "zeta 🦓", "eta"};
 
 TEST(ZarrStrings, V2VariableLength) {
-  TempStore store;
+  TempDir store;
   const std::string s = store.path();
   write_json(s + "/.zgroup", json{{"zarr_format", 2}});
   for (const std::string compression : {"none", "zstd", "blosc", "gzip"}) {
@@ -1376,7 +1353,7 @@ TEST(ZarrStrings, V2VariableLength) {
 }
 
 TEST(ZarrStrings, V2FixedLength) {
-  TempStore store;
+  TempDir store;
   const std::string s = store.path();
   write_json(s + "/u/.zarray", v2_metadata({3}, {2}, "<U4", {{"id", "zlib"}}));
   Bytes chunk0 = utf32_encode({'a', 'b', 'c', 'd'}, 4);
@@ -1406,7 +1383,7 @@ TEST(ZarrStrings, V2FixedLength) {
 }
 
 TEST(ZarrStrings, V3) {
-  TempStore store;
+  TempDir store;
   const std::string s = store.path();
   json metadata = v3_metadata({7}, {4}, "string", json::array({{{"name", "vlen-utf8"}}, {{"name", "zstd"}}}));
   metadata["fill_value"] = "";
@@ -1463,7 +1440,7 @@ TEST(ZarrStrings, V3) {
 
 // AnnData writes scalar strings (uns values) as 0-d arrays: one string.
 TEST(ZarrStrings, ZeroDimensional) {
-  TempStore store;
+  TempDir store;
   const std::string s = store.path();
   json metadata = v2_metadata({}, {}, "|O", {{"id", "zstd"}});
   metadata["filters"] = json::array({{{"id", "vlen-utf8"}}});
@@ -1483,7 +1460,7 @@ TEST(ZarrStrings, ZeroDimensional) {
 // inflated into a buffer that grows as the stream goes; a damaged stream is
 // still an error naming the chunk.
 TEST(ZarrStrings, ZlibAndGzipChunksInflateAsFarAsTheyGo) {
-  TempStore store;
+  TempDir store;
   const std::string s = store.path();
   std::vector<std::string> names;
   for (int i = 0; i < 5000; ++i) names.push_back("cell_" + std::to_string(i * 7919));
@@ -1509,7 +1486,7 @@ TEST(ZarrStrings, ZlibAndGzipChunksInflateAsFarAsTheyGo) {
 
 // Stores this reader refuses, with a message saying why.
 TEST(ZarrStrings, UnsupportedLayouts) {
-  TempStore store;
+  TempDir store;
   const std::string s = store.path();
   // Compression of whole shards would need every shard read whole.
   write_json(s + "/outer/zarr.json",
@@ -1522,7 +1499,7 @@ TEST(ZarrStrings, UnsupportedLayouts) {
 // Groups
 
 TEST(ZarrGroup, V2ChildrenAndAttributes) {
-  TempStore store;
+  TempDir store;
   const std::string s = store.path();
   write_json(s + "/.zgroup", json{{"zarr_format", 2}});
   write_text(s + "/.zattrs", R"({"encoding-type": "anndata", "encoding-version": "0.1.0", "nan": NaN})");
@@ -1564,7 +1541,7 @@ TEST(ZarrGroup, V2ChildrenAndAttributes) {
 }
 
 TEST(ZarrGroup, V3ChildrenAndAttributes) {
-  TempStore store;
+  TempDir store;
   const std::string s = store.path();
   write_json(s + "/zarr.json", json{{"zarr_format", 3}, {"node_type", "group"}, {"attributes", {{"k", 1}}}});
   write_json(s + "/layers/zarr.json", json{{"zarr_format", 3}, {"node_type", "group"}});
@@ -1585,7 +1562,7 @@ TEST(ZarrGroup, V3ChildrenAndAttributes) {
 }
 
 TEST(ZarrGroup, MissingChildren) {
-  TempStore store;
+  TempDir store;
   const std::string s = store.path();
   write_json(s + "/.zgroup", json{{"zarr_format", 2}});
   write_json(s + "/g/.zgroup", json{{"zarr_format", 2}});
