@@ -26,7 +26,8 @@ using torch_shards::io::File;
 namespace {
 
 std::string write_file(const std::string& name, size_t size) {
-  const std::string path = testing::TempDir() + "/" + name;
+  // named by this process too: another run of the suites may write the same name at the same time
+  const std::string path = testing::TempDir() + "/" + std::to_string(::getpid()) + "_" + name;
   std::ofstream out(path, std::ios::binary);
   for (size_t i = 0; i < size; ++i) out.put(static_cast<char>(i * 7 + 3));
   return path;

@@ -29,7 +29,8 @@ constexpr int64_t kColumns = 4;
 // A chunked int32 dataset with the Fletcher-32 filter, which torch_shards
 // leaves to HDF5's own reader; value at (r, c) is 10 r + c.
 std::string write_fletcher32_file(const std::string& name) {
-  const std::string path = testing::TempDir() + "/" + name;
+  // named by this process too: another run of the suites may write the same name at the same time
+  const std::string path = testing::TempDir() + "/" + std::to_string(::getpid()) + "_" + name;
   auto lock = hdf5_lock();
   Hid file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   const hsize_t dims[2] = {kRows, kColumns}, chunk[2] = {10, kColumns};

@@ -7,6 +7,7 @@
 // scale-offset chunks). Build once with -fsanitize=address,undefined.
 #include <gtest/gtest.h>
 #include <hdf5.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -28,8 +29,14 @@ namespace {
 
 using Bytes = std::vector<uint8_t>;
 
+// Files are named by this process too: another run of the suites (ctest -j, a second checkout) writes
+// the same names at the same time.
+std::string temp_path(const std::string& name) {
+  return testing::TempDir() + "/" + std::to_string(::getpid()) + "_" + name;
+}
+
 std::string write_bytes(const std::string& name, const Bytes& bytes) {
-  const std::string path = testing::TempDir() + "/" + name;
+  const std::string path = temp_path(name);
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   return path;
@@ -218,7 +225,7 @@ TEST(Hdf5Format, TruncatedOrInconsistentMessagesAreErrors) {
 class LibraryFile : public testing::Test {
  protected:
   void SetUp() override {
-    path_ = testing::TempDir() + "/library.h5";
+    path_ = temp_path("library.h5");
     auto lock = hdf5_lock();
     Hid file(H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
     const hsize_t dims[1] = {kRows};
