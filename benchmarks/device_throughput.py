@@ -145,15 +145,7 @@ def numa_placement():
                 out["gpu_numa_node"] = int(f.read())
         except (OSError, ValueError):
             pass
-    nodes = {}
-    try:
-        for name in sorted(os.listdir("/sys/devices/system/node")):
-            if name.startswith("node") and name[4:].isdigit():
-                with open(f"/sys/devices/system/node/{name}/cpulist") as f:
-                    nodes[name] = f.read().strip()
-    except OSError:
-        pass
-    out["nodes"] = nodes
+    out["nodes"] = machine.numa_nodes()
     return out
 
 

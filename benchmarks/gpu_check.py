@@ -58,18 +58,6 @@ def gpu_name():
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
-def numa_nodes():
-    nodes = {}
-    try:
-        for name in sorted(os.listdir("/sys/devices/system/node")):
-            if name.startswith("node") and name[4:].isdigit():
-                with open(f"/sys/devices/system/node/{name}/cpulist") as f:
-                    nodes[name] = f.read().strip()
-    except OSError:
-        pass
-    return nodes
-
-
 def machine_lines(gpu):
     import torch
 
@@ -77,7 +65,7 @@ def machine_lines(gpu):
         f"GPU: {gpu or 'none (no CUDA GPU)'}",
         f"CPU: {machine.cpu_description()}; {machine.platform_description()}",
         f"cores allowed: {len(os.sched_getaffinity(0))}; memory available: {machine.available_bytes() / 2**30:.1f} GiB",
-        f"NUMA nodes: {numa_nodes() or 'unknown'}",
+        f"NUMA nodes: {machine.numa_nodes() or 'unknown'}",
         f"torch {torch.__version__} (CUDA {torch.version.cuda}); Python {platform.python_version()}",
     ]
     if gpu and shutil.which("nvidia-smi"):

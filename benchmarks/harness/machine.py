@@ -31,6 +31,19 @@ def platform_description():
     return f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}"
 
 
+def numa_nodes():
+    """{"node0": "0-7", ...}: the machine's NUMA nodes and their CPUs (sysfs); {} where it cannot be read."""
+    nodes = {}
+    try:
+        for name in sorted(os.listdir("/sys/devices/system/node")):
+            if name.startswith("node") and name[4:].isdigit():
+                with open(f"/sys/devices/system/node/{name}/cpulist") as f:
+                    nodes[name] = f.read().strip()
+    except OSError:
+        pass
+    return nodes
+
+
 def pin(cores):
     """Pins this process to its first `cores` allowed CPUs (children started later inherit them) and
     returns them as taskset's list ("0,1")."""
