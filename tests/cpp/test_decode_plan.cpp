@@ -25,6 +25,7 @@
 
 #include "core/errors.h"
 #include "core/thread_pool.h"
+#include "encoders.h"
 #include "io/array.h"
 #include "io/decode_plan/cpu_executor.h"
 #include "io/decode_plan/decode_plan.h"
@@ -40,8 +41,12 @@ using Bytes = std::vector<uint8_t>;
 using Shape = std::vector<int64_t>;
 using json = nlohmann::json;
 
+using testing_support::blosc_compress;
+using testing_support::gzip_compress;
 using testing_support::TempDir;
 using testing_support::write_file;
+using testing_support::zlib_compress;
+using testing_support::zstd_compress;
 
 void write_json(const std::string& path, const json& value) {
   const std::string text = value.dump(2);
@@ -58,51 +63,12 @@ struct Codec {
   std::function<Bytes(const Bytes&)> encode;
 };
 
-Bytes zlib_encode(const Bytes& in) {
-  uLongf size = compressBound(in.size());
-  Bytes out(size);
-  EXPECT_EQ(compress2(out.data(), &size, in.data(), in.size(), 6), Z_OK);
-  out.resize(size);
-  return out;
-}
-
-Bytes gzip_encode(const Bytes& in) {
-  z_stream stream{};
-  EXPECT_EQ(deflateInit2(&stream, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
-  Bytes out(deflateBound(&stream, in.size()) + 32);
-  stream.next_in = const_cast<Bytef*>(in.data());
-  stream.avail_in = static_cast<uInt>(in.size());
-  stream.next_out = out.data();
-  stream.avail_out = static_cast<uInt>(out.size());
-  EXPECT_EQ(deflate(&stream, Z_FINISH), Z_STREAM_END);
-  out.resize(stream.total_out);
-  deflateEnd(&stream);
-  return out;
-}
-
-Bytes zstd_encode(const Bytes& in) {
-  Bytes out(ZSTD_compressBound(in.size()));
-  const size_t size = ZSTD_compress(out.data(), out.size(), in.data(), in.size(), 3);
-  EXPECT_FALSE(ZSTD_isError(size));
-  out.resize(size);
-  return out;
-}
-
 // Two zstd frames, each recording its size.
 Bytes zstd_two_frames(const Bytes& in) {
   const size_t half = in.size() / 2;
-  Bytes out = zstd_encode(Bytes(in.begin(), in.begin() + half));
-  const Bytes second = zstd_encode(Bytes(in.begin() + half, in.end()));
+  Bytes out = zstd_compress(Bytes(in.begin(), in.begin() + half));
+  const Bytes second = zstd_compress(Bytes(in.begin() + half, in.end()));
   out.insert(out.end(), second.begin(), second.end());
-  return out;
-}
-
-Bytes blosc_encode(const Bytes& in, size_t typesize, int shuffle, const char* cname, int clevel = 5) {
-  Bytes out(in.size() + BLOSC_MAX_OVERHEAD);
-  const int size =
-      blosc_compress_ctx(clevel, shuffle, typesize, in.size(), in.data(), out.data(), out.size(), cname, 0, 1);
-  EXPECT_GT(size, 0);
-  out.resize(static_cast<size_t>(std::max(size, 0)));
   return out;
 }
 
@@ -133,16 +99,16 @@ Codec blosc(const char* cname, int shuffle, size_t typesize, int clevel = 5) {
   v2["id"] = "blosc";
   return Codec{std::string("blosc ") + cname + " " + shuffle_name(shuffle) + " clevel " + std::to_string(clevel), v2,
                json::array({json{{"name", "blosc"}, {"configuration", v3_config}}}),
-               [=](const Bytes& in) { return blosc_encode(in, typesize, shuffle, cname, clevel); }};
+               [=](const Bytes& in) { return blosc_compress(in, typesize, shuffle, cname, clevel); }};
 }
 
 // Every codec the device path plans, for elements of `typesize` bytes.
 std::vector<Codec> device_codecs(size_t typesize) {
   std::vector<Codec> codecs{
       Codec{"none", nullptr, json::array(), [](const Bytes& in) { return in; }},
-      Codec{"zstd", json{{"id", "zstd"}, {"level", 3}}, json::array({json{{"name", "zstd"}}}), zstd_encode},
-      Codec{"zlib", json{{"id", "zlib"}, {"level", 6}}, json::array(), zlib_encode},
-      Codec{"gzip", json{{"id", "gzip"}, {"level", 6}}, json::array({json{{"name", "gzip"}}}), gzip_encode},
+      Codec{"zstd", json{{"id", "zstd"}, {"level", 3}}, json::array({json{{"name", "zstd"}}}), zstd_compress},
+      Codec{"zlib", json{{"id", "zlib"}, {"level", 6}}, json::array(), zlib_compress},
+      Codec{"gzip", json{{"id", "gzip"}, {"level", 6}}, json::array({json{{"name", "gzip"}}}), gzip_compress},
   };
   codecs[2].v3 = nullptr;  // zlib is v2 only
   for (const char* cname : {"lz4", "lz4hc", "zstd", "zlib"}) {
@@ -457,7 +423,7 @@ TEST(DecodePlan, PiecesAreTheStreamsOfBloscBlocks) {
   EXPECT_EQ(plan.scratch_bytes, 100000u);
   EXPECT_EQ(plan.staging_bytes, 100000u);
 
-  write_array(store.path(), "gzip", f, Codec{"gzip", json{{"id", "gzip"}}, json::array(), gzip_encode}, Layout::kV2,
+  write_array(store.path(), "gzip", f, Codec{"gzip", json{{"id", "gzip"}}, json::array(), gzip_compress}, Layout::kV2,
               values);
   const DecodePlan gzip = expect_same_as_reader(store.path(), "/gzip", "gzip");
   ASSERT_EQ(gzip.pieces.size(), 1u);
@@ -509,7 +475,7 @@ TEST(DecodePlan, ChainsTheDeviceCannotDecodeFallBackToTheHost) {
     for (int64_t r = 0; r < 250; ++r) {
       for (int64_t c = 0; c < 4; ++c) std::memcpy(&transposed[(c * 250 + r) * 4], &chunk[(r * 4 + c) * 4], 4);
     }
-    write_file(store.path() + "/fortran/" + key(coords, false), blosc_encode(transposed, 4, BLOSC_SHUFFLE, "lz4"));
+    write_file(store.path() + "/fortran/" + key(coords, false), blosc_compress(transposed, 4, BLOSC_SHUFFLE, "lz4"));
   });
   plan = expect_same_as_reader(store.path(), "/fortran", "fortran order");
   EXPECT_FALSE(plan.all_on_device());
@@ -523,7 +489,7 @@ TEST(DecodePlan, ChainsTheDeviceCannotDecodeFallBackToTheHost) {
                         {"configuration",
                          {{"cname", "lz4"}, {"clevel", 5}, {"shuffle", "shuffle"}, {"typesize", 4}, {"blocksize", 0}}}},
                    json{{"name", "gzip"}}}),
-      [](const Bytes& in) { return gzip_encode(blosc_encode(in, 4, BLOSC_SHUFFLE, "lz4")); }};
+      [](const Bytes& in) { return gzip_compress(blosc_compress(in, 4, BLOSC_SHUFFLE, "lz4")); }};
   write_array(store.path(), "two", f, two, Layout::kSharded, values);
   plan = expect_same_as_reader(store.path(), "/two", "two compressors");
   EXPECT_FALSE(plan.all_on_device());
@@ -605,7 +571,7 @@ TEST(BitUnshuffle, InvertsBitshuffle) {
     for (size_t elements : {8, 64, 100, 256}) {
       const Bytes values = random_bytes(typesize * elements, typesize * 1000 + elements, false);
       // c-blosc's bitshuffle of one block (a single one: blocksize = all of it), stored when it does not compress.
-      const Bytes frame = blosc_encode(values, typesize, BLOSC_BITSHUFFLE, "lz4");
+      const Bytes frame = blosc_compress(values, typesize, BLOSC_BITSHUFFLE, "lz4");
       Bytes decoded(values.size());
       ASSERT_EQ(blosc_decompress_ctx(frame.data(), decoded.data(), decoded.size(), 1), static_cast<int>(values.size()));
       ASSERT_EQ(decoded, values);

@@ -26,6 +26,7 @@
 
 #include "core/errors.h"
 #include "core/thread_pool.h"
+#include "encoders.h"
 #include "io/array.h"
 #include "io/text.h"
 #include "io/zarr/array.h"
@@ -43,8 +44,12 @@ using json = nlohmann::json;
 // ---------------------------------------------------------------------------
 // Files
 
+using testing_support::blosc_compress;
+using testing_support::gzip_compress;
 using testing_support::TempDir;
 using testing_support::write_file;
+using testing_support::zlib_compress;
+using testing_support::zstd_compress;
 
 void write_text(const std::string& path, const std::string& text) { write_file(path, Bytes(text.begin(), text.end())); }
 
@@ -62,45 +67,6 @@ Bytes to_bytes(const std::vector<T>& values) {
 
 // ---------------------------------------------------------------------------
 // Encoders (the real libraries)
-
-Bytes zlib_compress(const Bytes& in) {
-  uLongf size = compressBound(in.size());
-  Bytes out(size);
-  EXPECT_EQ(compress2(out.data(), &size, in.data(), in.size(), 6), Z_OK);
-  out.resize(size);
-  return out;
-}
-
-Bytes gzip_compress(const Bytes& in) {
-  z_stream stream{};
-  EXPECT_EQ(deflateInit2(&stream, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
-  Bytes out(deflateBound(&stream, in.size()) + 32);
-  stream.next_in = const_cast<Bytef*>(in.data());
-  stream.avail_in = static_cast<uInt>(in.size());
-  stream.next_out = out.data();
-  stream.avail_out = static_cast<uInt>(out.size());
-  EXPECT_EQ(deflate(&stream, Z_FINISH), Z_STREAM_END);
-  out.resize(stream.total_out);
-  deflateEnd(&stream);
-  return out;
-}
-
-Bytes zstd_compress(const Bytes& in) {
-  Bytes out(ZSTD_compressBound(in.size()));
-  const size_t size = ZSTD_compress(out.data(), out.size(), in.data(), in.size(), 3);
-  EXPECT_FALSE(ZSTD_isError(size));
-  out.resize(size);
-  return out;
-}
-
-Bytes blosc_compress(const Bytes& in, size_t typesize, int shuffle, const char* compressor) {
-  Bytes out(in.size() + BLOSC_MAX_OVERHEAD);
-  const int size =
-      blosc_compress_ctx(5, shuffle, typesize, in.size(), in.data(), out.data(), out.size(), compressor, 0, 1);
-  EXPECT_GT(size, 0);
-  out.resize(static_cast<size_t>(std::max(size, 0)));
-  return out;
-}
 
 // Bitwise reference CRC-32C (Castagnoli, reflected), independent of codecs.cpp.
 uint32_t reference_crc32c(const Bytes& data) {
