@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <torch_shards/torch_shards.h>
+#include "error_of.h"
 #include "loader/dataset_door.h"
 #include "temp_dir.h"
 
@@ -51,18 +52,7 @@ std::vector<int64_t> iota(int64_t count) {
   return out;
 }
 
-// The message a c10::Error carries, without its backtrace.
-template <typename Error, typename F>
-std::string error_of(F&& make) {
-  try {
-    make();
-  } catch (const Error& error) {
-    return error.msg();
-  } catch (const std::exception& error) {
-    return std::string("unexpected exception type: ") + error.what();
-  }
-  return "no exception";
-}
+using torch_shards::testing_support::error_of;
 
 using torch_shards::testing_support::TempDir;
 

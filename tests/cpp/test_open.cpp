@@ -13,37 +13,18 @@
 
 #include <torch_shards/torch_shards.h>
 
+#include "error_of.h"
+#include "temp_dir.h"
+
 namespace ts = torch_shards;
 
 namespace {
 
 const std::string kData = TORCH_SHARDS_TEST_DATA "/anndata";
 
-// The message a c10::Error carries, without its backtrace.
-template <typename Error, typename F>
-std::string error_of(F&& make) {
-  try {
-    make();
-  } catch (const Error& error) {
-    return error.msg();
-  } catch (const std::exception& error) {
-    return std::string("unexpected exception type: ") + error.what();
-  }
-  return "no exception";
-}
+using torch_shards::testing_support::error_of;
 
-class TempDir {
- public:
-  TempDir() : path_(std::filesystem::temp_directory_path() / ("ts_open_" + std::to_string(::getpid()))) {
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
+using torch_shards::testing_support::TempDir;
 
 // An HDF5 file (not AnnData) holding the 10 x 2 float dataset "/x".
 std::string write_hdf5(const TempDir& dir) {
