@@ -11,6 +11,7 @@
 
 #include "core/errors.h"
 #include "core/scratch_buffer.h"
+#include "core/waiting_tasks.h"
 #include "io/file.h"
 
 namespace torch_shards::io {
@@ -79,9 +80,13 @@ std::vector<std::optional<std::vector<uint8_t>>> ChunkStore::read_chunks(
     by_file[location->file.get()].push_back({location->offset, static_cast<size_t>(location->size), out[i]->data()});
     files[location->file.get()] = location->file;
   }
-  for (const auto& [file, ranges] : by_file) {
-    file->read_ranges(ranges, [&] { return concat(ranges.size(), " chunks"); });
-  }
+  // The files at once, each on a thread of its own (each read waits on its own round trips).
+  std::vector<std::pair<const File*, const std::vector<File::Range>*>> reads;
+  for (const auto& [file, ranges] : by_file) reads.emplace_back(file, &ranges);
+  core::run_waiting_tasks(static_cast<int64_t>(reads.size()), [&](int64_t k) {
+    const auto& [file, ranges] = reads[static_cast<size_t>(k)];
+    file->read_ranges(*ranges, [&] { return concat(ranges->size(), " chunks"); });
+  });
   return out;
 }
 

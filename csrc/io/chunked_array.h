@@ -43,7 +43,7 @@ class ChunkStore {
   // trip and many can be in flight at once.
   virtual bool reads_together() const { return false; }
   // read_chunk of each of `coords`, fetched together: located chunks by one
-  // File::read_ranges per file, others one by one.
+  // File::read_ranges per file (the files at once), others one by one.
   virtual std::vector<std::optional<std::vector<uint8_t>>> read_chunks(const std::vector<std::vector<int64_t>>& coords,
                                                                        core::ThreadPool& pool) const;
   // Where the chunk lives, for messages ("chunk (3, 0) at offset 1234").

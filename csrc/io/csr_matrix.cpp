@@ -14,6 +14,7 @@
 #include "core/errors.h"
 #include "core/radix_sort.h"
 #include "core/scratch_buffer.h"
+#include "core/waiting_tasks.h"
 
 namespace torch_shards::io {
 
@@ -446,7 +447,18 @@ void CsrMatrix::read_rows(const CsrPlan& plan, const std::vector<int64_t>* start
     });
   };
   const bool direct = stored == index_dtype;
-  if (!remote || starts != nullptr) read_segments(*data_, values_out);
+  // Behind URLs, values and indices are requested at once, each on a thread of its own (the first
+  // reads of a cold cache wait there for whole objects: both downloads run together).
+  const auto read_remote = [&](void* values, void* raw_indices) {
+    core::run_waiting_tasks(2, [&](int64_t part) {
+      if (part == 0) {
+        data_->read(segments, values, pool);
+      } else {
+        indices_->read(segments, raw_indices, pool);
+      }
+    });
+  };
+  if (!remote) read_segments(*data_, values_out);
   if (starts != nullptr && remote) {
     // Placed rows from arrays behind URLs: the indices read in one call into a staging laid out as the
     // output, then each segment converted (or copied) and checked into place.
@@ -455,7 +467,7 @@ void CsrMatrix::read_rows(const CsrPlan& plan, const std::vector<int64_t>* start
     for (const Segment& segment : segments) extent = std::max(extent, segment.dest + segment.length);
     thread_local core::ScratchBuffer placed_staging;
     uint8_t* staged = placed_staging.get(static_cast<size_t>(extent) * stored_bytes);
-    indices_->read(segments, staged, pool);
+    read_remote(values_out, staged);
     for (const Segment& segment : segments) {
       const uint8_t* from = staged + segment.dest * stored_bytes;
       uint8_t* out = static_cast<uint8_t*>(indices_out) + segment.dest * out_bytes;
@@ -479,15 +491,7 @@ void CsrMatrix::read_rows(const CsrPlan& plan, const std::vector<int64_t>* start
   uint8_t* raw =
       direct ? static_cast<uint8_t*>(indices_out) : staging.get(static_cast<size_t>(nnz) * dtype_size(stored));
   if (remote) {
-    // Both requested at once, each on its own thread.
-    pool.parallel_for(2, [&](int64_t part) {
-      core::ThreadPool inline_pool(0);
-      if (part == 0) {
-        data_->read(segments, values_out, inline_pool);
-      } else {
-        indices_->read(segments, raw, inline_pool);
-      }
-    });
+    read_remote(values_out, raw);
   } else {
     read_segments(*indices_, raw);
   }

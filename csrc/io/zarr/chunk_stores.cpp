@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/errors.h"
+#include "core/waiting_tasks.h"
 #include "io/codecs.h"
 #include "io/file.h"
 #include "io/storage/url.h"
@@ -212,10 +213,14 @@ class ShardedChunkStore : public ChunkStore {
                                                                core::ThreadPool& pool) const override {
     std::map<std::vector<int64_t>, size_t> first_of_shard;  // a chunk of each shard touched
     for (size_t i = 0; i < coords.size(); ++i) first_of_shard.emplace(shard_of(coords[i]), i);
-    std::vector<size_t> firsts;
-    for (const auto& [shard, i] : first_of_shard) firsts.push_back(i);
-    pool.parallel_for(static_cast<int64_t>(firsts.size()),
-                      [&](int64_t k) { (void)locate(coords[firsts[static_cast<size_t>(k)]]); });
+    // The shards not opened yet, opened at once (each open waits on round trips, or on the whole
+    // object's download into the cache).
+    std::vector<size_t> unopened;
+    for (const auto& [shard, i] : first_of_shard) {
+      if (!index_loaded(coords[i])) unopened.push_back(i);
+    }
+    core::run_waiting_tasks(static_cast<int64_t>(unopened.size()),
+                            [&](int64_t k) { (void)locate(coords[unopened[static_cast<size_t>(k)]]); });
     return ChunkStore::read_chunks(coords, pool);
   }
   std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const override {
@@ -279,6 +284,20 @@ class ShardedChunkStore : public ChunkStore {
       }
     }
     return *cache_;
+  }
+
+  // Whether the index of the shard holding `coords` is loaded in this process already.
+  bool index_loaded(const std::vector<int64_t>& coords) const {
+    Cache& cache = this->cache();
+    int64_t shard = indexed_shards_ >= 0 && !cache.indexed.empty() ? 0 : -1;
+    for (size_t d = 0; d < coords.size() && shard >= 0; ++d) {
+      const int64_t position = coords[d] / chunks_per_shard_[d];
+      shard = position < shard_grid_[d] ? shard * shard_grid_[d] + position : -1;
+    }
+    if (shard >= 0) return cache.indexed[static_cast<size_t>(shard)].loaded.load(std::memory_order_acquire) != nullptr;
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    const auto found = cache.slots.find(keys_.key(shard_of(coords)));
+    return found != cache.slots.end() && found->second->loaded.load(std::memory_order_acquire) != nullptr;
   }
 
   std::vector<int64_t> shard_of(const std::vector<int64_t>& coords) const {
