@@ -4,6 +4,7 @@ read compared with the same read of the local files."""
 
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -143,6 +144,22 @@ def test_an_unsigned_s3_endpoint_lists_a_collection(data_dir, tmp_path):
         local = ts.open(COLLECTION)
         same_batches(local.read(torch.arange(len(local))), remote.read(torch.arange(len(local))))
         assert not any("Authorization" in str(entry) for entry in server.requests)
+
+
+def test_the_same_s3_url_at_two_endpoints_is_two_objects(tmp_path):
+    # s3://public/a.zarr at two endpoints, one after the other in one process: what was learnt opening the
+    # first (its objects' ETags, its small objects) is never used for the second.
+    for name, rows in (("one", 40), ("two", 56)):
+        (tmp_path / name / "public").mkdir(parents=True)
+        values = np.full((rows, 3), rows, dtype=np.float32)
+        zarr.create_array(tmp_path / name / "public" / "a.zarr", shape=values.shape, chunks=(8, 3), dtype="float32")[
+            :
+        ] = values
+    with RangeHTTPServer(tmp_path / "one", s3_listing=True) as one, RangeHTTPServer(tmp_path / "two", s3_listing=True) as two:
+        for server, rows in ((one, 40), (two, 56)):
+            source = ts.open("s3://public/a.zarr", endpoint_url=server.url, anonymous=True)
+            assert len(source) == rows
+            assert torch.equal(source.read(torch.arange(rows))["X"], torch.full((rows, 3), float(rows)))
 
 
 def test_endpoint_url_option_overrides_the_environment(data_dir, s3, s3_credentials, monkeypatch):
@@ -301,6 +318,45 @@ def test_s3_collection_through_the_cache_second_epoch_makes_no_request(s3, s3_cr
                 assert proxy.requests == [], proxy.requests[:10]
     entries = [f for f in (tmp_path / "cache").rglob("*") if f.is_file() and f.parent != tmp_path / "cache"]
     assert entries and not any(f.name.endswith(".lock") for f in entries)  # no lock file left behind
+
+
+class RendezvousServer(RangeHTTPServer):
+    """Holds the first ranged GET of each of `names` (path endings) until one of each has arrived, at
+    most 5 s: a reader that requests them one after another is held the full 5 s, and `waited_out`
+    names what it held that long."""
+
+    def __init__(self, root, names):
+        super().__init__(root, s3_listing=True)
+        self.names, self.arrived, self.waited_out = names, set(), []
+        self.all_arrived = threading.Condition()
+
+    def record(self, method, path, range_header):
+        super().record(method, path, range_header)
+        name = next((n for n in self.names if path.endswith(n)), None)
+        if method != "GET" or range_header is None or name is None:
+            return
+        with self.all_arrived:
+            first = name not in self.arrived
+            self.arrived.add(name)
+            self.all_arrived.notify_all()
+            if first and not self.all_arrived.wait_for(lambda: len(self.arrived) == len(self.names), timeout=5):
+                self.waited_out.append(path)
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_values_and_indices_are_requested_together(tmp_path, cached):
+    # A CSR matrix's values and indices behind a URL: one read requests both at once, whether their shards
+    # are fetched whole into an empty cache (two downloads) or range by range (their chunks). A reader's
+    # threads all wait on the first read's requests, so one after the other would double its wait.
+    (tmp_path / "public").mkdir()
+    shutil.copytree(COLLECTION, tmp_path / "public" / "collection.zarr")
+    names = ["dataset_0/X/data/c/0", "dataset_0/X/indices/c/0"]
+    with RendezvousServer(tmp_path, names) as server:
+        options = {"cache_dir": tmp_path / "cache"} if cached else {}
+        remote = ts.open("s3://public/collection.zarr", endpoint_url=server.url, anonymous=True, **options)
+        rows = torch.tensor([3, 0, 7])  # in dataset_0's first shard
+        same_batches(ts.open(COLLECTION).read(rows), remote.read(rows))
+        assert server.arrived == set(names) and server.waited_out == []
 
 
 def entry_sizes(cache):

@@ -125,6 +125,10 @@ struct WholeObjects {
 
 }  // namespace
 
+std::string ObjectStore::key_of(const Url& url) {
+  return concat(url.scheme, "://", url.host, '\n', storage_options_for(url.text).resolved().identity());
+}
+
 std::shared_ptr<const ObjectStore> ObjectStore::of(const Url& url) {
   const StorageOptions options = storage_options_for(url.text).resolved();
   const std::string key = concat(url.scheme, "://", url.host, '\n', options.identity());
@@ -201,6 +205,16 @@ std::optional<ObjectStamp> ObjectStore::head(const Url& url) const {
   request.head = true;
   const HttpResponse response = client_->perform(request);
   if (response.status == 404) return std::nullopt;
+  if (response.status == 401 || response.status == 403) {
+    // An answer to HEAD has no body: a one-byte GET asks again, for the server's reason (S3's error code:
+    // SignatureDoesNotMatch, InvalidAccessKeyId, AccessDenied).
+    HttpRequest again;
+    again.url = request.url;
+    again.offset = 0;
+    again.size = 1;
+    const HttpResponse reason = client_->perform(again);
+    fail(url.text, reason.status == response.status ? reason : response, "cannot stat the object");
+  }
   if (response.status < 200 || response.status >= 300) fail(url.text, response, "cannot stat the object");
   if (response.total_size < 0) throw ReadError(concat(url.text, ": the server sent no Content-Length for the object"));
   return ObjectStamp{response.total_size, response.etag};

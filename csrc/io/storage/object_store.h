@@ -59,6 +59,9 @@ class ObjectStore {
   // The store for `url` with the options registered for it (storage_options.h):
   // one per bucket/host and options in each process.
   static std::shared_ptr<const ObjectStore> of(const Url& url);
+  // What tells stores apart: scheme, bucket or host, and the options registered for `url` (the
+  // endpoint among them). The same URL under another key is another object.
+  static std::string key_of(const Url& url);
 
   ObjectStore(const Url& url, const StorageOptions& options);
 

@@ -16,7 +16,8 @@ constexpr auto kKeep = std::chrono::seconds(10);  // how long stats and small ob
 constexpr size_t kSmallObject = 1 << 20;
 
 // This process's recent stats and small objects (per_process: a forked
-// child starts its own).
+// child starts its own), by recent_key: the same s3:// URL behind another
+// endpoint (or other options) is another object.
 struct Recent {
   std::mutex mutex;
   std::map<std::string, std::pair<Clock::time_point, std::optional<ObjectStamp>>> stats;
@@ -24,6 +25,8 @@ struct Recent {
 };
 
 Recent& recent() { return per_process<Recent>(); }
+
+std::string recent_key(const Url& url) { return ObjectStore::key_of(url) + '\n' + url.text; }
 
 template <typename Map>
 const typename Map::mapped_type::second_type* fresh(Map& map, const std::string& key) {
@@ -52,13 +55,14 @@ std::shared_ptr<const MappedEntry> map_remote(const RemoteObject& object, const 
 std::optional<ObjectStamp> stat_remote(const std::string& text) {
   const Url url = parse_url(text);
   Recent& table = recent();
+  const std::string key = recent_key(url);
   {
     std::lock_guard<std::mutex> lock(table.mutex);
-    if (const auto* known = fresh(table.stats, url.text)) return *known;
+    if (const auto* known = fresh(table.stats, key)) return *known;
   }
   std::optional<ObjectStamp> stamp = ObjectStore::of(url)->head(url);
   std::lock_guard<std::mutex> lock(table.mutex);
-  table.stats[url.text] = {Clock::now(), stamp};
+  table.stats[key] = {Clock::now(), stamp};
   return stamp;
 }
 
@@ -85,11 +89,13 @@ std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::
   if (etags != nullptr) etags->assign(texts.size(), "");
   Recent& table = recent();
   // Small objects read in the last seconds are reused (metadata asked for many times while opening).
+  std::vector<std::string> keys;
+  for (const std::string& text : texts) keys.push_back(recent_key(parse_url(text)));
   std::vector<size_t> wanted;
   {
     std::lock_guard<std::mutex> lock(table.mutex);
     for (size_t i = 0; i < texts.size(); ++i) {
-      const auto* known = etags == nullptr ? fresh(table.objects, texts[i]) : nullptr;
+      const auto* known = etags == nullptr ? fresh(table.objects, keys[i]) : nullptr;
       if (known != nullptr) {
         out[i] = *known;
       } else {
@@ -115,7 +121,7 @@ std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::
     for (size_t k = 0; k < entry.second.size(); ++k) {
       const size_t i = entry.second[k];
       if (etags == nullptr && (!got[k] || got[k]->size() <= kSmallObject))
-        table.objects[texts[i]] = {Clock::now(), got[k]};
+        table.objects[keys[i]] = {Clock::now(), got[k]};
       if (etags != nullptr) (*etags)[i] = got_etags[k];
       out[i] = std::move(got[k]);
     }
