@@ -506,6 +506,12 @@ std::vector<std::optional<std::vector<uint8_t>>> read_whole_files_if_exist(const
   return out;
 }
 
+std::optional<std::vector<uint8_t>> read_whole_file_if_exists(const std::string& path) {
+  if (storage::is_url(path)) return std::move(storage::read_remote_objects({path})[0]);
+  if (!file_exists(path)) return std::nullopt;
+  return read_whole_file(path);
+}
+
 bool file_exists(const std::string& path) {
   if (storage::is_url(path)) return storage::remote_exists(path);
   struct stat info {};

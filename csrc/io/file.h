@@ -202,6 +202,10 @@ std::vector<uint8_t> read_whole_file(const std::string& path);
 // fetched together. stamps (if given) gets each one's stamp.
 std::vector<std::optional<std::vector<uint8_t>>> read_whole_files_if_exist(const std::vector<std::string>& paths,
                                                                            std::vector<FileStamp>* stamps = nullptr);
+// A whole (small) file, or nullopt if it does not exist: behind a URL one
+// GET, where file_exists + read_whole_file would cost a HEAD first (and a
+// listing when there is no such object). ReadError naming it otherwise.
+std::optional<std::vector<uint8_t>> read_whole_file_if_exists(const std::string& path);
 bool file_exists(const std::string& path);
 bool is_directory(const std::string& path);
 // The entries of a directory (or the objects and prefixes below a URL):

@@ -22,6 +22,7 @@ struct Recent {
   std::mutex mutex;
   std::map<std::string, std::pair<Clock::time_point, std::optional<ObjectStamp>>> stats;
   std::map<std::string, std::pair<Clock::time_point, std::optional<std::vector<uint8_t>>>> objects;
+  std::map<std::string, std::pair<Clock::time_point, bool>> below;  // s3: whether objects lie below a prefix
 };
 
 Recent& recent() { return per_process<Recent>(); }
@@ -71,7 +72,18 @@ bool remote_exists(const std::string& url) { return stat_remote(url).has_value()
 bool remote_is_directory(const std::string& text) {
   const Url url = parse_url(text);
   if (stat_remote(url.text)) return false;
-  if (url.scheme == "s3") return ObjectStore::of(url)->has_objects_below(url);
+  if (url.scheme == "s3") {
+    Recent& table = recent();
+    const std::string key = recent_key(url);
+    {
+      std::lock_guard<std::mutex> lock(table.mutex);
+      if (const bool* known = fresh(table.below, key)) return *known;
+    }
+    const bool below = ObjectStore::of(url)->has_objects_below(url);
+    std::lock_guard<std::mutex> lock(table.mutex);
+    table.below[key] = {Clock::now(), below};
+    return below;
+  }
   for (const char* name : {"/zarr.json", "/.zgroup", "/.zarray"}) {
     if (stat_remote(url.text + name)) return true;
   }
@@ -122,6 +134,10 @@ std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::
       const size_t i = entry.second[k];
       if (etags == nullptr && (!got[k] || got[k]->size() <= kSmallObject))
         table.objects[keys[i]] = {Clock::now(), got[k]};
+      // What a HEAD would answer now (a stamp asked for next: a zarr.json's, as its store opens).
+      table.stats[keys[i]] = {Clock::now(), got[k] ? std::optional<ObjectStamp>(ObjectStamp{
+                                                          static_cast<int64_t>(got[k]->size()), got_etags[k]})
+                                                    : std::nullopt};
       if (etags != nullptr) (*etags)[i] = got_etags[k];
       out[i] = std::move(got[k]);
     }

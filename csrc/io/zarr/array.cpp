@@ -32,9 +32,17 @@ std::string normalize_zarr_path(const std::string& path) {
   return normalized.empty() ? "/" : normalized;
 }
 
-bool is_zarr_array(const std::string& dir) { return file_exists(dir + "/.zarray") || node_type_of(dir) == "array"; }
+// A node with a zarr.json is what it says (as zarr-python reads it, v3 first): behind a URL one request
+// (its bytes kept for the read that follows), no v2 file probed.
+bool is_zarr_array(const std::string& dir) {
+  const std::string type = node_type_of(dir);
+  return type.empty() ? has_metadata_file(dir, ".zarray") : type == "array";
+}
 
-bool is_zarr_group(const std::string& dir) { return file_exists(dir + "/.zgroup") || node_type_of(dir) == "group"; }
+bool is_zarr_group(const std::string& dir) {
+  const std::string type = node_type_of(dir);
+  return type.empty() ? has_metadata_file(dir, ".zgroup") : type == "group";
+}
 
 bool is_zarr_string_array(const std::string& store, const std::string& path) {
   return read_metadata(store, path).kind != ElementKind::kNumeric;

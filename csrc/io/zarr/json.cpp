@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "io/file.h"
+#include "io/storage/url.h"
 
 namespace torch_shards::io::zarr {
 
@@ -84,9 +85,9 @@ json parse_json(const std::string& text) {
 }
 
 std::optional<json> read_json_file(const std::string& dir, const std::string& name, const std::string& where) {
-  const std::string file = dir + "/" + name;
-  if (!file_exists(file)) return std::nullopt;
-  const std::vector<uint8_t> bytes = read_whole_file(file);
+  const std::optional<std::vector<uint8_t>> read = read_whole_file_if_exists(dir + "/" + name);
+  if (!read) return std::nullopt;
+  const std::vector<uint8_t>& bytes = *read;
   json value;
   try {
     value = parse_json(std::string(bytes.begin(), bytes.end()));
@@ -97,11 +98,17 @@ std::optional<json> read_json_file(const std::string& dir, const std::string& na
   return value;
 }
 
+bool has_metadata_file(const std::string& dir, const std::string& name) {
+  const std::string file = dir + "/" + name;
+  // Behind a URL: one GET of the (small) file, kept a few seconds for the read that follows.
+  return storage::is_url(file) ? read_whole_file_if_exists(file).has_value() : file_exists(file);
+}
+
 std::string node_type_of(const std::string& dir) {
-  const std::string file = dir + "/zarr.json";
-  if (!file_exists(file)) return "";
   try {
-    const std::vector<uint8_t> bytes = read_whole_file(file);
+    const std::optional<std::vector<uint8_t>> read = read_whole_file_if_exists(dir + "/zarr.json");
+    if (!read) return "";
+    const std::vector<uint8_t>& bytes = *read;
     const json value = parse_json(std::string(bytes.begin(), bytes.end()));
     if (value.is_object() && value.contains("node_type") && value["node_type"].is_string()) {
       return value["node_type"].get<std::string>();

@@ -31,6 +31,8 @@ std::optional<json> read_json_file(const std::string& dir, const std::string& na
 
 // The node_type of dir/zarr.json, or "" if there is none (or it is unreadable).
 std::string node_type_of(const std::string& dir);
+// Whether dir/name (a .zarray or .zgroup) exists; behind a URL, read whole (no HEAD, no listing).
+bool has_metadata_file(const std::string& dir, const std::string& name);
 
 // Helpers that turn malformed metadata into ReadErrors naming the array.
 class MetadataReader {
