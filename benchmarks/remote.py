@@ -19,6 +19,11 @@ measured), the clock started at the first batch:
     annbatch remote  annbatch's Loader on s3:// through zarr-python's ObjectStore over obstore
                      (annbatch's documented cloud setup), same server, same latency
 
+The limits, measured in the same run: what the server delivers (curl, 16 whole objects at once) and
+answers (requests/s), and the cold limit: the collection's bytes at the server's rate (two round trips
+first) followed by a local epoch. A shuffled first epoch needs nearly every object before its first
+fetch decodes, so downloading and decoding cannot overlap there.
+
 BlockShuffling(block 64) / annbatch chunk_size 64, batch 256, 32 chunks per fetch, X only; torch_shards
 with its default threads (the CPUs locally, 32 reader threads for URLs), annbatch with its defaults.
 
@@ -163,7 +168,13 @@ def main():
         saved = results.read_json(args.out)
         keep = ("json", "report", "out", "results_name")
         args.__dict__.update({k: v for k, v in saved["args"].items() if k not in keep})
-        return report(args, saved["results"], saved["server_limit_bytes_per_s"], saved["server_limit_requests_per_s"])
+        return report(
+            args,
+            saved["results"],
+            saved["server_limit_bytes_per_s"],
+            saved["server_limit_requests_per_s"],
+            saved.get("collection_bytes"),
+        )
 
     sys.path.insert(0, os.path.join(cli.ROOT, "tests"))  # the tests' servers, not a package
     from remote_servers import RangeHTTPServer
@@ -224,10 +235,10 @@ def main():
         shutil.rmtree(served, ignore_errors=True)
         shutil.rmtree(cache, ignore_errors=True)
 
-    report(args, measured, limits, request_limits)
+    report(args, measured, limits, request_limits, sum(size for size, _ in collection_objects(collection)))
 
 
-def report(args, measured, limits, request_limits):
+def report(args, measured, limits, request_limits, collection_bytes=None):
     """Prints the table and writes it (txt) beside the measurements (json)."""
     local = [r["rate"] for r in measured["local"]]
     lines = [
@@ -259,6 +270,22 @@ def report(args, measured, limits, request_limits):
         "torch_shards remote / annbatch remote, per round: "
         + ", ".join(f"{a / b:.1f}x" for a, b in zip(remote, theirs)),
     ]
+    if collection_bytes:
+        # A shuffled first epoch needs (nearly) every object before its first fetch decodes: the download at the
+        # server's rate (two round trips: HEAD, then the parts) and a local epoch, one after the other.
+        cold_limits = [
+            args.rows / (collection_bytes / limit + 2 * args.latency + args.rows / base)
+            for limit, base in zip(limits, local)
+        ]
+        cold = [r["rate"] for r in measured["remote, cache epoch 1"]]
+        lines.append(
+            f"cold limit ({collection_bytes / 1e6:,.0f} MB at the server's rate, then a local epoch): "
+            f"{rounds.median(cold_limits):,.0f} rows/s, "
+            + ", ".join(f"{limit / base:.2f}" for limit, base in zip(cold_limits, local))
+            + " of local; cache epoch 1 at "
+            + ", ".join(f"{rate / limit:.2f}" for rate, limit in zip(cold, cold_limits))
+            + " of it"
+        )
     text = "\n".join(lines)
     print(text)
     saved_args = {k: v for k, v in vars(args).items() if k not in ("child_path", "results_name")}
@@ -269,6 +296,7 @@ def report(args, measured, limits, request_limits):
             "args": saved_args,
             "server_limit_bytes_per_s": limits,
             "server_limit_requests_per_s": request_limits,
+            "collection_bytes": collection_bytes,
             "results": measured,
         },
     )
