@@ -38,6 +38,8 @@ class CsrMatrix {
   std::string where() const;
   // Array::open_files of its three arrays.
   void open_files(std::vector<const File*>& files) const;
+  // Whether a read of it waits on requests (Array::remote of its three arrays).
+  bool remote() const { return indptr_->remote() || indices_->remote() || data_->remote(); }
   // Array::opened_stamps of its three arrays.
   void opened_stamps(FileStamps& stamps) const;
 

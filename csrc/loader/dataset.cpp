@@ -263,6 +263,10 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
   const int64_t cpu_threads = std::clamp<int64_t>(available_cpus() / num_workers, 1, kMaxThreads);
   reader.num_threads = options_.num_threads.value_or(
       reads_urls(*source_->get()) ? std::max(cpu_threads, kRemoteReaderThreads) : cpu_threads);
+  // Once reads wait on no request (every object held whole in the cache: a later epoch), the CPUs'
+  // share of them read, as for local files (32 threads on 2 CPUs read 20% fewer rows/s).
+  if (!options_.num_threads) reader.local_threads = cpu_threads;
+  if (!options_.prefetch) reader.local_prefetch = 2 * cpu_threads;
   // Two units per reader thread: small units are read one per thread and finish out of order, and
   // with one each, a thread whose unit is done waits for the slowest one to be taken (CSR at block
   // 64 on 2 threads: 10-16% more rows/s with two); the planning of large ones (whose copies all

@@ -87,6 +87,7 @@ void EpochReader::close() {
     stopping_ = true;
   }
   room_.notify_all();
+  sitting_out_.notify_all();
   unit_ready_.notify_all();
   if (threads_.empty()) return;
   const ReleasePythonGil unlocked;  // destroyed from Python, the GIL is held: the threads may need it
@@ -193,6 +194,13 @@ EpochReader::Unit EpochReader::read_piece(const Piece& piece, core::ThreadPool& 
   // Checked before anything of the unit is delivered.
   unit.batch =
       planned->fill_checked(std::vector<at::Tensor>(tensors.begin(), tensors.begin() + num_outputs), context, since);
+  const bool waits = planned->waits_on_requests();
+  if (waits && !reads_wait_.exchange(waits, std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(mutex_);  // a thread about to sit out sees the flag, or is notified
+    sitting_out_.notify_all();
+  } else if (!waits) {
+    reads_wait_.store(false, std::memory_order_relaxed);
+  }
   at::Tensor indexes = tensors[num_outputs];
   if (count > 0) std::memcpy(indexes.data_ptr<int64_t>(), rows.data(), rows.size() * sizeof(int64_t));
   unit.batch.insert("index", indexes);
@@ -227,10 +235,20 @@ void EpochReader::reader_loop(size_t thread) {
       // A piece starts while fewer than `prefetch` are out and their bytes are
       // under budget (none out always admits one, so a piece larger than the
       // budget still flows).
+      // Threads beyond local_threads sit out while reads wait on no request, on a condition of their
+      // own (room_ is notified at every read and take: waking them all each time would cost more
+      // than they save); a read that waits again wakes them, and they look now and then anyway.
+      if (options_.local_threads > 0 && static_cast<int64_t>(thread) >= options_.local_threads) {
+        while (!stopping_ && !failed_ && more_pieces() && !reads_wait_.load(std::memory_order_relaxed)) {
+          sitting_out_.wait_for(lock, std::chrono::milliseconds(50));
+        }
+      }
       room_.wait(lock, [&] {
         const int64_t out = claimed_ - delivered_;
+        const bool waits = reads_wait_.load(std::memory_order_relaxed);
+        const int64_t limit = waits || options_.local_prefetch == 0 ? ahead : std::min(ahead, options_.local_prefetch);
         return stopping_ || failed_ || !more_pieces() ||
-               (out < ahead && (out_bytes_ < options_.prefetch_bytes || out == 0));
+               (out < limit && (out_bytes_ < options_.prefetch_bytes || out == 0));
       });
       if (stopping_ || failed_ || !more_pieces()) return;
       piece = claim();

@@ -62,6 +62,12 @@ struct ReaderOptions {
   // for its batches' CSR row offsets (the consumer cuts it: split_into_batches).
   int64_t batch_size = 0;
   std::shared_ptr<BufferPool> buffers;  // recycled output memory; null: plain allocations
+  // > 0: while the last read waited on no request (a remote store's objects all held whole in the
+  // cache), only this many threads read, and local_prefetch units (if > 0) are read ahead: the other
+  // threads and the deeper read-ahead, there to overlap round trips, would only take turns on the
+  // CPUs and push the units out of the CPU's caches before they are taken. 0: as always.
+  int64_t local_threads = 0;
+  int64_t local_prefetch = 0;
 };
 
 class EpochReader {
@@ -153,6 +159,7 @@ class EpochReader {
   mutable std::mutex mutex_;
   std::condition_variable unit_ready_;  // consumer waits
   std::condition_variable room_;        // reader threads wait
+  std::condition_variable sitting_out_;  // threads beyond local_threads wait while reads wait on no request
   std::deque<Slot> slots_;              // pieces [delivered_, claimed_)
   std::vector<std::unique_ptr<std::thread>> threads_;
   std::vector<int64_t> thread_units_;
@@ -164,6 +171,7 @@ class EpochReader {
   bool failed_ = false;
 
   std::atomic<int64_t> rows_delivered_{0}, bytes_delivered_{0}, wait_us_{0}, read_us_{0};
+  std::atomic<bool> reads_wait_{true};  // the last read's PlannedRead::waits_on_requests
   int owner_pid_;
 };
 

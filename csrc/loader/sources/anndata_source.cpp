@@ -166,6 +166,12 @@ class AnnDataRead : public PlannedRead {
     visit_read_arrays(matrices_, obs_, [&](const auto& read) { read.open_files(files); });
   }
 
+  bool waits_on_requests() const override {
+    bool waits = false;
+    visit_read_arrays(matrices_, obs_, [&](const auto& read) { waits = waits || read.remote(); });
+    return waits;
+  }
+
  private:
   const std::vector<MatrixField>& matrices_;
   const std::vector<io::ObsColumn>& obs_;

@@ -1,6 +1,7 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "loader/sources/array_source.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/errors.h"
@@ -56,6 +57,10 @@ class ArrayRead : public PlannedRead {
 
   void open_files(std::vector<const io::File*>& files) const override {
     for (const auto& named : arrays_) named.second->open_files(files);
+  }
+
+  bool waits_on_requests() const override {
+    return std::any_of(arrays_.begin(), arrays_.end(), [](const auto& named) { return named.second->remote(); });
   }
 
  private:

@@ -164,6 +164,7 @@ class SinglePartRead : public PlannedRead {
   }
   CsrRead* shared_csr(const std::string& field) override { return parts_.front().read->shared_csr(field); }
   void open_files(std::vector<const io::File*>& files) const override { parts_.front().read->open_files(files); }
+  bool waits_on_requests() const override { return parts_.front().read->waits_on_requests(); }
 
  private:
   std::vector<PartRows> parts_;                                 // one; its rows are referred to by its read
@@ -271,6 +272,10 @@ class CollectionRead : public PlannedRead {
 
   void open_files(std::vector<const io::File*>& files) const override {
     for (const PartRows& part : parts_) part.read->open_files(files);
+  }
+
+  bool waits_on_requests() const override {
+    return std::any_of(parts_.begin(), parts_.end(), [](const PartRows& part) { return part.read->waits_on_requests(); });
   }
 
  private:

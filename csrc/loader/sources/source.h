@@ -100,6 +100,9 @@ class PlannedRead {
   // (check_unchanged), so that rows of a file rewritten meanwhile are never
   // delivered.
   virtual void open_files(std::vector<const io::File*>& /*files*/) const {}
+  // Whether the next read like this one would wait on requests to a server (io::Array::remote of what
+  // it reads): false once a remote store's objects are all held whole in the node-local cache.
+  virtual bool waits_on_requests() const { return false; }
   // Throws io's ReadError if a file this read used at or after `since`
   // (io::use_clock(), taken before the read was planned) changed.
   void check_unchanged(int64_t since) const;
