@@ -20,5 +20,11 @@ inline bool cpu_has_avx512() {
   return has;
 }
 
+// SSE4.2's crc32 instruction (CRC-32C).
+inline bool cpu_has_sse42() {
+  static const bool has = __builtin_cpu_supports("sse4.2");
+  return has;
+}
+
 }  // namespace torch_shards::core
 #endif

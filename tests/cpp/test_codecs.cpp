@@ -820,11 +820,13 @@ TEST(Codecs, Crc32cMatchesABitwiseReferenceAtEveryLengthAndAlignment) {
   const Bytes data = sample_data(4096, 16);
   for (size_t offset = 0; offset < 9; ++offset) {
     for (size_t size = 0; size + offset <= 300; ++size) {
-      ASSERT_EQ(crc32c(data.data() + offset, size), reference_crc32c(data.data() + offset, size))
-          << offset << " " << size;
+      const uint32_t expected = reference_crc32c(data.data() + offset, size);
+      ASSERT_EQ(crc32c(data.data() + offset, size), expected) << offset << " " << size;
+      ASSERT_EQ(crc32c_portable(data.data() + offset, size), expected) << offset << " " << size;
     }
   }
   EXPECT_EQ(crc32c(data.data() + 1, 4095), reference_crc32c(data.data() + 1, 4095));
+  EXPECT_EQ(crc32c_portable(data.data() + 1, 4095), reference_crc32c(data.data() + 1, 4095));
 }
 
 TEST(Codecs, ByteswapReversesEachElement) {

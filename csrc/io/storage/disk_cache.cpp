@@ -11,7 +11,6 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cstring>
@@ -21,6 +20,7 @@
 
 #include "core/errors.h"
 #include "core/stable_hash.h"
+#include "io/codecs.h"
 #include "io/file.h"
 
 namespace torch_shards::io::storage {
@@ -29,8 +29,9 @@ namespace {
 
 using core::concat;
 
-constexpr char kEntryMagic[8] = {'T', 'S', 'D', 'C', 'A', 'C', 'H', '1'};
-constexpr char kAccountingMagic[8] = {'T', 'S', 'D', 'C', 'A', 'C', 'C', '1'};
+// Version 2: CRC-32C (version 1's zlib CRC-32 entries read as damaged: removed, fetched again).
+constexpr char kEntryMagic[8] = {'T', 'S', 'D', 'C', 'A', 'C', 'H', '2'};
+constexpr char kAccountingMagic[8] = {'T', 'S', 'D', 'C', 'A', 'C', 'C', '2'};
 constexpr size_t kAccountingSize = 24;
 constexpr const char* kAccountingName = ".accounting";
 constexpr const char* kTemporaryPrefix = ".tmp-";
@@ -53,18 +54,9 @@ int64_t now_ns() {
 
 bool same_file(const struct stat& a, const struct stat& b) { return a.st_dev == b.st_dev && a.st_ino == b.st_ino; }
 
-// zlib's crc32 takes 32-bit lengths.
-uint32_t crc32_of(const void* data, size_t size) {
-  uLong crc = ::crc32(0L, Z_NULL, 0);
-  const auto* bytes = static_cast<const Bytef*>(data);
-  while (size > 0) {
-    const uInt chunk = static_cast<uInt>(std::min<size_t>(size, size_t{1} << 30));
-    crc = ::crc32(crc, bytes, chunk);
-    bytes += chunk;
-    size -= chunk;
-  }
-  return static_cast<uint32_t>(crc);
-}
+// CRC-32C: by the CPU's instruction, about 5x zlib's crc32 (a whole entry is checked as it is
+// stored, and once by each process that maps it).
+uint32_t crc32_of(const void* data, size_t size) { return codecs::crc32c(static_cast<const uint8_t*>(data), size); }
 
 void put_u32(uint8_t* out, uint32_t value) {
   for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(value >> (8 * i));

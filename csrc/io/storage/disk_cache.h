@@ -9,8 +9,8 @@
 //   00/ .. ff/        the entries, one file each, named by a 128-bit hash of the key
 //                     (32 hex digits; the first two name the subdirectory)
 //   .tmp-<pid>-<hex>  an entry being written (renamed into place when complete)
-// An entry file is a 32-byte header (magic "TSDCACH1", payload size, key size,
-// CRC-32 of the key, CRC-32 of the payload, CRC-32 of the header), the key,
+// An entry file is a 32-byte header (magic "TSDCACH2", payload size, key size,
+// CRC-32C of the key, CRC-32C of the payload, CRC-32C of the header), the key,
 // then the payload. A read checks all of them: a hash collision (another key)
 // is a miss, a damaged file is a miss and is removed; never wrong data.
 //
