@@ -20,6 +20,8 @@ namespace {
 
 constexpr size_t kMaxErrorBody = 64 << 10;
 constexpr double kMaxBackoff = 5.0;
+constexpr int64_t kLargeBody = int64_t{1} << 20;  // bytes of a body received with kLargeBuffer
+constexpr long kLargeBuffer = 512L << 10;
 
 // One thread's curl handles: a multi handle (its connection cache serves
 // every call of the thread) and easy handles reused across requests. A
@@ -186,6 +188,9 @@ void HttpClient::perform(const std::vector<HttpRequest>& requests, std::vector<H
     lib.easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
     lib.easy_setopt(easy, CURLOPT_ACCEPT_ENCODING, nullptr);  // bytes as stored: no transfer decoding
     lib.easy_setopt(easy, CURLOPT_TCP_KEEPALIVE, 1L);
+    // Large bodies (a whole object's parts) received in large pieces: each piece costs a callback,
+    // a copy and a socket read (16 KiB by default).
+    lib.easy_setopt(easy, CURLOPT_BUFFERSIZE, request.offset >= 0 && request.size >= kLargeBody ? kLargeBuffer : 16384L);
     std::string range;
     if (request.offset >= 0) {
       range = concat(request.offset, "-", request.offset + request.size - 1);
