@@ -152,10 +152,12 @@ def test_the_same_s3_url_at_two_endpoints_is_two_objects(tmp_path):
     for name, rows in (("one", 40), ("two", 56)):
         (tmp_path / name / "public").mkdir(parents=True)
         values = np.full((rows, 3), rows, dtype=np.float32)
-        zarr.create_array(tmp_path / name / "public" / "a.zarr", shape=values.shape, chunks=(8, 3), dtype="float32")[
-            :
-        ] = values
-    with RangeHTTPServer(tmp_path / "one", s3_listing=True) as one, RangeHTTPServer(tmp_path / "two", s3_listing=True) as two:
+        store = tmp_path / name / "public" / "a.zarr"
+        zarr.create_array(store, shape=values.shape, chunks=(8, 3), dtype="float32")[:] = values
+    with (
+        RangeHTTPServer(tmp_path / "one", s3_listing=True) as one,
+        RangeHTTPServer(tmp_path / "two", s3_listing=True) as two,
+    ):
         for server, rows in ((one, 40), (two, 56)):
             source = ts.open("s3://public/a.zarr", endpoint_url=server.url, anonymous=True)
             assert len(source) == rows

@@ -157,10 +157,10 @@ class EpochReader {
 
   // prefetch > 0
   mutable std::mutex mutex_;
-  std::condition_variable unit_ready_;  // consumer waits
-  std::condition_variable room_;        // reader threads wait
+  std::condition_variable unit_ready_;   // consumer waits
+  std::condition_variable room_;         // reader threads wait
   std::condition_variable sitting_out_;  // threads beyond local_threads wait while reads wait on no request
-  std::deque<Slot> slots_;              // pieces [delivered_, claimed_)
+  std::deque<Slot> slots_;               // pieces [delivered_, claimed_)
   std::vector<std::unique_ptr<std::thread>> threads_;
   std::vector<int64_t> thread_units_;
   int64_t queued_bytes_ = 0;  // read, not yet taken

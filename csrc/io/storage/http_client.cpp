@@ -190,7 +190,8 @@ void HttpClient::perform(const std::vector<HttpRequest>& requests, std::vector<H
     lib.easy_setopt(easy, CURLOPT_TCP_KEEPALIVE, 1L);
     // Large bodies (a whole object's parts) received in large pieces: each piece costs a callback,
     // a copy and a socket read (16 KiB by default).
-    lib.easy_setopt(easy, CURLOPT_BUFFERSIZE, request.offset >= 0 && request.size >= kLargeBody ? kLargeBuffer : 16384L);
+    lib.easy_setopt(easy, CURLOPT_BUFFERSIZE,
+                    request.offset >= 0 && request.size >= kLargeBody ? kLargeBuffer : 16384L);
     std::string range;
     if (request.offset >= 0) {
       range = concat(request.offset, "-", request.offset + request.size - 1);

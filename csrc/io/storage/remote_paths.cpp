@@ -136,8 +136,8 @@ std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::
         table.objects[keys[i]] = {Clock::now(), got[k]};
       // What a HEAD would answer now (a stamp asked for next: a zarr.json's, as its store opens).
       table.stats[keys[i]] = {Clock::now(), got[k] ? std::optional<ObjectStamp>(ObjectStamp{
-                                                          static_cast<int64_t>(got[k]->size()), got_etags[k]})
-                                                    : std::nullopt};
+                                                         static_cast<int64_t>(got[k]->size()), got_etags[k]})
+                                                   : std::nullopt};
       if (etags != nullptr) (*etags)[i] = got_etags[k];
       out[i] = std::move(got[k]);
     }

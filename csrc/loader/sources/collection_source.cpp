@@ -275,7 +275,8 @@ class CollectionRead : public PlannedRead {
   }
 
   bool waits_on_requests() const override {
-    return std::any_of(parts_.begin(), parts_.end(), [](const PartRows& part) { return part.read->waits_on_requests(); });
+    return std::any_of(parts_.begin(), parts_.end(),
+                       [](const PartRows& part) { return part.read->waits_on_requests(); });
   }
 
  private:
