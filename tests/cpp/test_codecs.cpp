@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "encoders.h"
 #include "io/blosc_ranges.h"
 #include "io/codecs.h"
 
@@ -78,38 +79,10 @@ Bytes concat_bytes(const Bytes& a, const Bytes& b) {
 
 // ------------------------------------------------------------ compressors
 
-const uint8_t kDummy = 0;  // a valid pointer for empty inputs
-const uint8_t* data_or_dummy(const Bytes& bytes) { return bytes.empty() ? &kDummy : bytes.data(); }
-
-Bytes zlib_compress(const Bytes& data, int level) {
-  uLongf size = compressBound(data.size());
-  Bytes out(size);
-  EXPECT_EQ(compress2(out.data(), &size, data_or_dummy(data), data.size(), level), Z_OK);
-  out.resize(size);
-  return out;
-}
-
-Bytes gzip_compress(const Bytes& data, int level) {
-  z_stream stream{};
-  EXPECT_EQ(deflateInit2(&stream, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
-  Bytes out(deflateBound(&stream, data.size()) + 32);
-  stream.next_in = const_cast<Bytef*>(data_or_dummy(data));
-  stream.avail_in = static_cast<uInt>(data.size());
-  stream.next_out = out.data();
-  stream.avail_out = static_cast<uInt>(out.size());
-  EXPECT_EQ(deflate(&stream, Z_FINISH), Z_STREAM_END);
-  out.resize(stream.total_out);
-  deflateEnd(&stream);
-  return out;
-}
-
-Bytes zstd_compress(const Bytes& data, int level) {
-  Bytes out(ZSTD_compressBound(data.size()));
-  const size_t size = ZSTD_compress(out.data(), out.size(), data_or_dummy(data), data.size(), level);
-  EXPECT_FALSE(ZSTD_isError(size)) << ZSTD_getErrorName(size);
-  out.resize(size);
-  return out;
-}
+using testing_support::data_or_dummy;
+using testing_support::gzip_compress_at;
+using testing_support::zlib_compress_at;
+using testing_support::zstd_compress_at;
 
 // Streaming compression that never learns the total size: the frame header
 // has no content size (as `zstd` writing from a pipe produces).
@@ -121,7 +94,7 @@ Bytes zstd_compress_streaming(const Bytes& data, int level, bool checksum) {
   ZSTD_outBuffer output{out.data(), out.size(), 0};
   // Everything goes in with ZSTD_e_continue, so zstd never learns the size.
   const size_t piece = 1000;
-  ZSTD_inBuffer nothing{&kDummy, 0, 0};
+  ZSTD_inBuffer nothing{data_or_dummy({}), 0, 0};
   ZSTD_compressStream2(cctx, &output, &nothing, ZSTD_e_continue);  // even for empty data
   for (size_t pos = 0;; pos += piece) {
     const bool last = pos >= data.size();
@@ -235,7 +208,7 @@ TEST(Codecs, InflateZlibRoundTripsCompress2AtEveryLevel) {
   for (size_t size : kSizes) {
     const Bytes data = sample_data(size, size);
     for (int level : {0, 1, 6, 9}) {
-      EXPECT_EQ(decode(inflate_zlib, zlib_compress(data, level), size), data) << size << " " << level;
+      EXPECT_EQ(decode(inflate_zlib, zlib_compress_at(data, level), size), data) << size << " " << level;
     }
   }
 }
@@ -244,7 +217,7 @@ TEST(Codecs, InflateGzipRoundTripsDeflateInit2Output) {
   for (size_t size : kSizes) {
     const Bytes data = sample_data(size, size + 1);
     for (int level : {0, 1, 6, 9}) {
-      EXPECT_EQ(decode(inflate_gzip, gzip_compress(data, level), size), data) << size << " " << level;
+      EXPECT_EQ(decode(inflate_gzip, gzip_compress_at(data, level), size), data) << size << " " << level;
     }
   }
 }
@@ -252,7 +225,8 @@ TEST(Codecs, InflateGzipRoundTripsDeflateInit2Output) {
 TEST(Codecs, InflateGzipReadsConcatenatedMembersAndZeroPadding) {
   const Bytes a = sample_data(5000, 1), b = sample_data(3000, 2), empty;
   const Bytes both = concat_bytes(a, b);
-  const Bytes members = concat_bytes(concat_bytes(gzip_compress(a, 6), gzip_compress(empty, 6)), gzip_compress(b, 1));
+  const Bytes members =
+      concat_bytes(concat_bytes(gzip_compress_at(a, 6), gzip_compress_at(empty, 6)), gzip_compress_at(b, 1));
   EXPECT_EQ(decode(inflate_gzip, members, both.size()), both);
   EXPECT_EQ(decode(inflate_gzip, concat_bytes(members, Bytes(100, 0)), both.size()), both);
   EXPECT_TRUE(fails_with(inflate_gzip, concat_bytes(members, Bytes{1, 2, 3}), both.size(), "3 unexpected bytes"));
@@ -260,13 +234,13 @@ TEST(Codecs, InflateGzipReadsConcatenatedMembersAndZeroPadding) {
 
 TEST(Codecs, InflateZlibIgnoresBytesAfterTheStream) {
   const Bytes data = sample_data(4096, 3);
-  EXPECT_EQ(decode(inflate_zlib, concat_bytes(zlib_compress(data, 6), Bytes{1, 2, 3}), data.size()), data);
+  EXPECT_EQ(decode(inflate_zlib, concat_bytes(zlib_compress_at(data, 6), Bytes{1, 2, 3}), data.size()), data);
 }
 
 TEST(Codecs, InflateThrowsWhenOutSizeIsWrong) {
   const Bytes data = sample_data(4096, 4);
   for (Decoder decoder : {inflate_zlib, inflate_gzip}) {
-    const Bytes packed = decoder == inflate_zlib ? zlib_compress(data, 6) : gzip_compress(data, 6);
+    const Bytes packed = decoder == inflate_zlib ? zlib_compress_at(data, 6) : gzip_compress_at(data, 6);
     const char* name = decoder == inflate_zlib ? "zlib" : "gzip";
     EXPECT_TRUE(
         fails_with(decoder, packed, 4097, std::string(name) + " stream decompressed to 4096 bytes, expected 4097"));
@@ -278,7 +252,7 @@ TEST(Codecs, InflateThrowsWhenOutSizeIsWrong) {
 
 TEST(Codecs, InflateThrowsOnTruncatedOrCorruptStreams) {
   const Bytes data = sample_data(4096, 5);
-  const Bytes packed = zlib_compress(data, 6);
+  const Bytes packed = zlib_compress_at(data, 6);
   EXPECT_TRUE(fails_with(inflate_zlib, Bytes(packed.begin(), packed.end() - 1), data.size(), "truncated"));
   EXPECT_TRUE(fails_with(inflate_zlib, Bytes(packed.begin(), packed.begin() + packed.size() / 2), data.size(),
                          "zlib stream is truncated"));
@@ -288,7 +262,7 @@ TEST(Codecs, InflateThrowsOnTruncatedOrCorruptStreams) {
   ASSERT_FALSE(bad_checksum.empty());
   bad_checksum[bad_checksum.size() - 1] ^= 1;
   EXPECT_TRUE(fails_with(inflate_zlib, bad_checksum, data.size(), "corrupt zlib stream: incorrect data check"));
-  Bytes gzip_bad_length = gzip_compress(data, 6);
+  Bytes gzip_bad_length = gzip_compress_at(data, 6);
   gzip_bad_length[gzip_bad_length.size() - 4] ^= 1;  // ISIZE
   EXPECT_TRUE(fails_with(inflate_gzip, gzip_bad_length, data.size(), "corrupt gzip stream: incorrect length check"));
   EXPECT_TRUE(fails_with(inflate_gzip, packed, data.size(), "corrupt gzip stream"));  // zlib header is not gzip
@@ -297,12 +271,12 @@ TEST(Codecs, InflateThrowsOnTruncatedOrCorruptStreams) {
 TEST(Codecs, InflateUnsizedDecodesWholeStreamsIntoAGrowingBuffer) {
   for (size_t size : kSizes) {
     const Bytes data = sample_data(size, 6);
-    const Bytes zlib = zlib_compress(data, 6), gzip = gzip_compress(data, 6);
+    const Bytes zlib = zlib_compress_at(data, 6), gzip = gzip_compress_at(data, 6);
     EXPECT_EQ(inflate_unsized(Codec::kZlib, zlib.data(), zlib.size(), size_t{1} << 30), data) << size;
     EXPECT_EQ(inflate_unsized(Codec::kGzip, gzip.data(), gzip.size(), size_t{1} << 30), data) << size;
   }
   // A megabyte of zeros from ~1 KB: grown many times over the first guess.
-  const Bytes zeros(1 << 20, 0), packed = zlib_compress(zeros, 9);
+  const Bytes zeros(1 << 20, 0), packed = zlib_compress_at(zeros, 9);
   EXPECT_EQ(inflate_unsized(Codec::kZlib, packed.data(), packed.size(), zeros.size()), zeros);
   try {
     inflate_unsized(Codec::kZlib, packed.data(), packed.size(), zeros.size() - 1);
@@ -311,7 +285,7 @@ TEST(Codecs, InflateUnsizedDecodesWholeStreamsIntoAGrowingBuffer) {
     EXPECT_NE(std::string(error.what()).find("decompresses to more than 1048575 bytes"), std::string::npos)
         << error.what();
   }
-  const Bytes data = sample_data(4096, 7), zlib = zlib_compress(data, 6);
+  const Bytes data = sample_data(4096, 7), zlib = zlib_compress_at(data, 6);
   try {
     inflate_unsized(Codec::kZlib, zlib.data(), zlib.size() / 2, size_t{1} << 30);
     ADD_FAILURE() << "no exception for a truncated stream";
@@ -364,7 +338,7 @@ TEST(Codecs, DecompressZstdRoundTripsOneShotFrames) {
   for (size_t size : kSizes) {
     const Bytes data = sample_data(size, size + 2);
     for (int level : {-5, 1, 3, 19}) {
-      EXPECT_EQ(decode(decompress_zstd, zstd_compress(data, level), size), data) << size << " " << level;
+      EXPECT_EQ(decode(decompress_zstd, zstd_compress_at(data, level), size), data) << size << " " << level;
     }
   }
 }
@@ -372,10 +346,11 @@ TEST(Codecs, DecompressZstdRoundTripsOneShotFrames) {
 TEST(Codecs, DecompressZstdReadsConcatenatedAndSkippableFrames) {
   const Bytes a = sample_data(70000, 6), b = sample_data(1234, 7);
   const Bytes both = concat_bytes(a, b);
-  EXPECT_EQ(decode(decompress_zstd, concat_bytes(zstd_compress(a, 3), zstd_compress(b, 9)), both.size()), both);
+  EXPECT_EQ(decode(decompress_zstd, concat_bytes(zstd_compress_at(a, 3), zstd_compress_at(b, 9)), both.size()), both);
   // A skippable frame (magic 0x184D2A5?, little-endian size) between the two.
   const Bytes skippable = {0x53, 0x2a, 0x4d, 0x18, 3, 0, 0, 0, 9, 9, 9};
-  const Bytes framed = concat_bytes(concat_bytes(zstd_compress(a, 3), skippable), zstd_compress_streaming(b, 3, true));
+  const Bytes framed =
+      concat_bytes(concat_bytes(zstd_compress_at(a, 3), skippable), zstd_compress_streaming(b, 3, true));
   EXPECT_EQ(decode(decompress_zstd, framed, both.size()), both);
 }
 
@@ -402,7 +377,7 @@ TEST(Codecs, DecompressZstdAcceptsWindowsAboveTheStreamingDefault) {
 
 TEST(Codecs, DecompressZstdThrowsWhenOutSizeIsWrongOrDataIsBad) {
   const Bytes data = sample_data(4096, 9);
-  for (const Bytes& packed : {zstd_compress(data, 3), zstd_compress_streaming(data, 3, false)}) {
+  for (const Bytes& packed : {zstd_compress_at(data, 3), zstd_compress_streaming(data, 3, false)}) {
     EXPECT_TRUE(fails_with(decompress_zstd, packed, 4097, "zstd data decompressed to 4096 bytes, expected 4097"));
     EXPECT_TRUE(fails_with(decompress_zstd, packed, 4095, "zstd data decompresses to more than 4095 bytes"));
     EXPECT_TRUE(fails_with(decompress_zstd, packed, 0, "decompresses to more than 0 bytes"));
@@ -950,7 +925,7 @@ void fuzz(Decoder decoder, const Bytes& valid, size_t out_size, uint64_t seed, F
   // Empty input, as a null and as a valid pointer.
   for (size_t size : {size_t{0}, size_t{1}, out_size}) {
     EXPECT_FALSE(decode_or_throw(decoder, nullptr, 0, size, /*null_if_empty=*/true) && size != 0);
-    decode_or_throw(decoder, &kDummy, 0, size);
+    decode_or_throw(decoder, data_or_dummy({}), 0, size);
   }
 }
 
@@ -959,8 +934,8 @@ TEST(Codecs, FuzzInflateZlibThrowsOrDecodesExactly) {
   uint64_t seed = 100;
   for (size_t size : {0, 1, 600, 3000, 40000}) {
     const Bytes data = sample_data(size, seed);
-    fuzz(inflate_zlib, zlib_compress(data, 6), size, ++seed, stats);
-    fuzz(inflate_zlib, zlib_compress(data, 0), size, ++seed, stats);
+    fuzz(inflate_zlib, zlib_compress_at(data, 6), size, ++seed, stats);
+    fuzz(inflate_zlib, zlib_compress_at(data, 0), size, ++seed, stats);
   }
   EXPECT_GT(stats.runs, 20000u);
   EXPECT_GT(stats.decoded, 0u);
@@ -971,10 +946,10 @@ TEST(Codecs, FuzzInflateGzipThrowsOrDecodesExactly) {
   uint64_t seed = 200;
   for (size_t size : {0, 1, 600, 3000, 40000}) {
     const Bytes data = sample_data(size, seed);
-    fuzz(inflate_gzip, gzip_compress(data, 6), size, ++seed, stats);
+    fuzz(inflate_gzip, gzip_compress_at(data, 6), size, ++seed, stats);
   }
   const Bytes a = sample_data(700, 1), b = sample_data(500, 2);
-  fuzz(inflate_gzip, concat_bytes(gzip_compress(a, 6), gzip_compress(b, 6)), a.size() + b.size(), ++seed, stats);
+  fuzz(inflate_gzip, concat_bytes(gzip_compress_at(a, 6), gzip_compress_at(b, 6)), a.size() + b.size(), ++seed, stats);
   EXPECT_GT(stats.runs, 15000u);
   EXPECT_GT(stats.decoded, 0u);
 }
@@ -984,12 +959,12 @@ TEST(Codecs, FuzzDecompressZstdThrowsOrDecodesExactly) {
   uint64_t seed = 300;
   for (size_t size : {0, 1, 600, 3000, 40000}) {
     const Bytes data = sample_data(size, seed);
-    fuzz(decompress_zstd, zstd_compress(data, 3), size, ++seed, stats);
+    fuzz(decompress_zstd, zstd_compress_at(data, 3), size, ++seed, stats);
     fuzz(decompress_zstd, zstd_compress_streaming(data, 1, true), size, ++seed, stats);
   }
   const Bytes a = sample_data(900, 3), b = sample_data(400, 4);
-  fuzz(decompress_zstd, concat_bytes(zstd_compress(a, 19), zstd_compress_streaming(b, 3, false)), a.size() + b.size(),
-       ++seed, stats);
+  fuzz(decompress_zstd, concat_bytes(zstd_compress_at(a, 19), zstd_compress_streaming(b, 3, false)),
+       a.size() + b.size(), ++seed, stats);
   EXPECT_GT(stats.runs, 20000u);
   EXPECT_GT(stats.decoded, 0u);
 }
@@ -1045,7 +1020,7 @@ TEST(Codecs, FuzzDecodersOnHandMadeHeadersWithHugeSizes) {
 
 TEST(Codecs, DecodedSizeIsWhatTheFrameRecordsOrWhatItCanReach) {
   const Bytes data = sample_data(10000, 21);
-  const Bytes zstd = zstd_compress(data, 3);
+  const Bytes zstd = zstd_compress_at(data, 3);
   EXPECT_EQ(decoded_size(Codec::kZstd, zstd.data(), zstd.size()).size, 10000u);
   EXPECT_TRUE(decoded_size(Codec::kZstd, zstd.data(), zstd.size()).exact);
   EXPECT_NO_THROW(check_decoded_size(Codec::kZstd, zstd.data(), zstd.size(), 10000));
@@ -1058,7 +1033,7 @@ TEST(Codecs, DecodedSizeIsWhatTheFrameRecordsOrWhatItCanReach) {
   EXPECT_THROW(decoded_size(Codec::kBlosc, blosc.data(), 15), std::runtime_error);
   // Deflate records nothing: at most 1032:1.
   const Bytes zeros(1 << 20, 0);
-  const Bytes deflated = zlib_compress(zeros, 9);
+  const Bytes deflated = zlib_compress_at(zeros, 9);
   EXPECT_NO_THROW(check_decoded_size(Codec::kZlib, deflated.data(), deflated.size(), zeros.size()));
   EXPECT_THROW(check_decoded_size(Codec::kZlib, deflated.data(), deflated.size(), size_t{1} << 40), std::runtime_error);
   EXPECT_GE(decoded_size(Codec::kGzip, deflated.data(), deflated.size()).size, zeros.size());
