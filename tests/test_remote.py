@@ -42,6 +42,15 @@ def same_batches(a, b):
         assert torch.equal(dense(a[key]), dense(b[key])), key
 
 
+def read_as_local(batches, local, rows, checked=3):
+    """Asserts that an epoch's batches hold every row of `rows` once, and that the first `checked` hold
+    what `local` (the same store on disk) reads for their rows."""
+    seen = torch.cat([batch["index"] for batch in batches])
+    assert sorted(seen.tolist()) == list(range(rows))
+    for batch in batches[:checked]:
+        same_batches({k: v for k, v in batch.items() if k != "index"}, local.read(batch["index"]))
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     """One of each kind of store users keep in object storage."""
@@ -198,11 +207,7 @@ def test_s3_dataloader_workers_deliver_every_row_once(s3, s3_credentials, contex
     loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=context)
     local = ts.open(s3.local_copy / "cells_v3.zarr", obs=["cell_type"])
     for _ in range(2):
-        batches = list(loader)
-        seen = torch.cat([batch["index"] for batch in batches])
-        assert sorted(seen.tolist()) == list(range(ROWS))
-        for batch in batches[:3]:
-            same_batches({k: v for k, v in batch.items() if k != "index"}, local.read(batch["index"]))
+        read_as_local(list(loader), local, ROWS)
     assert any(path.is_file() for path in (tmp_path / "cache").rglob("*"))
 
 
@@ -342,11 +347,7 @@ def test_s3_collection_through_the_cache_second_epoch_makes_no_request(s3, s3_cr
         for epoch in range(2):
             dataset.set_epoch(epoch)
             proxy.reset_log()
-            batches = list(dataset)
-            seen = torch.cat([batch["index"] for batch in batches])
-            assert sorted(seen.tolist()) == list(range(len(source)))
-            for batch in batches[:4]:
-                same_batches({k: v for k, v in batch.items() if k != "index"}, local.read(batch["index"]))
+            read_as_local(list(dataset), local, len(source), checked=4)
             ranged = ranged_gets(proxy, "/")
             if epoch == 0:
                 paths = [path for _, path, _ in ranged]
@@ -425,11 +426,7 @@ def test_dataloader_workers_share_one_download_of_an_h5ad(data_dir, tmp_path, co
         loader = DataLoader(dataset, batch_size=None, num_workers=3, multiprocessing_context=context)
         local = source_of(data_dir, "cells.h5ad")
         for _ in range(2):
-            batches = list(loader)
-            seen = torch.cat([batch["index"] for batch in batches])
-            assert sorted(seen.tolist()) == list(range(ROWS))
-            for batch in batches[:3]:
-                same_batches({k: v for k, v in batch.items() if k != "index"}, local.read(batch["index"]))
+            read_as_local(list(loader), local, ROWS)
         size = (data_dir / "cells.h5ad").stat().st_size
         assert ranged_gets(server, "cells.h5ad") == [("GET", "/cells.h5ad", f"bytes=0-{size - 1}")]
 
