@@ -125,13 +125,17 @@ struct WholeObjects {
 
 }  // namespace
 
-std::string ObjectStore::key_of(const Url& url) {
-  return concat(url.scheme, "://", url.host, '\n', storage_options_for(url.text).resolved().identity());
+namespace {
+std::string store_key(const Url& url, const StorageOptions& options) {
+  return concat(url.scheme, "://", url.host, '\n', options.identity());
 }
+}  // namespace
+
+std::string ObjectStore::key_of(const Url& url) { return store_key(url, storage_options_for(url.text).resolved()); }
 
 std::shared_ptr<const ObjectStore> ObjectStore::of(const Url& url) {
   const StorageOptions options = storage_options_for(url.text).resolved();
-  const std::string key = concat(url.scheme, "://", url.host, '\n', options.identity());
+  const std::string key = store_key(url, options);
   Stores& table = per_process<Stores>();
   std::lock_guard<std::mutex> lock(table.mutex);
   std::shared_ptr<const ObjectStore>& store = table.by_key[key];

@@ -224,14 +224,9 @@ class ShardedChunkStore : public ChunkStore {
     return ChunkStore::read_chunks(coords, pool);
   }
   std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const override {
-    // shard: the position in the grid, or -1 (too many shards, or outside the grid) to look it up by key.
-    int64_t entry = 0, shard = indexed_shards_ >= 0 ? 0 : -1;
-    for (size_t d = 0; d < coords.size(); ++d) {
-      const int64_t position = coords[d] / chunks_per_shard_[d];
-      if (shard >= 0) shard = position < shard_grid_[d] ? shard * shard_grid_[d] + position : -1;
-      entry = entry * chunks_per_shard_[d] + coords[d] % chunks_per_shard_[d];
-    }
-    const ShardIndex& index = shard_index(coords, shard);
+    int64_t entry = 0;
+    for (size_t d = 0; d < coords.size(); ++d) entry = entry * chunks_per_shard_[d] + coords[d] % chunks_per_shard_[d];
+    const ShardIndex& index = shard_index(coords, shard_position(coords));
     if (!index.shard_exists) return std::nullopt;
     const auto [offset, nbytes] = index.entries[entry];
     if (offset == kMissingEntry) return std::nullopt;
@@ -286,14 +281,21 @@ class ShardedChunkStore : public ChunkStore {
     return *cache_;
   }
 
-  // Whether the index of the shard holding `coords` is loaded in this process already.
-  bool index_loaded(const std::vector<int64_t>& coords) const {
-    Cache& cache = this->cache();
-    int64_t shard = indexed_shards_ >= 0 && !cache.indexed.empty() ? 0 : -1;
+  // The position in the shard grid of the shard holding `coords`, or -1 (too many shards, or outside the
+  // grid) to look it up by key.
+  int64_t shard_position(const std::vector<int64_t>& coords) const {
+    int64_t shard = indexed_shards_ >= 0 ? 0 : -1;
     for (size_t d = 0; d < coords.size() && shard >= 0; ++d) {
       const int64_t position = coords[d] / chunks_per_shard_[d];
       shard = position < shard_grid_[d] ? shard * shard_grid_[d] + position : -1;
     }
+    return shard;
+  }
+
+  // Whether the index of the shard holding `coords` is loaded in this process already.
+  bool index_loaded(const std::vector<int64_t>& coords) const {
+    Cache& cache = this->cache();
+    const int64_t shard = cache.indexed.empty() ? -1 : shard_position(coords);
     if (shard >= 0) return cache.indexed[static_cast<size_t>(shard)].loaded.load(std::memory_order_acquire) != nullptr;
     std::lock_guard<std::mutex> lock(cache.mutex);
     const auto found = cache.slots.find(keys_.key(shard_of(coords)));
