@@ -123,12 +123,11 @@ struct WholeObjects {
   }
 };
 
-}  // namespace
-
-namespace {
+// What tells stores apart (ObjectStore::key_of).
 std::string store_key(const Url& url, const StorageOptions& options) {
   return concat(url.scheme, "://", url.host, '\n', options.identity());
 }
+
 }  // namespace
 
 std::string ObjectStore::key_of(const Url& url) { return store_key(url, storage_options_for(url.text).resolved()); }
