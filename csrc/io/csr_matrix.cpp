@@ -437,7 +437,7 @@ void CsrMatrix::read_rows(const CsrPlan& plan, const std::vector<int64_t>* start
   // (A shuffled fetch's segments are read gathered: see read_gathered. Arrays behind URLs are read in
   // one call each, values and indices at once: each call costs round trips.)
   const std::vector<Segment> stretches = source_stretches(segments);
-  const bool remote = data_->remote() || indices_->remote();
+  const bool remote = this->remote();
   const bool gathered = !remote && stretches.size() * kGatherSegments <= segments.size();
   const auto read_segments = [&](const Array& array, void* out) {
     if (!gathered) return array.read(segments, out, pool);

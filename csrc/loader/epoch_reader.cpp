@@ -195,11 +195,9 @@ EpochReader::Unit EpochReader::read_piece(const Piece& piece, core::ThreadPool& 
   unit.batch =
       planned->fill_checked(std::vector<at::Tensor>(tensors.begin(), tensors.begin() + num_outputs), context, since);
   const bool waits = planned->waits_on_requests();
-  if (waits && !reads_wait_.exchange(waits, std::memory_order_relaxed)) {
+  if (reads_wait_.exchange(waits, std::memory_order_relaxed) != waits && waits) {
     std::lock_guard<std::mutex> lock(mutex_);  // a thread about to sit out sees the flag, or is notified
     sitting_out_.notify_all();
-  } else if (!waits) {
-    reads_wait_.store(false, std::memory_order_relaxed);
   }
   at::Tensor indexes = tensors[num_outputs];
   if (count > 0) std::memcpy(indexes.data_ptr<int64_t>(), rows.data(), rows.size() * sizeof(int64_t));
