@@ -226,37 +226,70 @@ def words(*values):
 
 def test_a_damaged_description_is_refused_not_followed():
     storage = torch.zeros(256, dtype=torch.uint8)
-    # version 2, this pid, nonce 7, not last, no freed slab, no slab, 1 other storage, 1 batch, worker 0,
-    # no worker counts; then the batch: 1 field (name 0, dense) of float32 (dtype code 6) at offset 0, 1-D.
-    header = (2, os.getpid(), 7, 0, 0, 0, 1, 1, 0, 0)
+    # version 3, this pid, nonce 7, not last, no freed slab, no slab, 1 other storage, 1 unit, worker 0,
+    # no worker counts; then the unit: batch size (0: one batch, uncut), 1 field (name 0, dense) of float32
+    # (dtype code 6) at offset 0, 1-D, and no row offsets.
+    header = (3, os.getpid(), 7, 0, 0, 0, 1, 1, 0, 0)
     with pytest.raises(ValueError, match="another torch_shards version"):
-        direct.unpack(words(1, *header[1:]), ["X"], [storage])
+        direct.unpack(words(2, *header[1:]), ["X"], [storage])
     with pytest.raises(ValueError, match="storages besides its slabs"):
         direct.unpack(words(*header), ["X"], [storage, storage])
     with pytest.raises(ValueError, match="ends early"):
         direct.unpack(words(*header), ["X"], [storage])
     with pytest.raises(ValueError, match="whole int64 words"):
         direct.unpack(words(*header)[:-3], ["X"], [storage])
-    past = (*header, 1, 0, 0, 0, 6, 0, 1, 1000, 1)
+    past = (*header, 0, 1, 0, 0, 0, 6, 0, 1, 1000, 1, 0)
     with pytest.raises(ValueError, match="past its storage"):
         direct.unpack(words(*past), ["X"], [storage])
     with pytest.raises(ValueError, match="field name 3 out of range"):
-        direct.unpack(words(*(*header, 1, 3, 0, 0, 6, 0, 1, 64, 1)), ["X"], [storage])
+        direct.unpack(words(*(*header, 0, 1, 3, 0, 0, 6, 0, 1, 64, 1, 0)), ["X"], [storage])
+    with pytest.raises(ValueError, match="bad batch size -2"):
+        direct.unpack(words(*(*header, -2, 1, 0, 0, 0, 6, 0, 1, 64, 1, 0)), ["X"], [storage])
     with pytest.raises(ValueError, match="left over"):
-        direct.unpack(words(*(*header, 1, 0, 0, 0, 6, 0, 1, 64, 1, 9)), ["X"], [storage])
-    batches, worker, counts = direct.unpack(words(*(*header, 1, 0, 0, 0, 6, 0, 1, 64, 1)), ["X"], [storage])
-    assert batches[0]["X"].shape == (64,) and worker == 0 and counts == []
+        direct.unpack(words(*(*header, 0, 1, 0, 0, 0, 6, 0, 1, 64, 1, 0, 9)), ["X"], [storage])
+    batches, worker, counts = direct.unpack(words(*(*header, 0, 1, 0, 0, 0, 6, 0, 1, 64, 1, 0)), ["X"], [storage])
+    assert len(batches) == 1 and batches[0]["X"].shape == (64,) and worker == 0 and counts == []
+    # The same 64 rows as a unit of batch size 24: cut here into 24, 24 and 16 rows.
+    batches, _, _ = direct.unpack(words(*(*header, 24, 1, 0, 0, 0, 6, 0, 1, 64, 1, 0)), ["X"], [storage])
+    assert [batch["X"].shape[0] for batch in batches] == [24, 24, 16]
+
+
+def test_a_unit_whose_row_offsets_reach_past_its_values_is_refused_before_it_is_cut():
+    # A 2 x 4 CSR matrix in one storage: row offsets (int64, code 4) at elements 0-2, column indices at 3-4,
+    # float32 values at bytes 40-47; cut into batches of one row. Its offsets are read here, so they are
+    # checked here: offsets past the stored values would cut views that reach outside them.
+    storage = torch.zeros(256, dtype=torch.uint8)
+    longs = storage.view(torch.int64)
+    longs[3:5] = torch.tensor([0, 3])
+    storage.view(torch.float32)[10:12] = torch.tensor([1.5, 2.5])
+    header = (3, os.getpid(), 7, 0, 0, 0, 1, 1, 0, 0)
+
+    def unit(*offsets):
+        csr = (0, 1, 2, 4, 0, 4, 0, 1, 3, 1, 0, 4, 3, 1, 2, 1, 0, 6, 10, 1, 2, 1)
+        return words(*header, 1, 1, *csr, len(offsets) // 7, *offsets)
+
+    for bad in ([0, 1, 5], [0, 2, 1], [-1, 0, 2]):
+        longs[0:3] = torch.tensor(bad)
+        with pytest.raises(ValueError, match="row offsets out of order or past its 2 stored values"):
+            direct.unpack(unit(), ["X"], [storage])
+    longs[0:3] = torch.tensor([0, 1, 2])
+    # Space set aside for the rebased offsets (rows + batches = 4 entries at elements 8-11), or too little.
+    with pytest.raises(ValueError, match="offsets set aside for 'X' do not fit 2 batches of 2 rows"):
+        direct.unpack(unit(0, 0, 4, 8, 1, 3, 1), ["X"], [storage])
+    batches, _, _ = direct.unpack(unit(0, 0, 4, 8, 1, 4, 1), ["X"], [storage])
+    assert [batch["X"].to_dense().tolist() for batch in batches] == [[[1.5, 0, 0, 0]], [[0, 0, 0, 2.5]]]
+    assert longs[8:12].tolist() == [0, 1, 0, 1]  # rebased in place
 
 
 def test_a_slab_handle_that_names_no_slab_is_refused_naming_the_process_and_the_way_out():
     # One slab: id 1, descriptor 987654 (not open here), inode 1, 4096 bytes; no batch.
-    description = words(2, os.getpid(), 7, 0, 0, 1, 1, 987654, 1, 4096, 0, 0, 0, 0)
+    description = words(3, os.getpid(), 7, 0, 0, 1, 1, 987654, 1, 4096, 0, 0, 0, 0)
     with pytest.raises(
         RuntimeError, match=f"worker process {os.getpid()} .*/proc/{os.getpid()}/fd/987654.*worker_transport='torch'"
     ):
         direct.unpack(description, [], [])
     # An open descriptor that is another file: refused by its inode.
     with open(__file__, "rb") as f:
-        other = words(2, os.getpid(), 7, 0, 0, 1, 1, f.fileno(), 1, 4096, 0, 0, 0, 0)
+        other = words(3, os.getpid(), 7, 0, 0, 1, 1, f.fileno(), 1, 4096, 0, 0, 0, 0)
         with pytest.raises(RuntimeError, match="another file now"):
             direct.unpack(other, [], [])

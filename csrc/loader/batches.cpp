@@ -137,6 +137,11 @@ std::vector<sources::Batch> split_into_batches(const sources::Batch& unit, int64
   return out;
 }
 
+std::vector<sources::Batch> cut_unit(const UnitCut& cut) {
+  if (cut.batch_size == 0) return {cut.unit};
+  return split_into_batches(cut.unit, cut.batch_size, cut.offsets);
+}
+
 sources::Batch concat_batches(const std::vector<sources::Batch>& parts) {
   core::check_argument(!parts.empty(), "concat_batches: no batches");
   if (parts.size() == 1) return parts.front();

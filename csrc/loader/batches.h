@@ -34,6 +34,18 @@ sources::Batch with_views_resolved(const sources::Batch& batch);
 std::vector<sources::Batch> split_into_batches(const sources::Batch& unit, int64_t batch_size,
                                                const sources::Batch& offsets = sources::Batch());
 
+// A unit and how it is cut into batches: what crosses from a DataLoader
+// worker (transfer.h), cut only where the batches are taken.
+struct UnitCut {
+  sources::Batch unit;
+  // Rows per batch; 0: the unit is one batch, as it is (no row to count: it may hold none).
+  int64_t batch_size = 0;
+  sources::Batch offsets;  // split_into_batches' offsets for the unit's CSR fields (may be empty)
+};
+
+// The unit's batches: split_into_batches(unit, batch_size, offsets), or the unit itself for batch_size 0.
+std::vector<sources::Batch> cut_unit(const UnitCut& cut);
+
 // The pieces of one unit (in order) as one batch: dense fields concatenated,
 // CSR fields joined with their row offsets shifted.
 sources::Batch concat_batches(const std::vector<sources::Batch>& parts);

@@ -701,39 +701,50 @@ const Iteration& BatchIteratorImpl::iteration() const { return *progress_->itera
 
 int64_t BatchIteratorImpl::rank_batches() const { return progress_->iteration->rank_batches; }
 
-void BatchIteratorImpl::cut(const Batch& unit, bool padding) {
-  pending_ = split_into_batches(unit, batch_size_);
+void BatchIteratorImpl::start_unit(Batch unit, Batch offsets, bool padding) {
+  current_rows_ = rows_of(unit, "BatchIterator");
+  current_batches_ = (current_rows_ + batch_size_ - 1) / batch_size_;
+  current_ = std::move(unit);
+  current_offsets_ = std::move(offsets);
+  pending_.clear();
   next_pending_ = 0;
   unit_padding_ = padding;
 }
 
 bool BatchIteratorImpl::refill() {
-  if (next_pending_ < pending_.size()) return true;
+  if (next_pending_ < current_batches_) return true;
+  current_ = Batch();
+  current_offsets_ = Batch();
+  current_batches_ = next_pending_ = 0;
   pending_.clear();
-  next_pending_ = 0;
   std::optional<EpochReader::Unit> unit = reader_->next();
   if (!unit) {
     finished_ = true;
     progress_->under_way = false;
     return false;
   }
+  start_unit(std::move(unit->batch), std::move(unit->batch_offsets), unit->padding);
+  return true;
+}
+
+void BatchIteratorImpl::count_delivered(int64_t rows) {
+  ++next_pending_;
+  ++delivered_;
+  ++progress_->delivered;
+  last_padding_ = unit_padding_;
+  if (slot_ != kNoSlot) core::count_delivery(words(shared_state_), slot_, rows);
+}
+
+Batch BatchIteratorImpl::deliver() {
   // Cut here, not by the reader threads: a batch's tensor objects are then
   // allocated by the thread that, mostly, frees them. Made on a reader
   // thread and freed on this one, they crossed malloc's per-thread arenas,
   // whose locks then put the threads to sleep (a fifth of the context
   // switches at block 64 on annbatch's collection).
-  pending_ = split_into_batches(unit->batch, batch_size_, unit->batch_offsets);
-  unit_padding_ = unit->padding;
-  return true;
-}
-
-Batch BatchIteratorImpl::deliver() {
-  Batch batch = pending_[next_pending_];
-  pending_[next_pending_++] = delivered_slot_;  // lets go of its tensors (Dicts share what they hold when copied)
-  ++delivered_;
-  ++progress_->delivered;
-  last_padding_ = unit_padding_;
-  if (slot_ != kNoSlot) core::count_delivery(words(shared_state_), slot_, rows_of(batch, "BatchIterator"));
+  if (pending_.empty()) pending_ = split_into_batches(current_, batch_size_, current_offsets_);
+  Batch batch = pending_[static_cast<size_t>(next_pending_)];
+  pending_[static_cast<size_t>(next_pending_)] = delivered_slot_;  // lets go of its tensors (Dicts share when copied)
+  count_delivered(rows_of(batch, "BatchIterator"));
   return batch;
 }
 
@@ -755,7 +766,7 @@ bool BatchIteratorImpl::has_next() {
 }
 
 bool BatchIteratorImpl::wait(int64_t timeout_ms) {
-  return translate_errors([&] { return next_pending_ < pending_.size() || reader_->wait(timeout_ms); });
+  return translate_errors([&] { return pending() > 0 || reader_->wait(timeout_ms); });
 }
 
 std::optional<Batch> BatchIteratorImpl::poll(int64_t timeout_ms) {
@@ -763,26 +774,37 @@ std::optional<Batch> BatchIteratorImpl::poll(int64_t timeout_ms) {
   return next();
 }
 
-std::vector<Batch> BatchIteratorImpl::take_ready(int64_t timeout_ms, int64_t max_bytes) {
-  TORCH_CHECK(unit_rows_ < 0, "BatchIterator: push_unit() must follow next_unit() before take_ready()");
-  TORCH_CHECK(!device_stage_, "BatchIterator: take_ready() hands host batches to another process");
+std::vector<UnitCut> BatchIteratorImpl::take_units(int64_t timeout_ms, int64_t max_bytes) {
+  TORCH_CHECK(unit_rows_ < 0, "BatchIterator: push_unit() must follow next_unit() before take_units()");
+  TORCH_CHECK(!device_stage_, "BatchIterator: take_units() hands host batches to another process");
   if (deferred_error_) {
     translate_errors([&] { std::rethrow_exception(std::exchange(deferred_error_, nullptr)); });
   }
-  std::vector<Batch> out;
+  std::vector<UnitCut> out;
   if (!wait(timeout_ms)) return out;
   translate_errors([&] {
     if (!refill()) return;
     int64_t bytes = 0;
     while (true) {
-      for (; next_pending_ < pending_.size(); bytes += batch_bytes(out.back())) out.push_back(deliver());
-      // Units until the batches taken fill max_bytes: each item sent costs torch's queue a round trip
-      // between processes (~0.1-0.2 ms), small beside the copy of that many bytes.
+      if (next_pending_ == 0) {  // whole: counted batch by batch, cut where it is received
+        bytes += batch_bytes(current_);
+        for (int64_t first = 0; first < current_rows_; first += batch_size_) {
+          count_delivered(std::min(batch_size_, current_rows_ - first));
+        }
+        out.push_back(UnitCut{std::exchange(current_, Batch()), batch_size_, std::exchange(current_offsets_, Batch())});
+      } else {  // the rest of a unit next() began
+        while (next_pending_ < current_batches_) {
+          out.push_back(UnitCut{deliver(), 0, Batch()});
+          bytes += batch_bytes(out.back().unit);
+        }
+      }
+      // Units until they fill max_bytes: each item sent costs torch's queue a round trip between
+      // processes (~0.1-0.2 ms), small beside the copy of that many bytes.
       if (bytes >= max_bytes) return;
       try {
         if (!refill()) return;
       } catch (...) {
-        deferred_error_ = std::current_exception();  // the batches taken go first
+        deferred_error_ = std::current_exception();  // the units taken go first
         return;
       }
     }
@@ -794,7 +816,7 @@ const std::vector<int64_t>& BatchIteratorImpl::worker_batches() const { return p
 
 std::optional<Batch> BatchIteratorImpl::next_unit() {
   return translate_errors([&]() -> std::optional<Batch> {
-    TORCH_CHECK(next_pending_ >= pending_.size(), "BatchIterator: next_unit() while ", pending_.size() - next_pending_,
+    TORCH_CHECK(pending() == 0, "BatchIterator: next_unit() while ", pending(),
                 " batches of the previous unit are pending");
     TORCH_CHECK(unit_rows_ < 0, "BatchIterator: push_unit() must follow next_unit()");
     std::optional<EpochReader::Unit> unit = reader_->next();
@@ -851,15 +873,17 @@ void BatchIteratorImpl::push_unit(const Batch& unit) {
     unit_index_ = at::Tensor();
     const bool padding = unit_padding_;
     unit_rows_ = -1;
-    cut(with_views_resolved(kept), padding);  // a worker's batches cross as their memory
+    start_unit(with_views_resolved(kept), Batch(), padding);  // a worker's batches cross as their memory
   });
 }
 
 void BatchIteratorImpl::close() {
   progress_->under_way = false;
   reader_->close();
+  current_ = Batch();
+  current_offsets_ = Batch();
   pending_.clear();
-  next_pending_ = 0;
+  current_batches_ = next_pending_ = 0;
 }
 
 bool BatchIteratorImpl::closed() const { return reader_->closed(); }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <torch_shards/dataset.h>
+#include "loader/batches.h"
 #include "loader/iteration.h"
 
 namespace torch_shards {
@@ -59,8 +60,8 @@ struct DatasetDoor {
   static std::optional<Batch> poll(BatchIteratorImpl& iterator, int64_t timeout_ms) {
     return iterator.poll(timeout_ms);
   }
-  static std::vector<Batch> take_ready(BatchIteratorImpl& iterator, int64_t timeout_ms, int64_t max_bytes) {
-    return iterator.take_ready(timeout_ms, max_bytes);
+  static std::vector<UnitCut> take_units(BatchIteratorImpl& iterator, int64_t timeout_ms, int64_t max_bytes) {
+    return iterator.take_units(timeout_ms, max_bytes);
   }
   static const std::vector<int64_t>& worker_batches(const BatchIteratorImpl& iterator) {
     return iterator.worker_batches();

@@ -17,11 +17,12 @@ namespace {
 // The description's layout (int64 words):
 //   version, owner pid, owner nonce, last, freed count, freed slab ids...,
 //   slab count, per slab: id, fd, inode, bytes,
-//   other storage count, batch count, worker, worker count, worker_batches...,
-//   per batch: field count, per field: name index, kind, then
-//     dense: a tensor record; CSR: rows, columns, and records of crow_indices, col_indices, values.
+//   other storage count, unit count, worker, worker count, worker_batches...,
+//   per unit: batch size (0: one batch, uncut), field count, per field: name index, kind, then
+//     dense: a tensor record; CSR: rows, columns, and records of crow_indices, col_indices, values;
+//     then offset count, per offset (split_into_batches' offsets of a CSR field): name index, a tensor record.
 //   A tensor record: storage index (slabs first, then others), dtype, offset, dim, sizes..., strides...
-constexpr int64_t kVersion = 2;
+constexpr int64_t kVersion = 3;
 constexpr int64_t kDense = 0;
 constexpr int64_t kSparseCsr = 1;
 constexpr int64_t kMaxCount =
@@ -62,6 +63,13 @@ class Writer {
     words_.push_back(tensor.dim());
     for (int64_t size : tensor.sizes()) words_.push_back(size);
     for (int64_t stride : tensor.strides()) words_.push_back(stride);
+  }
+
+  void offsets(int64_t name, const std::string& key, const at::Tensor& tensor) {
+    core::check_argument(tensor.device().is_cpu() && tensor.layout() == at::kStrided,
+                         "pack: the row offsets of field '", key, "' must be a dense tensor on the CPU");
+    words_.push_back(name);
+    this->tensor(tensor);
   }
 
   void field(int64_t name, const std::string& key, const at::Tensor& tensor) {
@@ -161,20 +169,25 @@ int64_t leases(const c10::Storage& slab) { return lease_word(slab).load(std::mem
 
 namespace {
 
-Packed pack_batches(const std::vector<sources::Batch>& batches, int64_t worker,
-                    const std::vector<int64_t>& worker_batches, bool last) {
+Packed pack_units(const std::vector<UnitCut>& units, int64_t worker, const std::vector<int64_t>& worker_batches,
+                  bool last) {
   Writer writer;
   Packed out;
   std::unordered_map<std::string, int64_t> name_index;
-  for (const sources::Batch& given : batches) {
+  const auto name_of = [&](const std::string& key) {
+    auto [it, added] = name_index.emplace(key, static_cast<int64_t>(out.names.size()));
+    if (added) out.names.push_back(key);
+    return it->second;
+  };
+  for (const UnitCut& cut : units) {
+    core::check_argument(cut.batch_size >= 0, "pack: batch size ", cut.batch_size, " (0: the unit is one batch)");
     // A conjugate or negative view's memory is not its values: such fields cross resolved.
-    const sources::Batch batch = with_views_resolved(given);
-    writer.words().push_back(static_cast<int64_t>(batch.size()));
-    for (const auto& item : batch) {
-      auto [it, added] = name_index.emplace(item.key(), static_cast<int64_t>(out.names.size()));
-      if (added) out.names.push_back(item.key());
-      writer.field(it->second, item.key(), item.value());
-    }
+    const sources::Batch unit = with_views_resolved(cut.unit);
+    writer.words().push_back(cut.batch_size);
+    writer.words().push_back(static_cast<int64_t>(unit.size()));
+    for (const auto& item : unit) writer.field(name_of(item.key()), item.key(), item.value());
+    writer.words().push_back(static_cast<int64_t>(cut.offsets.size()));
+    for (const auto& item : cut.offsets) writer.offsets(name_of(item.key()), item.key(), item.value());
   }
   // Slabs first, then the other storages: the records' storage indices renumbered to that order.
   const std::vector<c10::Storage>& storages = writer.storages();
@@ -202,13 +215,59 @@ Packed pack_batches(const std::vector<sources::Batch>& batches, int64_t worker,
   for (const auto& [storage, handle] : slabs) {
     words.insert(words.end(), {handle.id, handle.fd, handle.inode, handle.bytes});
   }
-  words.insert(words.end(), {static_cast<int64_t>(out.others.size()), static_cast<int64_t>(batches.size()), worker,
+  words.insert(words.end(), {static_cast<int64_t>(out.others.size()), static_cast<int64_t>(units.size()), worker,
                              static_cast<int64_t>(worker_batches.size())});
   words.insert(words.end(), worker_batches.begin(), worker_batches.end());
   words.insert(words.end(), writer.words().begin(), writer.words().end());
   // Leases last: nothing above can fail after one is taken.
   for (const auto& [storage, handle] : slabs) lease_word(storage).fetch_add(1, std::memory_order_acq_rel);
   return out;
+}
+
+// Whether a unit received can be cut as described without reaching outside its tensors: a CSR field's row
+// offsets are read here (split_into_batches narrows its columns and values by them) and rebased into the
+// memory set aside for them.
+template <typename Index>
+void check_row_offsets(const std::string& key, const at::Tensor& field) {
+  const at::Tensor crow = field.crow_indices();
+  const int64_t rows = field.size(0);
+  core::check_argument(crow.dim() == 1 && crow.size(0) == rows + 1 && crow.is_contiguous() &&
+                           field.col_indices().dim() == 1 && field.values().dim() >= 1 &&
+                           field.col_indices().scalar_type() == crow.scalar_type(),
+                       "unpack: field '", key, "' is not a CSR matrix of ", rows, " rows");
+  const Index* offsets = crow.const_data_ptr<Index>();
+  const int64_t stored = std::min(field.col_indices().size(0), field.values().size(0));
+  bool ordered = offsets[0] >= 0 && offsets[rows] <= stored;
+  for (int64_t r = 0; r < rows && ordered; ++r) ordered = offsets[r] <= offsets[r + 1];
+  core::check_argument(ordered, "unpack: field '", key, "' has row offsets out of order or past its ", stored,
+                       " stored values");
+}
+
+void check_cut(const UnitCut& cut) {
+  const int64_t rows = rows_of(cut.unit, "unpack");
+  const int64_t batches = (rows + cut.batch_size - 1) / cut.batch_size;
+  for (const auto& item : cut.unit) {
+    const at::Tensor& field = item.value();
+    if (field.layout() != at::kSparseCsr) continue;
+    const at::ScalarType index = field.crow_indices().scalar_type();
+    core::check_argument(index == at::kInt || index == at::kLong, "unpack: field '", item.key(), "' has ", index,
+                         " row offsets");
+    if (index == at::kInt) {
+      check_row_offsets<int32_t>(item.key(), field);
+    } else {
+      check_row_offsets<int64_t>(item.key(), field);
+    }
+  }
+  for (const auto& item : cut.offsets) {
+    const auto field = cut.unit.find(item.key());
+    core::check_argument(field != cut.unit.end() && field->value().layout() == at::kSparseCsr, "unpack: offsets for '",
+                         item.key(), "', which is not a CSR field of the unit");
+    const at::Tensor& offsets = item.value();
+    core::check_argument(offsets.dim() == 1 && offsets.size(0) == rows + batches && offsets.is_contiguous() &&
+                             offsets.scalar_type() == field->value().crow_indices().scalar_type(),
+                         "unpack: the offsets set aside for '", item.key(), "' do not fit ", batches, " batches of ",
+                         rows, " rows");
+  }
 }
 
 Unpacked unpack_batches(const std::vector<int64_t>& description, const std::vector<std::string>& names,
@@ -237,7 +296,7 @@ Unpacked unpack_batches(const std::vector<int64_t>& description, const std::vect
   core::check_argument(num_others == static_cast<int64_t>(others.size()), "unpack: the description names ", num_others,
                        " storages besides its slabs, got ", others.size());
   Unpacked out;
-  const int64_t num_batches = reader.count("batch");
+  const int64_t num_units = reader.count("unit");
   out.worker = reader.next();
   out.worker_batches.resize(static_cast<size_t>(reader.count("worker")));
   for (int64_t& count : out.worker_batches) count = reader.next();
@@ -246,25 +305,37 @@ Unpacked unpack_batches(const std::vector<int64_t>& description, const std::vect
   storages.reserve(handles.size() + others.size());
   for (const SlabHandle& handle : handles) storages.push_back(leased_alias(map_slab(owner, handle)));
   storages.insert(storages.end(), others.begin(), others.end());
-  for (int64_t b = 0; b < num_batches; ++b) {
-    sources::Batch batch;
+  const auto name = [&] {
+    const int64_t index = reader.next();
+    core::check_argument(index >= 0 && index < static_cast<int64_t>(names.size()), "unpack: field name ", index,
+                         " out of range");
+    return names[static_cast<size_t>(index)];
+  };
+  for (int64_t u = 0; u < num_units; ++u) {
+    UnitCut cut;
+    cut.batch_size = reader.next();
+    core::check_argument(cut.batch_size >= 0, "unpack: bad batch size ", cut.batch_size);
     const int64_t fields = reader.count("field");
     for (int64_t f = 0; f < fields; ++f) {
-      const int64_t name = reader.next();
-      core::check_argument(name >= 0 && name < static_cast<int64_t>(names.size()), "unpack: field name ", name,
-                           " out of range");
+      const std::string& key = name();
       const int64_t kind = reader.next();
       if (kind == kDense) {
-        batch.insert(names[name], reader.tensor(storages));
+        cut.unit.insert(key, reader.tensor(storages));
         continue;
       }
       core::check_argument(kind == kSparseCsr, "unpack: unknown field kind ", kind);
       const int64_t rows = reader.next(), columns = reader.next();
       at::Tensor offsets = reader.tensor(storages), indices = reader.tensor(storages), values = reader.tensor(storages);
-      batch.insert(names[name], at::_sparse_csr_tensor_unsafe(offsets, indices, values, {rows, columns},
-                                                              values.options().layout(at::kSparseCsr)));
+      cut.unit.insert(key, at::_sparse_csr_tensor_unsafe(offsets, indices, values, {rows, columns},
+                                                         values.options().layout(at::kSparseCsr)));
     }
-    out.batches.push_back(std::move(batch));
+    const int64_t offsets = reader.count("offset");
+    for (int64_t o = 0; o < offsets; ++o) {
+      const std::string& key = name();
+      cut.offsets.insert(key, reader.tensor(storages));
+    }
+    if (cut.batch_size > 0) check_cut(cut);
+    for (sources::Batch& batch : cut_unit(cut)) out.batches.push_back(std::move(batch));
   }
   core::check_argument(reader.done(), "unpack: the description has words left over");
   // The worker's iteration sends nothing more: its slabs stay mapped only as long as these batches' views.
@@ -276,7 +347,14 @@ Unpacked unpack_batches(const std::vector<int64_t>& description, const std::vect
 
 Packed pack(const std::vector<sources::Batch>& batches, int64_t worker, const std::vector<int64_t>& worker_batches,
             bool last) {
-  return translate_errors([&] { return pack_batches(batches, worker, worker_batches, last); });
+  std::vector<UnitCut> units;
+  units.reserve(batches.size());
+  for (const sources::Batch& batch : batches) units.push_back(UnitCut{batch, 0, sources::Batch()});
+  return pack(units, worker, worker_batches, last);
+}
+
+Packed pack(const std::vector<UnitCut>& units, int64_t worker, const std::vector<int64_t>& worker_batches, bool last) {
+  return translate_errors([&] { return pack_units(units, worker, worker_batches, last); });
 }
 
 Unpacked unpack(const std::vector<int64_t>& description, const std::vector<std::string>& names,

@@ -17,7 +17,7 @@
 //       (description bytes, field names, other storages as uint8 tensors), or
 //       None if a value is not a CPU tensor (dense or sparse CSR)
 //   poll_packed(handle, timeout_ms, max_bytes, endless)
-//       BatchIterator.take_ready's batches, packed as pack() does, or None
+//       BatchIterator.take_units' units, packed as pack() does, or None
 //   unpack(description, names, others)
 //       (list of batch dicts, worker, worker_batches)
 //   mapped_slabs()             {"maps", "mapped", "mapped_bytes"} of this process
@@ -243,14 +243,14 @@ PyObject* poll_packed(PyObject* /*module*/, PyObject* const* args, Py_ssize_t na
   if (max_bytes == -1 && PyErr_Occurred()) return nullptr;
   const int endless = PyObject_IsTrue(args[3]);
   if (endless < 0) return nullptr;
-  std::vector<torch_shards::Batch> batches;
+  std::vector<torch_shards::UnitCut> units;
   {
     pybind11::gil_scoped_release no_gil;  // as poll()
-    batches = torch_shards::DatasetDoor::take_ready(*impl, timeout_ms, max_bytes);
+    units = torch_shards::DatasetDoor::take_units(*impl, timeout_ms, max_bytes);
   }
-  if (batches.empty()) Py_RETURN_NONE;
+  if (units.empty()) Py_RETURN_NONE;
   const bool last = endless == 0 && impl->batches_delivered() == impl->num_batches();
-  return packed_tuple(torch_shards::pack(batches, torch_shards::DatasetDoor::iteration(*impl).worker,
+  return packed_tuple(torch_shards::pack(units, torch_shards::DatasetDoor::iteration(*impl).worker,
                                          torch_shards::DatasetDoor::worker_batches(*impl), last));
   END_HANDLE_TH_ERRORS
 }
@@ -338,7 +338,7 @@ PyMethodDef methods[] = {
     {"pack", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pack_batches)), METH_FASTCALL,
      "pack(batches, worker, worker_batches, last): batches as they cross from a DataLoader worker, or None"},
     {"poll_packed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(poll_packed)), METH_FASTCALL,
-     "poll_packed(handle, timeout_ms, max_bytes, endless): BatchIterator.take_ready's batches, packed, or None"},
+     "poll_packed(handle, timeout_ms, max_bytes, endless): BatchIterator.take_units' units, packed, or None"},
     {"unpack", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(unpack_batches)), METH_FASTCALL,
      "unpack(description, names, others): (batches, worker, worker_batches) of what pack() made in a worker"},
     {"set_batch_type", set_batch_type, METH_O, "set_batch_type(type): the dict subclass poll() makes batches of"},

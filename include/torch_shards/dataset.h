@@ -46,6 +46,7 @@ struct ResumeSegment;
 class BufferPool;
 class EpochReader;
 class BatchIteratorImpl;
+struct UnitCut;      // loader/batches.h
 struct DatasetDoor;  // loader/dataset_door.h
 struct Iteration;
 struct IterationProgress;
@@ -293,7 +294,7 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   // batches next() returns.
   void push_unit(const Batch& unit);
   // Batches of the current unit not delivered yet.
-  int64_t pending() const { return static_cast<int64_t>(pending_.size() - next_pending_); }
+  int64_t pending() const { return current_batches_ - next_pending_; }
   // Stops the reader threads; later reads raise. Idempotent.
   void close();
   // Delivers every later batch on `device`, copied on a side stream (the dataset's device option);
@@ -327,23 +328,26 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   // batch for doors that must wake up now and then (Ctrl-C in Python).
   std::optional<Batch> poll(int64_t timeout_ms);
   // For a DataLoader worker sending many batches at once: waits at most
-  // timeout_ms for the next batch, then takes it, the rest of its unit, and
-  // the next units (waiting for them) until the batches taken hold
-  // max_bytes or the epoch ends, each counted as delivered. Empty if none
-  // came in time, or at the end (finished() is then true). A read error met
-  // after the first unit is raised by the next call. With a per-unit
-  // transform (next_unit / push_unit), pass max_bytes=0: only the pushed
-  // unit's batches are taken.
-  std::vector<Batch> take_ready(int64_t timeout_ms, int64_t max_bytes);
+  // timeout_ms for the next batch, then takes the rest of its unit and the
+  // next units (waiting for them) until they hold max_bytes or the epoch
+  // ends, every batch counted as delivered. A unit none of whose batches was
+  // taken comes whole, with how to cut it (the process that receives it
+  // cuts it: no per-batch work here); the rest of one begun by next() comes
+  // batch by batch. Empty if nothing came in time, or at the end (finished()
+  // is then true). A read error met after the first unit is raised by the
+  // next call. With a per-unit transform (next_unit / push_unit), pass
+  // max_bytes=0: only the pushed unit is taken.
+  std::vector<UnitCut> take_units(int64_t timeout_ms, int64_t max_bytes);
   // The batches each DataLoader worker of this iteration delivers (empty in
   // the training process).
   const std::vector<int64_t>& worker_batches() const;
   // What this iteration reads (internal: Iteration is not part of the installed headers).
   const Iteration& iteration() const;
 
-  void cut(const Batch& unit, bool padding);
-  bool refill();    // pending_ has a batch, or the epoch ended
-  Batch deliver();  // the next pending batch, counted
+  void start_unit(Batch unit, Batch offsets, bool padding);  // the current unit, none of its batches delivered
+  bool refill();                                             // the current unit has a batch left, or the epoch ended
+  Batch deliver();                                           // its next batch, counted
+  void count_delivered(int64_t rows);                        // one more batch of `rows` rows delivered
 
   std::unique_ptr<EpochReader> reader_;
   std::shared_ptr<IterationProgress> progress_;
@@ -352,16 +356,20 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   int64_t num_batches_;
   at::Tensor shared_state_;
   int64_t slot_;
-  std::vector<Batch> pending_;  // batches of the current unit not yet delivered
-  Batch delivered_slot_;        // empty, put in a delivered batch's slot (a new Dict would allocate per batch)
-  size_t next_pending_ = 0;
-  int64_t unit_rows_ = -1;  // rows of the unit handed out by next_unit(), awaiting push_unit()
-  at::Tensor unit_index_;   // and their indices, which push_unit() must get back
+  Batch current_;          // the current unit (empty once taken whole)
+  Batch current_offsets_;  // split_into_batches' offsets for its CSR fields
+  int64_t current_rows_ = 0;
+  int64_t current_batches_ = 0;  // the batches it is cut into
+  int64_t next_pending_ = 0;     // those delivered
+  std::vector<Batch> pending_;   // its batches, cut when next() first delivers one of them
+  Batch delivered_slot_;         // empty, put in a delivered batch's slot (a new Dict would allocate per batch)
+  int64_t unit_rows_ = -1;       // rows of the unit handed out by next_unit(), awaiting push_unit()
+  at::Tensor unit_index_;        // and their indices, which push_unit() must get back
   bool unit_padding_ = false;
   int64_t delivered_ = 0;
   bool last_padding_ = false;
   bool finished_ = false;
-  std::exception_ptr deferred_error_;          // met by take_ready() after its first batch
+  std::exception_ptr deferred_error_;          // met by take_units() after its first unit
   std::unique_ptr<DeviceStage> device_stage_;  // null: batches stay on the host
 };
 

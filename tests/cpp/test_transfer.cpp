@@ -1,7 +1,7 @@
 // Batches crossing processes as handles to slabs (csrc/loader/transfer.h,
-// shared_slab.h): a forked child packs, the parent maps and rebuilds; leases
-// come back as the views go; freed slabs are forgotten; a handle that names
-// no slab is refused.
+// shared_slab.h): a forked child packs, the parent maps and rebuilds; a unit
+// crosses whole and is cut where it arrives; leases come back as the views
+// go; freed slabs are forgotten; a handle that names no slab is refused.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -131,6 +131,58 @@ TEST(Transfer, ABatchPackedInAChildIsTheSameBatchMappedInTheParentAndItsLeaseCom
       EXPECT_EQ(leases(slab), 1);
     }
     EXPECT_EQ(leases(slab), 0);
+  }
+}
+
+TEST(Transfer, AUnitCrossesWholeAndIsCutWhereItArrivesIntoTheBatchesTheWorkerWouldHaveCut) {
+  const c10::Storage slab = new_slab(8192);
+  sources::Batch unit = batch_in(slab);
+  // A CSR field of the same 8 rows: row r holds r stored values; its rebased offsets (8 rows + 3 batches of
+  // 3) set aside in the slab, as the reader sets them aside.
+  const at::Tensor counts = at::arange(8, at::kLong);
+  const at::Tensor crow = at::cat({at::zeros({1}, at::kLong), counts.cumsum(0)});
+  const int64_t stored = crow[-1].item<int64_t>();
+  const at::Tensor values = at::arange(stored, at::kFloat), columns = at::arange(stored, at::kLong) % 5;
+  const auto carve = [&](const at::Tensor& source, int64_t byte_offset) {
+    at::Tensor tensor = at::empty({0}, source.options());
+    tensor.set_(slab, byte_offset / static_cast<int64_t>(source.itemsize()), {source.numel()}, {1});
+    return tensor.copy_(source);
+  };
+  const int64_t base = kSlabHeaderBytes + 512;
+  unit.insert("counts",
+              at::_sparse_csr_tensor_unsafe(carve(crow, base), carve(columns, base + 128), carve(values, base + 512),
+                                            {8, 5}, values.options().layout(at::kSparseCsr)));
+  sources::Batch offsets;
+  at::Tensor set_aside = at::empty({0}, at::kLong);
+  set_aside.set_(slab, (base + 1024) / 8, {8 + 3}, {1});
+  offsets.insert("counts", set_aside);
+  // What the worker would have delivered: rows 0-2, 3-5 and 6-7 of every field (copied: the cut below
+  // rebases row offsets into the slab).
+  std::vector<sources::Batch> expected;
+  for (int64_t first = 0; first < 8; first += 3) {
+    sources::Batch rows;
+    for (const auto& item : unit)
+      rows.insert(item.key(), item.value().to_dense().narrow(0, first, std::min<int64_t>(3, 8 - first)).clone());
+    expected.push_back(rows);
+  }
+  {
+    const Packed packed = pack(std::vector<UnitCut>{UnitCut{unit, 3, offsets}}, -1, {}, false);
+    EXPECT_EQ(leases(slab), 1);
+    {
+      const Unpacked back = unpack(packed.description, packed.names, packed.others);
+      ASSERT_EQ(back.batches.size(), 3u);
+      for (size_t b = 0; b < 3; ++b) {
+        EXPECT_TRUE(intact(back.batches[b]));
+        for (const auto& item : expected[b]) {
+          const at::Tensor got = back.batches[b].at(item.key());
+          EXPECT_TRUE(at::equal(got.to_dense(), item.value())) << "batch " << b << " field " << item.key();
+        }
+        // Cut from the mapped slab, not copied: the CSR values view the memory the dense fields view.
+        EXPECT_EQ(back.batches[b].at("counts").values().storage().data(), back.batches[b].at("X").storage().data());
+      }
+      EXPECT_EQ(leases(slab), 1);
+    }
+    EXPECT_EQ(leases(slab), 0);  // every batch of the unit gone: the lease is back
   }
 }
 
