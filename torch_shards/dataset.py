@@ -28,9 +28,12 @@ from .strategies import Strategy
 from .transfer import Batch, PackedUnits
 
 _POLL_MS = 100
-# What one item of ts.DataLoader's workers carries at most, beyond the unit it starts: enough that torch's
-# per-item cost (~0.1-0.2 ms) is small beside the copy of its bytes.
-_ITEM_BYTES = 4 << 20
+# What one item of ts.DataLoader's workers carries, units taken until it holds this much: torch's per-item
+# cost (~0.5 ms of CPU over the two processes' Python: fetch, queue, pickling, its profiler hooks) is then
+# small beside the batches it brings (at batch 256 of 64 float32 columns, 4 MiB items cost 0.3 of the 2
+# CPUs of our test machine, 16 MiB 0.08), while an epoch of ~100 MB still crosses in several items that
+# overlap reading and consuming (benchmarks/workers.py: 16 MiB read 0.67-0.71 of in-process, 4 MiB 0.56-0.61).
+_ITEM_BYTES = 16 << 20
 
 
 def _shares_by_descriptor():
