@@ -681,13 +681,19 @@ def open(path, **kwargs):  # noqa: A001 - mirrors the builtin for paths
     if storage:
         kwargs["storage"] = storage
         native_call("torch_shards.open", ops.set_storage_options, path, json.dumps(storage))
-    # The decision is native (torch_shards::plan_open, as C++'s torch_shards::open makes it): a missing path
-    # raises FileNotFoundError, a path it cannot open as asked ValueError naming it.
-    kind, paths = native_call("torch_shards.open", ops.open_plan, path, "dataset" in kwargs, "array" in kwargs)
-    if kind == "anndata":
-        return AnnDataSource(path, **kwargs)
-    if kind == "hdf5":
-        return HDF5Source(path, **kwargs)
-    if kind == "zarr":
-        return ZarrSource(path, **kwargs)
-    return Collection([AnnDataSource(dataset, **kwargs) for dataset in paths])
+    # One opening (io/storage/remote_paths.h): what the plan learns of objects in storage, the sources it
+    # plans reuse; a later open reads them as they are then.
+    opening = torch.classes.torch_shards.Opening()
+    try:
+        # The decision is native (torch_shards::plan_open, as C++'s torch_shards::open makes it): a missing
+        # path raises FileNotFoundError, a path it cannot open as asked ValueError naming it.
+        kind, paths = native_call("torch_shards.open", ops.open_plan, path, "dataset" in kwargs, "array" in kwargs)
+        if kind == "anndata":
+            return AnnDataSource(path, **kwargs)
+        if kind == "hdf5":
+            return HDF5Source(path, **kwargs)
+        if kind == "zarr":
+            return ZarrSource(path, **kwargs)
+        return Collection([AnnDataSource(dataset, **kwargs) for dataset in paths])
+    finally:
+        del opening  # the opening ends with it

@@ -11,6 +11,7 @@
 #include <torch_shards/source.h>
 #include <torch_shards/strategy.h>
 #include <torch_shards/version.h>
+#include "io/storage/remote_paths.h"
 #include "loader/dataset_door.h"
 #include "loader/device_stage.h"
 
@@ -18,6 +19,10 @@ namespace torch_shards {
 namespace {
 
 using ProcessGroupPtr = std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>;
+
+struct Opening : torch::CustomClassHolder {
+  io::storage::OpeningScope scope;
+};
 
 c10::intrusive_ptr<ShardedDatasetImpl> make_dataset(
     c10::intrusive_ptr<SourceImpl> source, c10::intrusive_ptr<StrategyImpl> strategy, int64_t batch_size,
@@ -125,6 +130,10 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("batches_delivered", &BatchIteratorImpl::batches_delivered)
       .def("last_was_padding", &BatchIteratorImpl::last_was_padding)
       .def("stats", &BatchIteratorImpl::stats);
+
+  // One dataset opening held by a door that makes several calls (Python's torch_shards.open): what
+  // they learn of objects in storage is reused among them, until the object goes (remote_paths.h).
+  m.class_<Opening>("Opening").def(torch::init<>());
 
   m.class_<DeviceStageImpl>("DeviceStage")
       .def(torch::init<std::string, int64_t>(), "",

@@ -5,12 +5,14 @@
 #include <c10/util/Exception.h>
 
 #include "core/errors.h"
+#include "io/storage/remote_paths.h"
 #include "io/storage/url.h"
 #include "loader/errors.h"
 
 namespace torch_shards {
 
 OpenPlan plan_open(const std::string& path, bool has_dataset, bool has_array) {
+  const io::storage::OpeningScope opening;  // what it learns of objects, the sources it plans reuse
   const std::string kind = probe(path);
   if (kind == "missing") translate_errors([&] { throw core::FileNotFound(path); });
   if (kind == "hdf5-anndata" || kind == "zarr-anndata") return {"anndata", {path}};
@@ -34,6 +36,7 @@ OpenPlan plan_open(const std::string& path, bool has_dataset, bool has_array) {
 }
 
 Source open(const std::string& path, const OpenOptions& options) {
+  const io::storage::OpeningScope opening;
   if (options.storage) {
     TORCH_CHECK_VALUE(io::storage::is_url(path), "torch_shards::open: storage options are for URLs, ", path,
                       " is a local path");
@@ -49,6 +52,7 @@ Source open(const std::string& path, const OpenOptions& options) {
 }
 
 Source open(const std::vector<std::string>& paths, const OpenOptions& options) {
+  const io::storage::OpeningScope opening;
   std::vector<Source> parts;
   for (const std::string& path : paths) parts.push_back(open(path, options));
   return Collection(parts);

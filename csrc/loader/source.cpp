@@ -16,6 +16,7 @@
 #include "io/file.h"
 #include "io/hdf5_array.h"
 #include "io/hdf5_group.h"
+#include "io/storage/remote_paths.h"
 #include "io/storage/storage_options.h"
 #include "io/storage/url.h"
 #include "io/zarr/array.h"
@@ -131,6 +132,7 @@ json anndata_params(const std::string& path, const std::vector<std::string>& obs
 }  // namespace
 
 SourceImpl::SourceImpl(const SourceState& state) : state_(state) {
+  const io::storage::OpeningScope opening;  // objects as they are now, not as an earlier opening saw them
   source_ = translate_errors([&] { return make_source(state_); });
 }
 
@@ -228,6 +230,7 @@ Batch SourceImpl::read(const at::Tensor& rows, int64_t num_threads) const {
 }
 
 AnnDataImpl::AnnDataImpl(const std::string& path) {
+  const io::storage::OpeningScope opening;
   path_ = absolute_path(path);
   store_ = translate_errors([&] { return open_anndata(path_); });
 }
@@ -335,6 +338,7 @@ void set_storage_options_json(const std::string& url, const std::string& options
 }
 
 std::string probe(const std::string& path) {
+  const io::storage::OpeningScope opening;
   return translate_errors([&]() -> std::string {
     if (!io::file_exists(path)) return "missing";
     const auto is_anndata = [](const io::Group& root) {
@@ -373,6 +377,7 @@ std::optional<std::string> annbatch_number(const std::string& name, bool h5ad) {
 }  // namespace
 
 std::optional<std::vector<std::string>> annbatch_datasets(const std::string& path) {
+  const io::storage::OpeningScope opening;
   return translate_errors([&]() -> std::optional<std::vector<std::string>> {
     if (!io::file_exists(path)) throw core::FileNotFound(path);
     if (!io::is_directory(path)) return std::nullopt;
@@ -450,6 +455,7 @@ AnnDataSource::AnnDataSource(c10::intrusive_ptr<AnnDataImpl> anndata, const AnnD
 
 AnnbatchCollection::AnnbatchCollection(const std::string& path, const AnnDataSourceOptions& options)
     : Collection([&] {
+        const io::storage::OpeningScope opening;  // the collection's datasets opened with what finding them learnt
         const std::optional<std::vector<std::string>> datasets = annbatch_datasets(path);
         TORCH_CHECK_VALUE(datasets, "AnnbatchCollection: ", path,
                           " is not an annbatch DatasetCollection (a zarr group whose encoding-type is "

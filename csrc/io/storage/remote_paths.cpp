@@ -15,28 +15,57 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kKeep = std::chrono::seconds(10);  // how long stats and small objects are reused
 constexpr size_t kSmallObject = 1 << 20;
 
+template <typename T>
+struct Known {
+  Clock::time_point when;
+  uint64_t opening;  // the opening current when it was learnt
+  T value;
+};
+
 // This process's recent stats and small objects (per_process: a forked
 // child starts its own), by recent_key: the same s3:// URL behind another
 // endpoint (or other options) is another object.
 struct Recent {
   std::mutex mutex;
-  std::map<std::string, std::pair<Clock::time_point, std::optional<ObjectStamp>>> stats;
-  std::map<std::string, std::pair<Clock::time_point, std::optional<std::vector<uint8_t>>>> objects;
-  std::map<std::string, std::pair<Clock::time_point, bool>> below;  // s3: whether objects lie below a prefix
+  uint64_t opening = 1;  // bumped as an opening begins (OpeningScope)
+  int64_t scopes = 0;    // OpeningScopes alive
+  std::map<std::string, Known<std::optional<ObjectStamp>>> stats;
+  std::map<std::string, Known<std::optional<std::vector<uint8_t>>>> objects;
+  std::map<std::string, Known<bool>> below;  // s3: whether objects lie below a prefix
+
+  // What `map` knows of `key` that may be used now, or null. While a dataset opens: only what this
+  // opening learnt (an object rewritten since an earlier opening is seen as it is now). Otherwise (a
+  // reader opening shards, checking a store's metadata): what was learnt in the last kKeep.
+  template <typename T>
+  const T* fresh(std::map<std::string, Known<T>>& map, const std::string& key) const {
+    const auto it = map.find(key);
+    if (it == map.end()) return nullptr;
+    const bool usable = scopes > 0 ? it->second.opening == opening : Clock::now() - it->second.when <= kKeep;
+    return usable ? &it->second.value : nullptr;
+  }
+  template <typename T>
+  void learn(std::map<std::string, Known<T>>& map, const std::string& key, T value) {
+    map[key] = Known<T>{Clock::now(), opening, std::move(value)};
+  }
 };
 
 Recent& recent() { return per_process<Recent>(); }
 
 std::string recent_key(const Url& url) { return ObjectStore::key_of(url) + '\n' + url.text; }
 
-template <typename Map>
-const typename Map::mapped_type::second_type* fresh(Map& map, const std::string& key) {
-  const auto it = map.find(key);
-  if (it == map.end() || Clock::now() - it->second.first > kKeep) return nullptr;
-  return &it->second.second;
+}  // namespace
+
+void begin_opening() {
+  Recent& table = recent();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  if (table.scopes++ == 0) ++table.opening;
 }
 
-}  // namespace
+void end_opening() {
+  Recent& table = recent();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  if (table.scopes > 0) --table.scopes;  // none in a child forked inside a scope: its table is its own
+}
 
 std::optional<RemoteObject> open_remote(const std::string& text) {
   const Url url = parse_url(text);
@@ -59,11 +88,11 @@ std::optional<ObjectStamp> stat_remote(const std::string& text) {
   const std::string key = recent_key(url);
   {
     std::lock_guard<std::mutex> lock(table.mutex);
-    if (const auto* known = fresh(table.stats, key)) return *known;
+    if (const auto* known = table.fresh(table.stats, key)) return *known;
   }
   std::optional<ObjectStamp> stamp = ObjectStore::of(url)->head(url);
   std::lock_guard<std::mutex> lock(table.mutex);
-  table.stats[key] = {Clock::now(), stamp};
+  table.learn(table.stats, key, stamp);
   return stamp;
 }
 
@@ -77,11 +106,11 @@ bool remote_is_directory(const std::string& text) {
     const std::string key = recent_key(url);
     {
       std::lock_guard<std::mutex> lock(table.mutex);
-      if (const bool* known = fresh(table.below, key)) return *known;
+      if (const bool* known = table.fresh(table.below, key)) return *known;
     }
     const bool below = ObjectStore::of(url)->has_objects_below(url);
     std::lock_guard<std::mutex> lock(table.mutex);
-    table.below[key] = {Clock::now(), below};
+    table.learn(table.below, key, below);
     return below;
   }
   for (const char* name : {"/zarr.json", "/.zgroup", "/.zarray"}) {
@@ -107,7 +136,7 @@ std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::
   {
     std::lock_guard<std::mutex> lock(table.mutex);
     for (size_t i = 0; i < texts.size(); ++i) {
-      const auto* known = etags == nullptr ? fresh(table.objects, keys[i]) : nullptr;
+      const auto* known = etags == nullptr ? table.fresh(table.objects, keys[i]) : nullptr;
       if (known != nullptr) {
         out[i] = *known;
       } else {
@@ -132,12 +161,11 @@ std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::
     std::lock_guard<std::mutex> lock(table.mutex);
     for (size_t k = 0; k < entry.second.size(); ++k) {
       const size_t i = entry.second[k];
-      if (etags == nullptr && (!got[k] || got[k]->size() <= kSmallObject))
-        table.objects[keys[i]] = {Clock::now(), got[k]};
+      if (etags == nullptr && (!got[k] || got[k]->size() <= kSmallObject)) table.learn(table.objects, keys[i], got[k]);
       // What a HEAD would answer now (a stamp asked for next: a zarr.json's, as its store opens).
-      table.stats[keys[i]] = {Clock::now(), got[k] ? std::optional<ObjectStamp>(ObjectStamp{
-                                                         static_cast<int64_t>(got[k]->size()), got_etags[k]})
-                                                   : std::nullopt};
+      table.learn(table.stats, keys[i],
+                  got[k] ? std::optional<ObjectStamp>(ObjectStamp{static_cast<int64_t>(got[k]->size()), got_etags[k]})
+                         : std::nullopt);
       if (etags != nullptr) (*etags)[i] = got_etags[k];
       out[i] = std::move(got[k]);
     }

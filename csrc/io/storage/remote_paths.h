@@ -1,8 +1,9 @@
 // What file.h does for local paths, for URLs: stat, exists, is a
 // "directory" (objects below it), list, read whole, read ranges of an
-// opened object. Metadata read while a dataset opens (zarr.json and the
-// like, asked for many times) is kept for a few seconds per process so that
-// opening costs few round trips.
+// opened object. Stats and small objects (zarr.json and the like, asked for
+// many times while a dataset opens) are kept per process so that opening
+// costs few round trips: within one opening (OpeningScope), and otherwise
+// for a few seconds.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,23 @@
 #include "io/storage/url.h"
 
 namespace torch_shards::io::storage {
+
+// One dataset opening: while one lives (on any thread), stats and small
+// objects are reused only if learnt since the first of them began; so a
+// dataset opened again, after its objects were rewritten, reads them as they
+// are now, never the earlier opening's metadata or stamps. Scopes that
+// overlap (nested, or on other threads) are one opening. begin_opening and
+// end_opening are its two halves, for a door that cannot hold one (Python's
+// with-block).
+void begin_opening();
+void end_opening();
+class OpeningScope {
+ public:
+  OpeningScope() { begin_opening(); }
+  ~OpeningScope() { end_opening(); }
+  OpeningScope(const OpeningScope&) = delete;
+  OpeningScope& operator=(const OpeningScope&) = delete;
+};
 
 struct RemoteObject {
   Url url;
