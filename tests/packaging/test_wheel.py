@@ -28,6 +28,7 @@ import scipy.sparse as sp
 import torch
 import zarr
 from conftest import cmake_build
+from remote_servers import RangeHTTPServer
 from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
 import torch_shards as ts
@@ -69,17 +70,20 @@ def can_hide():
     )
 
 
-def hidden_files():
+def hidden_files(keep=()):
     files = []
     for pattern in HIDDEN_LIBRARIES:
+        if pattern in keep:
+            continue
         files += glob.glob(os.path.join(SYSTEM_LIBRARY_DIR, pattern))
     return sorted(set(files))
 
 
-def hidden(command):
-    """command, run with the system's copies of the bundled libraries replaced by /dev/null."""
+def hidden(command, keep=()):
+    """command, run with the system's copies of the bundled libraries replaced by /dev/null (but those of
+    the HIDDEN_LIBRARIES patterns in keep)."""
     if can_hide():
-        mounts = "".join(f"mount --bind /dev/null {path} && " for path in hidden_files())
+        mounts = "".join(f"mount --bind /dev/null {path} && " for path in hidden_files(keep))
         return ["unshare", "--mount", "--propagation", "private", "sh", "-c", mounts + 'exec "$@"', "sh", *command]
     if os.environ.get("TORCH_SHARDS_WHEEL_REQUIRED") == "1":
         pytest.fail("cannot make a mount namespace to hide the system's libraries (needs root or user namespaces)")
@@ -90,8 +94,8 @@ def hidden(command):
 OUTSIDE = "/"
 
 
-def run_hidden(command, **kwargs):
-    return subprocess.run(hidden(command), capture_output=True, text=True, cwd=OUTSIDE, **kwargs)
+def run_hidden(command, keep=(), **kwargs):
+    return subprocess.run(hidden(command, keep), capture_output=True, text=True, cwd=OUTSIDE, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -247,6 +251,35 @@ def test_every_format_reads_back_exactly_and_feeds_dataloader_workers(venv, case
     done = run_hidden([venv_python(venv), SMOKE, "formats", str(cases_path)], timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     for case in written:
+        assert f"{case['name']}: " in done.stdout
+    for context in ("fork", "spawn", "forkserver"):
+        assert f"exactly once through 2 {context} workers" in done.stdout
+
+
+def test_the_installed_wheel_reads_urls_over_http_and_s3(venv, cases):
+    # The wheel's storage layer (libcurl loaded from the system at the first URL, SigV4, the cache) from a
+    # user's side: the same files served by the tests' HTTP server on 127.0.0.1, read plainly over http://
+    # and as an unsigned s3:// endpoint, value by value and through fork / spawn / forkserver workers. The
+    # system's libcurl links its libzstd (a machine with libcurl has it): kept, beside the wheel's own zstd.
+    cases_path, written = cases
+    directory = os.path.dirname(str(cases_path))
+    root, bucket = os.path.split(directory)
+    chosen = [case for case in written if case["name"] in ("h5ad-csr", "zarr-v2-blosc-lz4", "zarr-v3-sharded")]
+    assert len(chosen) == 3
+    with RangeHTTPServer(root, s3_listing=True) as server:
+        remote = []
+        for case in chosen:
+            name = os.path.relpath(case["path"], directory)
+            remote.append(dict(case, name=case["name"] + " over http", path=f"{server.url}/{bucket}/{name}"))
+            s3 = {"endpoint_url": server.url, "anonymous": True}
+            remote.append(dict(case, name=case["name"] + " over s3", path=f"s3://{bucket}/{name}",
+                               kwargs={**case["kwargs"], **s3}))  # fmt: skip
+        remote_path = os.path.join(directory, "remote_cases.json")
+        with open(remote_path, "w") as out:
+            json.dump(remote, out)
+        done = run_hidden([venv_python(venv), SMOKE, "formats", remote_path], keep=("libzstd.so*",), timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for case in remote:
         assert f"{case['name']}: " in done.stdout
     for context in ("fork", "spawn", "forkserver"):
         assert f"exactly once through 2 {context} workers" in done.stdout
