@@ -22,6 +22,7 @@ from conftest import (
     rows_source,
     write_anndata,
 )
+from remote_servers import RangeHTTPServer
 
 import torch_shards as ts
 
@@ -171,10 +172,11 @@ def test_a_missing_file_fails_the_cpp_load_naming_it(loader, tmp_path):
     assert str(path) in done.stderr
 
 
-def cpp_rows(program, path, obs, fields):
+def cpp_rows(program, path, obs, fields, environment=None):
     """{(row, field): values} of one epoch read_fields printed, each row of each field once."""
     arguments = [str(program), str(path), *obs, *(f"{name}={element}" for name, element in fields.items())]
-    done = subprocess.run(arguments, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, **(environment or {})}
+    done = subprocess.run(arguments, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     rows = {}
     for line in done.stdout.splitlines():
@@ -224,3 +226,11 @@ def test_cpp_options_read_every_field_of_a_file_and_of_an_annbatch_collection(pa
     read_back = [ad.io.read_elem(zarr.open_group(collection, mode="r")[f"dataset_{i}"]) for i in range(2)]
     fields = {"expression": "X", **PER_CELL_FIELDS_ACROSS_FILES}
     assert_same_rows(cpp_rows(program, collection, [], fields), expected_rows(read_back, [], fields))
+    # The same collection in object storage (the tests' server as an unsigned S3 endpoint, set as a C++
+    # program's user sets it: the environment), its datasets opened together.
+    served = tmp_path / "served"
+    shutil.copytree(collection, served / "public" / "collection.zarr")
+    with RangeHTTPServer(served, s3_listing=True) as server:
+        environment = {"AWS_ENDPOINT_URL": server.url, "AWS_NO_SIGN_REQUEST": "true"}
+        got = cpp_rows(program, "s3://public/collection.zarr", [], fields, environment)
+    assert_same_rows(got, expected_rows(read_back, [], fields))

@@ -417,6 +417,20 @@ def test_values_and_indices_are_requested_together(tmp_path, cached):
         assert server.arrived == set(names) and server.waited_out == []
 
 
+def test_a_collections_datasets_are_opened_together(tmp_path):
+    # Opening an annbatch collection's dataset behind a URL is a chain of ~25 round trips; its datasets are
+    # opened at once (1.8 s -> 0.7 s for this one at 20 ms a request; a hundred datasets would have taken
+    # minutes). The server holds each dataset's first ranged read until all three have asked.
+    (tmp_path / "public").mkdir()
+    shutil.copytree(COLLECTION, tmp_path / "public" / "collection.zarr")
+    names = [f"dataset_{i}/X/indptr/c/0" for i in range(3)]
+    with RendezvousServer(tmp_path, names) as server:
+        remote = ts.open("s3://public/collection.zarr", endpoint_url=server.url, anonymous=True)
+        assert server.arrived == set(names) and server.waited_out == []
+        rows = torch.arange(len(remote))
+        same_batches(ts.open(COLLECTION).read(rows), remote.read(rows))
+
+
 def entry_sizes(cache):
     return [f.stat().st_size for f in cache.rglob("*") if f.is_file() and f.parent != cache]
 

@@ -46,9 +46,7 @@ Source open(const std::string& path, const OpenOptions& options) {
   if (plan.kind == "anndata") return AnnDataSource(path, options.anndata);
   if (plan.kind == "hdf5") return HDF5Source(path, *options.dataset, HDF5SourceOptions{options.field});
   if (plan.kind == "zarr") return ZarrSource(path, options.array.value_or("/"), ZarrSourceOptions{options.field});
-  std::vector<Source> parts;
-  for (const std::string& dataset : plan.paths) parts.push_back(AnnDataSource(dataset, options.anndata));
-  return Collection(parts);
+  return AnnbatchCollection(path, options.anndata);  // plan.paths, opened together behind URLs
 }
 
 Source open(const std::vector<std::string>& paths, const OpenOptions& options) {

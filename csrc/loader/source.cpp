@@ -12,6 +12,7 @@
 
 #include "core/errors.h"
 #include "core/thread_pool.h"
+#include "core/waiting_tasks.h"
 #include "io/anndata.h"
 #include "io/file.h"
 #include "io/hdf5_array.h"
@@ -460,8 +461,16 @@ AnnbatchCollection::AnnbatchCollection(const std::string& path, const AnnDataSou
         TORCH_CHECK_VALUE(datasets, "AnnbatchCollection: ", path,
                           " is not an annbatch DatasetCollection (a zarr group whose encoding-type is "
                           "annbatch-preshuffled, or a directory of dataset_<i>.h5ad files)");
+        // Behind URLs each dataset's opening is a chain of round trips (~25 for a zarr dataset): together.
+        std::vector<std::optional<Source>> opened(datasets->size());
+        const auto open_one = [&](int64_t i) { opened[i] = AnnDataSource((*datasets)[i], options); };
+        if (io::storage::is_url(path)) {
+          core::run_waiting_tasks(static_cast<int64_t>(opened.size()), open_one);
+        } else {
+          for (size_t i = 0; i < opened.size(); ++i) open_one(static_cast<int64_t>(i));
+        }
         std::vector<Source> parts;
-        for (const std::string& dataset : *datasets) parts.push_back(AnnDataSource(dataset, options));
+        for (std::optional<Source>& part : opened) parts.push_back(std::move(*part));
         return parts;
       }()) {}
 
