@@ -133,6 +133,26 @@ def test_names_and_columns(tmp_path, kind):
     assert set(source.obs_columns) == set(adata.obs.columns)
 
 
+@pytest.mark.parametrize("nullable", [False, True])
+def test_an_obs_index_of_another_length_than_x_is_refused_at_open(tmp_path, nullable):
+    # n_obs is the index's length as its metadata gives it (its names are read only when asked for): an
+    # index of 12 names over 10 rows of X is still refused when the file opens, naming both.
+    path = tmp_path / "cells.h5ad"
+    ad.AnnData(X=np.ones((10, 3), np.float32)).write_h5ad(path)
+    names = np.array([f"c{i}" for i in range(12)], dtype=object)
+    with h5py.File(path, "r+") as f:
+        del f["obs/_index"]
+        if nullable:
+            index = f["obs"].create_group("_index")
+            index.attrs.update({"encoding-type": "nullable-string-array", "encoding-version": "0.1.0"})
+            index.create_dataset("values", data=names, dtype=h5py.string_dtype())
+            index.create_dataset("mask", data=np.zeros(12, bool))
+        else:
+            f["obs"].create_dataset("_index", data=names, dtype=h5py.string_dtype())
+    with pytest.raises(RuntimeError, match="has 10 rows but obs has 12"):
+        ts.open(path)
+
+
 def test_shuffled_epoch_through_workers_matches_anndata(tmp_path):
     adata, dense = make_adata("csr")
     path = write(adata, tmp_path, "h5ad")

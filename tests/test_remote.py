@@ -417,6 +417,21 @@ def test_values_and_indices_are_requested_together(tmp_path, cached):
         assert server.arrived == set(names) and server.waited_out == []
 
 
+def test_opening_reads_the_lengths_of_obs_and_var_not_their_names(tmp_path):
+    # n_obs and n_vars come from the indexes' metadata: a dataset of millions of cells behind a URL opens
+    # without downloading its names (here 82 -> 52 requests for the collection); asked for, they are read.
+    (tmp_path / "public").mkdir()
+    shutil.copytree(COLLECTION, tmp_path / "public" / "collection.zarr")
+    with RangeHTTPServer(tmp_path, s3_listing=True) as server:
+        remote = ts.open("s3://public/collection.zarr", endpoint_url=server.url, anonymous=True)
+        assert len(remote) == len(ts.open(COLLECTION))
+        assert not [path for _, path, _ in server.requests if "/_index/" in path and "/c/" in path]
+        dataset = remote.sources[0]
+        local = ts.AnnDataSource(COLLECTION / "dataset_0")
+        assert dataset.obs_names == local.obs_names and dataset.var_names == local.var_names
+        assert [path for _, path, _ in server.requests if "/obs/_index/values/c/" in path]
+
+
 def test_a_collections_datasets_are_opened_together(tmp_path):
     # Opening an annbatch collection's dataset behind a URL is a chain of ~25 round trips; its datasets are
     # opened at once (1.8 s -> 0.7 s for this one at 20 ms a request; a hundred datasets would have taken

@@ -74,9 +74,12 @@ struct StringValues {
   bool is_missing(size_t i) const { return !missing.empty() && missing[i]; }
 };
 
-StringValues read_string_values(const Group& parent, const std::string& name, const std::string& what) {
+// The nullable-string-array group `name` is (its strings in "values", its
+// mask in "mask"), or null where `name` is an array of strings; anything
+// else throws, naming `what`.
+std::shared_ptr<const Group> nullable_strings_group(const Group& parent, const std::string& name,
+                                                    const std::string& what) {
   const std::string where = where_of(parent, name);
-  StringValues strings;
   if (parent.has_group(name)) {
     auto group = parent.group(name);
     const std::string encoding = encoding_type(group->attributes());
@@ -87,17 +90,34 @@ StringValues read_string_values(const Group& parent, const std::string& name, co
     if (!group->has_string_array("values")) {
       throw ReadError(concat(where, "/values: missing or not an array of strings (nullable-string-array)"));
     }
-    strings.values = group->read_strings("values");
-    strings.missing = read_mask(*group->array("mask"), static_cast<int64_t>(strings.values.size()), where);
-    return strings;
+    return group;
   }
   if (!parent.has_string_array(name)) {
     const std::string encoding = parent.has_array(name) ? encoding_type(parent.array_attributes(name)) : "";
     throw ReadError(concat(where, ": ", what, " is not an array of strings",
                            encoding.empty() ? std::string() : " (encoding-type '" + encoding + "')"));
   }
+  return nullptr;
+}
+
+StringValues read_string_values(const Group& parent, const std::string& name, const std::string& what) {
+  StringValues strings;
+  if (const std::shared_ptr<const Group> group = nullable_strings_group(parent, name, what)) {
+    strings.values = group->read_strings("values");
+    strings.missing =
+        read_mask(*group->array("mask"), static_cast<int64_t>(strings.values.size()), where_of(parent, name));
+    return strings;
+  }
   strings.values = parent.read_strings(name);
   return strings;
+}
+
+// How many strings read_string_values would return, from metadata only.
+int64_t string_values_length(const Group& parent, const std::string& name, const std::string& what) {
+  if (const std::shared_ptr<const Group> group = nullable_strings_group(parent, name, what)) {
+    return group->string_array_length("values");
+  }
+  return parent.string_array_length(name);
 }
 
 // Values of a numeric 1-D array as JSON (integers exact), null where missing.
@@ -448,9 +468,9 @@ AnnDataStore::AnnDataStore(std::shared_ptr<const Group> root) : root_(std::move(
                            ": obs is a compound dataset (AnnData < 0.7 layout); re-save the file "
                            "with a recent anndata"));
   }
-  n_obs_ = static_cast<int64_t>(index_of(*root_->group("obs")).size());
-  n_vars_ =
-      root_->has_group("var") ? static_cast<int64_t>(index_of(*root_->group("var")).size()) : matrix(std::nullopt).cols;
+  // Lengths from the indexes' metadata: their names (millions, behind URLs too) are read only if asked for.
+  n_obs_ = index_length(*root_->group("obs"));
+  n_vars_ = root_->has_group("var") ? index_length(*root_->group("var")) : matrix(std::nullopt).cols;
 }
 
 std::vector<int64_t> MatrixData::row_shape() const {
@@ -458,14 +478,22 @@ std::vector<int64_t> MatrixData::row_shape() const {
   return std::vector<int64_t>(dense->info().shape.begin() + 1, dense->info().shape.end());
 }
 
-std::vector<std::string> AnnDataStore::index_of(const Group& frame) const {
+std::string AnnDataStore::index_name(const Group& frame) const {
   const json attributes = frame.attributes();
   const auto index = attributes.find("_index");
   const std::string name = index != attributes.end() && index->is_string() ? index->get<std::string>() : "_index";
   if (!frame.has_array(name) && !frame.has_group(name)) {
     throw ReadError(concat(frame.where(), ": dataframe index '", name, "' is missing"));
   }
-  StringValues strings = read_string_values(frame, name, "the dataframe index");
+  return name;
+}
+
+int64_t AnnDataStore::index_length(const Group& frame) const {
+  return string_values_length(frame, index_name(frame), "the dataframe index");
+}
+
+std::vector<std::string> AnnDataStore::index_of(const Group& frame) const {
+  StringValues strings = read_string_values(frame, index_name(frame), "the dataframe index");
   for (size_t i = 0; i < strings.values.size(); ++i) {
     if (strings.is_missing(i)) strings.values[i].clear();
   }
@@ -632,7 +660,7 @@ MatrixData AnnDataStore::element(const std::string& path) const {
       throw ReadError(concat(where, ": has ", matrix.cols, " columns but obs has ", n_obs_, " rows"));
     }
     if (raw_var) {
-      const auto columns = static_cast<int64_t>(index_of(*parent->group("var")).size());
+      const int64_t columns = index_length(*parent->group("var"));
       if (matrix.cols != columns) {
         throw ReadError(concat(where, ": has ", matrix.cols, " columns but raw/var has ", columns, " rows"));
       }

@@ -82,6 +82,9 @@ class AnnDataStore {
   MatrixData matrix_in(const Group& parent, const std::string& name, const std::string& conversion) const;
   // Checks a matrix of n_obs x n_vars (X, layers) is one.
   void check_obs_by_vars(const MatrixData& matrix, const std::string& where) const;
+  // A dataframe's index: its name (checked present), length (from metadata) and values.
+  std::string index_name(const Group& frame) const;
+  int64_t index_length(const Group& frame) const;
   std::vector<std::string> index_of(const Group& frame) const;
 
   std::shared_ptr<const Group> root_;

@@ -37,6 +37,9 @@ class Group {
 
   // A 1-D array of strings (fixed or variable length; HDF5 or zarr encodings).
   virtual std::vector<std::string> read_strings(const std::string& name) const = 0;
+  // How many strings read_strings would return, from the array's metadata only (a dataframe's length
+  // at open, without reading its millions of names).
+  virtual int64_t string_array_length(const std::string& name) const = 0;
 };
 
 }  // namespace torch_shards::io

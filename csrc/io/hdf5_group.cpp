@@ -234,20 +234,35 @@ class Hdf5Group : public Group {
     const std::string where = file_ + ":" + path;
     auto lock = hdf5_lock();
     Hid file = open_hdf5_file(file_);
-    if (hdf5_object_type(file.get(), path) != H5O_TYPE_DATASET) throw ReadError(concat(where, ": no such dataset"));
     const Hdf5NativeFile native = native_file();
-    const Hdf5DatasetHeader header =
-        read_hdf5_dataset_header(native, hdf5_object_address(file.get(), path, where), where);
+    const Hdf5DatasetHeader header = string_array_header(file.get(), native, path, where);
+    const std::vector<uint8_t> elements = read_hdf5_elements(file.get(), native, path, header, where);
+    return decode_strings(native, header.type, elements.data(), elements.size() / header.type.size, where);
+  }
+
+  int64_t string_array_length(const std::string& name) const override {
+    const std::string path = child_path(name);
+    const std::string where = file_ + ":" + path;
+    auto lock = hdf5_lock();
+    Hid file = open_hdf5_file(file_);
+    const Hdf5DatasetHeader header = string_array_header(file.get(), native_file(), path, where);
+    return header.space.dims.empty() ? 1 : static_cast<int64_t>(header.space.dims[0]);
+  }
+
+ private:
+  // The header of the 1-D (or scalar) string dataset at `path`; ReadError for anything else. Under hdf5_lock.
+  static Hdf5DatasetHeader string_array_header(hid_t file, const Hdf5NativeFile& native, const std::string& path,
+                                               const std::string& where) {
+    if (hdf5_object_type(file, path) != H5O_TYPE_DATASET) throw ReadError(concat(where, ": no such dataset"));
+    Hdf5DatasetHeader header = read_hdf5_dataset_header(native, hdf5_object_address(file, path, where), where);
     if (!is_string_type(header.type)) throw ReadError(concat(where, ": is not an array of strings"));
     if (header.space.dims.size() > 1) {
       throw ReadError(
           concat(where, ": string arrays must be 1-D, this one has ", header.space.dims.size(), " dimensions"));
     }
-    const std::vector<uint8_t> elements = read_hdf5_elements(file.get(), native, path, header, where);
-    return decode_strings(native, header.type, elements.data(), elements.size() / header.type.size, where);
+    return header;
   }
 
- private:
   H5O_type_t child_type(const std::string& name) const {
     auto lock = hdf5_lock();
     Hid file = open_hdf5_file(file_);

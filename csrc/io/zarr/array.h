@@ -38,6 +38,8 @@ std::shared_ptr<const Array> open_zarr_array(const std::string& store, const std
 // of fixed-length strings are dropped; UTF-32 becomes UTF-8. Throws ReadError
 // for numeric arrays.
 std::vector<std::string> read_zarr_strings(const std::string& store, const std::string& path);
+// How many strings read_zarr_strings would return, from the metadata only.
+int64_t zarr_string_array_length(const std::string& store, const std::string& path);
 
 // The user attributes of the array or group at `path` (v2 .zattrs, v3
 // zarr.json "attributes"); an empty object if there are none.

@@ -64,6 +64,11 @@ class ZarrGroup : public Group {
     return read_zarr_strings(store_, child_path(name));
   }
 
+  int64_t string_array_length(const std::string& name) const override {
+    require_array(name);
+    return zarr_string_array_length(store_, child_path(name));
+  }
+
  private:
   std::string directory() const { return path_ == "/" ? store_ : store_ + path_; }
 

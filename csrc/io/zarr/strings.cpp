@@ -157,14 +157,28 @@ std::vector<std::string> decode_string_chunk(const ZarrMetadata& meta, std::vect
 
 }  // namespace
 
-std::vector<std::string> read_zarr_strings(const std::string& store, const std::string& path) {
-  const ZarrMetadata meta = read_metadata(store, path);
+namespace {
+
+ZarrMetadata string_array_metadata(const std::string& store, const std::string& path) {
+  ZarrMetadata meta = read_metadata(store, path);
   if (meta.kind == ElementKind::kNumeric) {
     throw ReadError(concat(meta.where, ": not a string array (data type '", meta.type_name, "')"));
   }
   if (meta.shape.size() > 1) {
     throw ReadError(concat(meta.where, ": string arrays must be 1-D, this one has ", meta.shape.size(), " dimensions"));
   }
+  return meta;
+}
+
+}  // namespace
+
+int64_t zarr_string_array_length(const std::string& store, const std::string& path) {
+  const ZarrMetadata meta = string_array_metadata(store, path);
+  return meta.shape.empty() ? 1 : meta.shape[0];
+}
+
+std::vector<std::string> read_zarr_strings(const std::string& store, const std::string& path) {
+  const ZarrMetadata meta = string_array_metadata(store, path);
   // A 0-d array (AnnData's scalar strings) is one chunk with empty coordinates.
   const bool scalar = meta.shape.empty();
   const std::shared_ptr<const ChunkStore> chunks = make_chunk_store(meta);
