@@ -32,6 +32,11 @@ COLLECTION = Path(__file__).parent / "data" / "anndata" / "annbatch-0.3.1" / "co
 STORES = ["cells.h5ad", "cells_v2.zarr", "cells_v3.zarr", "sharded.zarr", "chunks_v2.zarr", "plain.h5"]
 
 
+def put_collection_in_bucket(root):
+    """The test collection as s3://public/collection.zarr of a server serving root."""
+    shutil.copytree(COLLECTION, root / "public" / "collection.zarr")
+
+
 def dense(value):
     return value.to_dense() if value.is_sparse_csr else value
 
@@ -146,8 +151,7 @@ def test_an_annbatch_collection_on_s3_reads_as_its_local_copy(data_dir, s3, s3_c
 
 def test_an_unsigned_s3_endpoint_lists_a_collection(data_dir, tmp_path):
     # Anonymous (unsigned) requests to an S3-compatible endpoint: the HTTP server answering ListObjectsV2.
-    (tmp_path / "public").mkdir()
-    shutil.copytree(COLLECTION, tmp_path / "public" / "collection.zarr")
+    put_collection_in_bucket(tmp_path)
     with RangeHTTPServer(tmp_path, s3_listing=True) as server:
         remote = ts.open("s3://public/collection.zarr", endpoint_url=server.url, anonymous=True)
         local = ts.open(COLLECTION)
@@ -197,8 +201,7 @@ def test_opening_a_collection_asks_for_nothing_twice(tmp_path):
     # Opening walks the store's metadata node by node, each request a round trip (4.7 s for an annbatch
     # collection at 20 ms a request before this held): none is repeated, no v3 node is probed for v2 files
     # first, and a metadata object read whole is not asked for its stamp again (HEAD).
-    (tmp_path / "public").mkdir()
-    shutil.copytree(COLLECTION, tmp_path / "public" / "collection.zarr")
+    put_collection_in_bucket(tmp_path)
     with RangeHTTPServer(tmp_path, s3_listing=True) as server:
         local = ts.open(COLLECTION)
         remote = ts.open("s3://public/collection.zarr", endpoint_url=server.url, anonymous=True)
@@ -406,8 +409,7 @@ def test_values_and_indices_are_requested_together(tmp_path, cached):
     # A CSR matrix's values and indices behind a URL: one read requests both at once, whether their shards
     # are fetched whole into an empty cache (two downloads) or range by range (their chunks). A reader's
     # threads all wait on the first read's requests, so one after the other would double its wait.
-    (tmp_path / "public").mkdir()
-    shutil.copytree(COLLECTION, tmp_path / "public" / "collection.zarr")
+    put_collection_in_bucket(tmp_path)
     names = ["dataset_0/X/data/c/0", "dataset_0/X/indices/c/0"]
     with RendezvousServer(tmp_path, names) as server:
         options = {"cache_dir": tmp_path / "cache"} if cached else {}
@@ -420,8 +422,7 @@ def test_values_and_indices_are_requested_together(tmp_path, cached):
 def test_opening_reads_the_lengths_of_obs_and_var_not_their_names(tmp_path):
     # n_obs and n_vars come from the indexes' metadata: a dataset of millions of cells behind a URL opens
     # without downloading its names (here 82 -> 52 requests for the collection); asked for, they are read.
-    (tmp_path / "public").mkdir()
-    shutil.copytree(COLLECTION, tmp_path / "public" / "collection.zarr")
+    put_collection_in_bucket(tmp_path)
     with RangeHTTPServer(tmp_path, s3_listing=True) as server:
         remote = ts.open("s3://public/collection.zarr", endpoint_url=server.url, anonymous=True)
         assert len(remote) == len(ts.open(COLLECTION))
@@ -436,8 +437,7 @@ def test_a_collections_datasets_are_opened_together(tmp_path):
     # Opening an annbatch collection's dataset behind a URL is a chain of ~25 round trips; its datasets are
     # opened at once (1.8 s -> 0.7 s for this one at 20 ms a request; a hundred datasets would have taken
     # minutes). The server holds each dataset's first ranged read until all three have asked.
-    (tmp_path / "public").mkdir()
-    shutil.copytree(COLLECTION, tmp_path / "public" / "collection.zarr")
+    put_collection_in_bucket(tmp_path)
     names = [f"dataset_{i}/X/indptr/c/0" for i in range(3)]
     with RendezvousServer(tmp_path, names) as server:
         remote = ts.open("s3://public/collection.zarr", endpoint_url=server.url, anonymous=True)

@@ -305,7 +305,7 @@ Unpacked unpack_batches(const std::vector<int64_t>& description, const std::vect
   storages.reserve(handles.size() + others.size());
   for (const SlabHandle& handle : handles) storages.push_back(leased_alias(map_slab(owner, handle)));
   storages.insert(storages.end(), others.begin(), others.end());
-  const auto name = [&] {
+  const auto name = [&]() -> const std::string& {
     const int64_t index = reader.next();
     core::check_argument(index >= 0 && index < static_cast<int64_t>(names.size()), "unpack: field name ", index,
                          " out of range");
