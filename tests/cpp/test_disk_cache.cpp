@@ -508,9 +508,9 @@ namespace {
 
 // A fill that writes value_for(key, size) and counts its runs in `counter` (one byte appended per run,
 // O_APPEND: atomic across processes), sleeping `pause_ms` first so that others find it under way.
-std::function<bool(uint8_t*)> counted_fill(const std::string& key, size_t size, const std::string& counter,
-                                           int pause_ms = 0) {
-  return [=](uint8_t* out) {
+std::function<bool(int, int64_t)> counted_fill(const std::string& key, size_t size, const std::string& counter,
+                                               int pause_ms = 0) {
+  return [=](int out, int64_t at) {
     const int fd = ::open(counter.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0666);
     if (fd >= 0) {
       const char one = '1';
@@ -519,8 +519,7 @@ std::function<bool(uint8_t*)> counted_fill(const std::string& key, size_t size, 
     }
     if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     const std::vector<uint8_t> value = value_for(key, size);
-    std::memcpy(out, value.data(), size);
-    return true;
+    return torch_shards::io::storage::write_all_at(out, value.data(), size, at);
   };
 }
 
@@ -534,6 +533,25 @@ bool same_bytes(const torch_shards::io::storage::MappedEntry& entry, const std::
 }
 
 }  // namespace
+
+TEST_F(DiskCacheTest, WriteAllAtWritesAtItsOffsetAndSaysWhyItCannot) {
+  const std::string path = dir_ + "/written";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0666);
+  ASSERT_GE(fd, 0);
+  const std::vector<uint8_t> value = value_for("written", 3 << 20);  // more than one write may take
+  ASSERT_TRUE(torch_shards::io::storage::write_all_at(fd, value.data(), value.size(), 100));
+  EXPECT_EQ(file_size(path), static_cast<int64_t>(value.size()) + 100);
+  std::vector<uint8_t> back(value.size());
+  ASSERT_EQ(::pread(fd, back.data(), back.size(), 100), static_cast<ssize_t>(back.size()));
+  EXPECT_EQ(back, value);
+  ::close(fd);
+  const int read_only = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(read_only, 0);
+  errno = 0;
+  EXPECT_FALSE(torch_shards::io::storage::write_all_at(read_only, value.data(), 10, 0));
+  EXPECT_EQ(errno, EBADF);
+  ::close(read_only);
+}
 
 TEST_F(DiskCacheTest, WholeEntryIsFilledOnceThenMapped) {
   const DiskCache cache(dir_, 1 << 24);
@@ -636,9 +654,9 @@ TEST_F(DiskCacheTest, WaiterTakesOverWhenTheFillerDies) {
     // Dies in the middle of its fill, holding the lock.
     cache.map_or_fill(
         key, size,
-        [&](uint8_t*) {
-          std::vector<uint8_t> scratch(size);
-          counted_fill(key, size, counter)(scratch.data());
+        [&](int, int64_t) {
+          const int scratch = ::open("/dev/null", O_WRONLY);
+          counted_fill(key, size, counter)(scratch, 0);
           ::_exit(0);
           return true;
         },

@@ -202,6 +202,25 @@ bool write_all(int fd, const void* data, size_t size) {
   return true;
 }
 
+}  // namespace
+
+bool write_all_at(int fd, const uint8_t* data, size_t size, int64_t offset) {
+  while (size > 0) {
+    const ssize_t put = ::pwrite(fd, data, size, static_cast<off_t>(offset));
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) {
+      if (put == 0) errno = ENOSPC;
+      return false;
+    }
+    data += put;
+    offset += put;
+    size -= static_cast<size_t>(put);
+  }
+  return true;
+}
+
+namespace {
+
 // ---- the accounting file and its lock ---------------------------------------------------------------------------
 
 // dir/.accounting, opened and locked (flock, exclusive) for one operation; unlocked and closed when it
@@ -727,7 +746,7 @@ std::shared_ptr<const MappedEntry> DiskCache::map(const std::string& key, size_t
 }
 
 std::shared_ptr<const MappedEntry> DiskCache::map_or_fill(const std::string& key, size_t size,
-                                                          const std::function<bool(uint8_t*)>& fill,
+                                                          const std::function<bool(int fd, int64_t at)>& fill,
                                                           double wait_s) const {
   if (std::shared_ptr<const MappedEntry> entry = map(key, size)) return entry;
   if (key.size() > std::numeric_limits<uint32_t>::max() || size > static_cast<uint64_t>(max_bytes_) ||
@@ -757,21 +776,24 @@ std::shared_ptr<const MappedEntry> DiskCache::map_or_fill(const std::string& key
   if (!temporary.ok()) return nullptr;
   const size_t offset = kHeaderSize + key.size();
   const size_t length = offset + size;
-  // Allocated up front: a full disk fails here, not as a fault while the mapping is written.
+  // Allocated up front: a full disk fails here, not halfway through the fill.
   if (::posix_fallocate(temporary.fd(), 0, static_cast<off_t>(length)) != 0) return nullptr;
-  void* base = map_file(temporary.fd(), length, PROT_READ | PROT_WRITE);
+  // Filled by writes, not through a writable mapping: a mapping's first write to each page faults and
+  // reads it in (zeros) first, 2-4x the cost of writing the same bytes (100 MB on ext4: 50-120 ms
+  // against 30).
+  if (!fill(temporary.fd(), static_cast<int64_t>(offset))) return nullptr;  // an exception passes: all released
+  std::vector<uint8_t> head(offset);
+  std::memcpy(head.data() + kHeaderSize, key.data(), key.size());
+  void* base = map_file(temporary.fd(), length, PROT_READ);
   if (base == nullptr) return nullptr;
   auto entry = std::make_shared<MappedEntry>(base, length, offset, size);
-  auto* bytes = static_cast<uint8_t*>(base);
-  if (!fill(bytes + offset)) return nullptr;  // an exception passes: temporary and lock released
   Header header;
   header.payload_size = size;
   header.key_size = static_cast<uint32_t>(key.size());
   header.key_crc = crc32_of(key.data(), key.size());
-  header.payload_crc = crc32_of(bytes + offset, size);
-  encode_header(header, bytes);
-  std::memcpy(bytes + kHeaderSize, key.data(), key.size());
-  ::mprotect(base, length, PROT_READ);
+  header.payload_crc = crc32_of(entry->data(), size);
+  encode_header(header, head.data());
+  if (!write_all_at(temporary.fd(), head.data(), head.size(), 0)) return nullptr;
   if (!temporary.close()) return nullptr;
   // Not placed (the lock or rename failed): the mapping still holds the bytes, filled and checked by
   // this process; the temporary file is removed and the mapping stays valid.

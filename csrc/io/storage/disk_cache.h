@@ -34,7 +34,7 @@
 // replaced. map_or_fill has one process of the node fill a missing entry at
 // a time: it holds flock(LOCK_EX) on a lock file beside the entry
 // (<entry>.lock, removed when the entry is in place) while it fills a
-// temporary file (fallocated, mapped writable) and renames it into place;
+// temporary file (fallocated, written) and renames it into place;
 // the others wait (polling, bounded in time), then map the entry; a waiter
 // whose filler died (its lock released by the kernel, no entry) fills it.
 #pragma once
@@ -103,13 +103,15 @@ class DiskCache {
   // The entry under `key`, mapped and verified, when it exists and holds exactly `size` bytes; null
   // when absent, of another size, damaged (removed) or not mappable. Marks it used (LRU). Never throws.
   std::shared_ptr<const MappedEntry> map(const std::string& key, size_t size) const;
-  // map(key, size), else the entry filled: by this call, fill(out) writing its `size` bytes, unless
+  // map(key, size), else the entry filled: by this call, fill(fd, at) writing its `size` bytes to the
+  // open file fd from offset `at` (write_all_at), unless
   // another process (or thread) of the node is filling it, which this call then waits for (up to
   // wait_s seconds) and maps. Null when it cannot be stored (larger than max_bytes, disk full, no
   // lock file) or the wait ran out: the caller reads otherwise. An exception from fill passes
   // through (nothing stored, the lock released); a fill that returns false stores nothing (null).
   std::shared_ptr<const MappedEntry> map_or_fill(const std::string& key, size_t size,
-                                                 const std::function<bool(uint8_t*)>& fill, double wait_s) const;
+                                                 const std::function<bool(int fd, int64_t at)>& fill,
+                                                 double wait_s) const;
 
   // Bytes held now (the entries' file sizes, as accounted; a rescan when the accounting is missing or
   // stale), for tests and monitoring. Throws ReadError naming .accounting if it cannot be opened.
@@ -122,5 +124,9 @@ class DiskCache {
   std::string dir_;
   int64_t max_bytes_;
 };
+
+// Writes `size` bytes at `offset` of the open file fd (pwrite, again while interrupted or short);
+// false, with errno saying why, when the file takes no more.
+bool write_all_at(int fd, const uint8_t* data, size_t size, int64_t offset);
 
 }  // namespace torch_shards::io::storage

@@ -1,6 +1,7 @@
 #include "io/storage/http_client.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -73,9 +74,13 @@ struct Transfer {
   Clock::time_point ready;  // not before (a retry's backoff)
   bool done = false;
   bool overflow = false;  // the answer had more bytes than the range asked for
+  int sink_error = 0;     // errno of the sink that refused bytes (0: none)
 };
 
 bool ok_status(long status) { return status >= 200 && status < 300; }
+
+// Whether a range's bytes go to out or sink (else into the response's body).
+bool has_destination(const HttpRequest& request) { return request.out != nullptr || request.sink != nullptr; }
 
 size_t on_body(char* data, size_t size, size_t count, void* user) {
   auto* transfer = static_cast<Transfer*>(user);
@@ -84,12 +89,17 @@ size_t on_body(char* data, size_t size, size_t count, void* user) {
   long status = 0;
   curl().easy_getinfo(transfer->easy, CURLINFO_RESPONSE_CODE, &status);
   const HttpRequest& request = *transfer->request;
-  if (ok_status(status) && request.out != nullptr) {
+  if (ok_status(status) && has_destination(request)) {
     if (response.received + static_cast<int64_t>(bytes) > request.size) {
       transfer->overflow = true;
       return 0;  // aborts the transfer: the server sent more than the range (ignored Range?)
     }
-    std::memcpy(request.out + response.received, data, bytes);
+    if (request.out != nullptr) {
+      std::memcpy(request.out + response.received, data, bytes);
+    } else if (!request.sink(response.received, reinterpret_cast<const uint8_t*>(data), bytes)) {
+      transfer->sink_error = errno != 0 ? errno : EIO;
+      return 0;  // aborts the transfer
+    }
   } else if (ok_status(status) || response.body.size() < kMaxErrorBody) {
     response.body.insert(response.body.end(), data, data + bytes);
   }
@@ -173,6 +183,7 @@ void HttpClient::perform(const std::vector<HttpRequest>& requests, std::vector<H
     response.total_size = -1;
     response.error.clear();
     transfer.overflow = false;
+    transfer.sink_error = 0;
     CURL* easy = transfer.easy = handles.take();
     lib.easy_setopt(easy, CURLOPT_URL, request.url.c_str());
     lib.easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
@@ -230,7 +241,10 @@ void HttpClient::perform(const std::vector<HttpRequest>& requests, std::vector<H
     HttpResponse& response = *transfer.response;
     lib.easy_getinfo(transfer.easy, CURLINFO_RESPONSE_CODE, &response.status);
     bool transient = false;
-    if (transfer.overflow) {
+    if (transfer.sink_error != 0) {
+      response.error = concat("the body could not be stored: ", std::strerror(transfer.sink_error));
+      response.status = 0;
+    } else if (transfer.overflow) {
       response.error =
           concat("the server sent more than the ", request.size, " bytes asked for (does it ignore Range requests?)");
     } else if (code != CURLE_OK) {
@@ -242,7 +256,7 @@ void HttpClient::perform(const std::vector<HttpRequest>& requests, std::vector<H
     } else if (response.status == 429 || response.status >= 500) {
       transient = true;
       response.error = concat("HTTP ", response.status);
-    } else if (ok_status(response.status) && request.out != nullptr && !request.head &&
+    } else if (ok_status(response.status) && has_destination(request) && !request.head &&
                response.received != request.size) {
       transient = true;  // cut short
       response.error = concat("the answer ended after ", response.received, " of ", request.size, " bytes");

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,15 +32,18 @@ struct Signing {
 struct HttpRequest {
   std::string url;  // encoded, ready to send
   bool head = false;
-  int64_t offset = -1;               // a range request for [offset, offset + size) when >= 0
-  int64_t size = 0;                  //
-  uint8_t* out = nullptr;            // a range's bytes go straight here (exactly size); null: into body
+  int64_t offset = -1;     // a range request for [offset, offset + size) when >= 0
+  int64_t size = 0;        //
+  uint8_t* out = nullptr;  // a range's bytes go straight here (exactly size); null: into body
+  // Else, when set, a range's bytes are handed here as they arrive (`at`: their position in the
+  // range), e.g. written to a file; false aborts the request with errno's reason.
+  std::function<bool(int64_t at, const uint8_t* data, size_t size)> sink;
   std::vector<std::string> headers;  // "Name: value", e.g. If-Match
 };
 
 struct HttpResponse {
   long status = 0;            // 0: no answer (error says why)
-  std::vector<uint8_t> body;  // when the request had no out (and error answers' text, up to 64 KiB)
+  std::vector<uint8_t> body;  // when the request had no out or sink (and error answers' text, up to 64 KiB)
   int64_t received = 0;       // body bytes of the answer, wherever they went
   std::string etag;           // as sent, quotes included
   int64_t total_size = -1;    // the object's size: Content-Range's total, or a whole answer's length

@@ -328,14 +328,16 @@ std::shared_ptr<const MappedEntry> ObjectStore::whole(const Url& url, const Obje
     }
   }
   const std::string target = request_url(url);
-  const auto fill = [&](uint8_t* out) {
+  const auto fill = [&](int fd, int64_t at) {
     std::vector<HttpRequest> requests;
     for (int64_t offset = 0; offset < stamp.size; offset += kWholePartBytes) {
       HttpRequest& request = requests.emplace_back();
       request.url = target;
       request.offset = offset;
       request.size = std::min(kWholePartBytes, stamp.size - offset);
-      request.out = out + offset;
+      request.sink = [fd, start = at + offset](int64_t position, const uint8_t* data, size_t size) {
+        return write_all_at(fd, data, size, start + position);
+      };
       request.headers.push_back("If-Match: " + stamp.etag);
     }
     std::vector<HttpResponse> responses;
