@@ -419,6 +419,24 @@ def test_values_and_indices_are_requested_together(tmp_path, cached):
         assert server.arrived == set(names) and server.waited_out == []
 
 
+def test_shards_first_needed_once_others_are_held_whole_are_still_requested_together(tmp_path):
+    # Once the shards read first are held whole in the cache, a later read that needs shards not open yet
+    # still opens them at once (values and indices: each a stamp and a whole download), not one after the
+    # other as it decodes them: 4 round trips instead of 2 in the middle of a cold epoch.
+    put_collection_in_bucket(tmp_path)
+    names = ["dataset_0/X/data/c/1", "dataset_0/X/indices/c/1"]
+    with RendezvousServer(tmp_path, names) as server:
+        remote = ts.open(
+            "s3://public/collection.zarr", endpoint_url=server.url, anonymous=True, cache_dir=tmp_path / "c"
+        )
+        local = ts.open(COLLECTION)
+        first, later = torch.tensor([3, 0, 7]), torch.tensor([79, 2, 78])  # later: into the second shards
+        same_batches(local.read(first), remote.read(first))
+        assert server.arrived == set()
+        same_batches(local.read(later), remote.read(later))
+        assert server.arrived == set(names) and server.waited_out == []
+
+
 def test_opening_reads_the_lengths_of_obs_and_var_not_their_names(tmp_path):
     # n_obs and n_vars come from the indexes' metadata: a dataset of millions of cells behind a URL opens
     # without downloading its names (here 82 -> 52 requests for the collection); asked for, they are read.

@@ -201,13 +201,18 @@ class ShardedChunkStore : public ChunkStore {
   bool maps_chunks() const override { return true; }
   // Shards behind URLs: the indexes a read needs are loaded in parallel
   // first, then each shard's chunks requested together; unless every shard
-  // opened so far is held whole in the node-local cache, mapped
-  // (storage/object_store.h): its chunks are then decoded where they lie, as
-  // from a local shard. A shard opened later that is not held whole turns
-  // requests together back on.
+  // of the grid is open in this process, each held whole in the node-local
+  // cache, mapped (storage/object_store.h): their chunks are then decoded
+  // where they lie, as from a local shard. Until then reads stay together,
+  // so that the shards a read is first to need are opened at once (each
+  // opening waits on round trips: a stamp, and the whole object's download
+  // into a cold cache), never one after another as they are decoded.
   bool reads_together() const override {
-    return storage::is_url(dir_) && (shards_in_ranges_.load(std::memory_order_relaxed) > 0 ||
-                                     shards_held_whole_.load(std::memory_order_relaxed) == 0);
+    if (!storage::is_url(dir_)) return false;
+    const bool every_shard_open =
+        indexed_shards_ >= 0 && cache().opened.load(std::memory_order_relaxed) >= indexed_shards_;
+    return !every_shard_open || shards_in_ranges_.load(std::memory_order_relaxed) > 0 ||
+           shards_held_whole_.load(std::memory_order_relaxed) == 0;
   }
   std::vector<std::optional<std::vector<uint8_t>>> read_chunks(const std::vector<std::vector<int64_t>>& coords,
                                                                core::ThreadPool& pool) const override {
@@ -261,6 +266,7 @@ class ShardedChunkStore : public ChunkStore {
     std::mutex mutex;           // guards slots and files
     std::map<std::string, std::shared_ptr<Slot>> slots;
     std::vector<const File*> files;  // of the shards loaded
+    std::atomic<int64_t> opened{0};  // shards whose index is loaded (or found missing)
   };
 
   // This process's cache of shard indexes. A forked child starts its own: a
@@ -333,6 +339,7 @@ class ShardedChunkStore : public ChunkStore {
       }
       slot->index = std::move(index);
       slot->loaded.store(slot->index.get(), std::memory_order_release);
+      cache.opened.fetch_add(1, std::memory_order_relaxed);
     }
     return *slot->index;
   }
