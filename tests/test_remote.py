@@ -213,6 +213,50 @@ def test_opening_a_collection_asks_for_nothing_twice(tmp_path):
         assert not [path for _, path, _ in requests if path.endswith((".zgroup", ".zarray"))]
 
 
+def test_opening_a_collection_over_s3_lists_it_once_and_asks_for_its_metadata_together(tmp_path):
+    # One listing of everything below the store answers which objects and "directories" exist (no HEAD,
+    # no max-keys=1 listing per node) and names the zarr metadata, fetched together: the collection opens
+    # in 6 round trips instead of 19 (0.48 s -> 0.20 s at 20 ms a request).
+    put_collection_in_bucket(tmp_path)
+    with RangeHTTPServer(tmp_path, s3_listing=True) as server:
+        remote = ts.open("s3://public/collection.zarr", endpoint_url=server.url, anonymous=True)
+        listings = [path for _, path, _ in server.requests if "list-type=2" in path]
+        assert listings == ["/public/?list-type=2&prefix=collection.zarr%2F"]  # recursive: no delimiter
+        heads = [path for method, path, _ in server.requests if method == "HEAD"]
+        assert heads[0] == "/public/collection.zarr"  # an object (an .h5ad) is not listed
+        assert all("/X/indptr/c/" in path for path in heads[1:]), heads  # shards, stamped before read
+        metadata = {path for method, path, _ in server.requests if method == "GET" and path.endswith("zarr.json")}
+        assert metadata == {
+            "/public/collection.zarr/" + str(path.relative_to(COLLECTION)) for path in COLLECTION.rglob("zarr.json")
+        }
+        rows = torch.arange(len(remote))
+        same_batches(ts.open(COLLECTION).read(rows), remote.read(rows))
+
+
+class _RefusingFullListings(RangeHTTPServer.handler_class):
+    """S3's answer to a caller that may list a prefix's children but not all that lies below it."""
+
+    def _list_objects(self, files, query):
+        if "delimiter" not in query and "max-keys" not in query:
+            return self.send_complete(403, b"<Error><Code>AccessDenied</Code></Error>")
+        return super()._list_objects(files, query)
+
+
+def test_a_store_whose_listing_is_refused_opens_asking_for_each_thing(tmp_path):
+    # Public buckets often refuse listings: opening then asks for each object and directory as it goes.
+    put_collection_in_bucket(tmp_path)
+
+    class Server(RangeHTTPServer):
+        handler_class = _RefusingFullListings
+
+    with Server(tmp_path, s3_listing=True) as server:
+        remote = ts.open("s3://public/collection.zarr", endpoint_url=server.url, anonymous=True)
+        assert "/public/?list-type=2&prefix=collection.zarr%2F" in [path for _, path, _ in server.requests]
+        assert [method for method, _, _ in server.requests].count("HEAD") > 4  # asked for one by one
+        rows = torch.arange(len(remote))
+        same_batches(ts.open(COLLECTION).read(rows), remote.read(rows))
+
+
 def test_endpoint_url_option_overrides_the_environment(data_dir, s3, s3_credentials, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
     remote = ts.open("s3://cells/stores/sharded.zarr", endpoint_url=s3.endpoint_url)

@@ -524,6 +524,10 @@ bool is_directory(const std::string& path) {
   return ::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
 }
 
+void list_store(const std::string& path) {
+  if (storage::is_url(path)) storage::list_remote_store(path);
+}
+
 std::vector<std::pair<std::string, bool>> list_directory(const std::string& path) {
   if (storage::is_url(path)) return storage::list_remote(path);
   std::vector<std::pair<std::string, bool>> entries;

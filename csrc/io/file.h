@@ -212,5 +212,8 @@ bool is_directory(const std::string& path);
 // (name, is a directory), sorted, hidden names included. ReadError naming
 // it when it cannot be listed.
 std::vector<std::pair<std::string, bool>> list_directory(const std::string& path);
+// A store about to be opened: behind an s3:// URL, what lies below it listed at once and its zarr
+// metadata fetched together (storage::list_remote_store); nothing for local paths and HTTP.
+void list_store(const std::string& path);
 
 }  // namespace torch_shards::io

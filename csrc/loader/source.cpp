@@ -341,6 +341,7 @@ void set_storage_options_json(const std::string& url, const std::string& options
 std::string probe(const std::string& path) {
   const io::storage::OpeningScope opening;
   return translate_errors([&]() -> std::string {
+    io::list_store(path);  // behind an s3:// URL: what the probe and the opening ask for, learnt at once
     if (!io::file_exists(path)) return "missing";
     const auto is_anndata = [](const io::Group& root) {
       const auto attributes = root.attributes();

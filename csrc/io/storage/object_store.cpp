@@ -447,24 +447,37 @@ void ObjectStore::read(const Url& url, const ObjectStamp& stamp, std::vector<Ran
   }
 }
 
-std::vector<std::pair<std::string, bool>> ObjectStore::list(const Url& dir) const {
+bool ObjectStore::list_pages(const Url& dir, bool recursive, int max_pages,
+                             const std::function<void(const std::string& xml)>& page) const {
   if (scheme_ != "s3") {
     throw core::Unsupported(concat(dir.text,
                                    ": listing is not possible over HTTP (no directory listings): open a "
                                    "store with consolidated metadata, or the objects by their URLs"));
   }
   const std::string prefix = dir.path.empty() ? "" : dir.path + "/";
-  std::vector<std::pair<std::string, bool>> entries;
   std::string token;
-  for (int page = 0; page < 100000; ++page) {
+  for (int pages = 0; pages < max_pages; ++pages) {
     // Query parameters in the order SigV4 signs them (sorted by name).
     std::string query = token.empty() ? "" : "continuation-token=" + percent_encode(token, false) + "&";
-    query += "delimiter=%2F&list-type=2&prefix=" + percent_encode(prefix, false);
+    query += std::string(recursive ? "" : "delimiter=%2F&") + "list-type=2&prefix=" + percent_encode(prefix, false);
     HttpRequest request;
     request.url = concat(bucket_url(), "/?", query);
     const HttpResponse response = client_->perform(request);
     if (response.status < 200 || response.status >= 300) fail(dir.text, response, "cannot list the objects below it");
     const std::string xml(response.body.begin(), response.body.end());
+    page(xml);
+    const std::vector<std::string> truncated = xml_values(xml, "IsTruncated");
+    const std::vector<std::string> next = xml_values(xml, "NextContinuationToken");
+    if (truncated.empty() || truncated[0] != "true" || next.empty()) return true;
+    token = next[0];
+  }
+  return false;
+}
+
+std::vector<std::pair<std::string, bool>> ObjectStore::list(const Url& dir) const {
+  const std::string prefix = dir.path.empty() ? "" : dir.path + "/";
+  std::vector<std::pair<std::string, bool>> entries;
+  list_pages(dir, false, kMaxListingPages, [&](const std::string& xml) {
     for (const std::string& key : xml_values(xml, "Key")) {
       if (key.size() > prefix.size() && key.compare(0, prefix.size(), prefix) == 0) {
         entries.emplace_back(key.substr(prefix.size()), false);
@@ -475,14 +488,24 @@ std::vector<std::pair<std::string, bool>> ObjectStore::list(const Url& dir) cons
         entries.emplace_back(below.substr(prefix.size(), below.size() - prefix.size() - 1), true);
       }
     }
-    const std::vector<std::string> truncated = xml_values(xml, "IsTruncated");
-    const std::vector<std::string> next = xml_values(xml, "NextContinuationToken");
-    if (truncated.empty() || truncated[0] != "true" || next.empty()) break;
-    token = next[0];
-  }
+  });
   std::sort(entries.begin(), entries.end());
   entries.erase(std::unique(entries.begin(), entries.end()), entries.end());
   return entries;
+}
+
+std::optional<std::vector<std::string>> ObjectStore::list_all(const Url& dir, int max_pages) const {
+  const std::string prefix = dir.path.empty() ? "" : dir.path + "/";
+  std::vector<std::string> keys;
+  const bool complete = list_pages(dir, true, max_pages, [&](const std::string& xml) {
+    for (const std::string& key : xml_values(xml, "Key")) {
+      if (key.size() > prefix.size() && key.compare(0, prefix.size(), prefix) == 0) {
+        keys.push_back(key.substr(prefix.size()));
+      }
+    }
+  });
+  if (!complete) return std::nullopt;
+  return keys;
 }
 
 bool ObjectStore::has_objects_below(const Url& dir) const {

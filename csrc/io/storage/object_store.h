@@ -55,6 +55,8 @@ class ObjectStore {
   // How long a read waits for another process (or thread) fetching the same whole object before it
   // reads its ranges itself.
   static constexpr double kWholeWaitSeconds = 300;
+  // A listing's pages at most (1,000 keys each): a bound on requests, not a limit users meet.
+  static constexpr int kMaxListingPages = 100000;
 
   // The store for `url` with the options registered for it (storage_options.h):
   // one per bucket/host and options in each process.
@@ -85,6 +87,9 @@ class ObjectStore {
   // The entries directly below `dir` (name, is a "directory"), sorted: S3
   // listings; over HTTP there are none to ask for (Unsupported).
   std::vector<std::pair<std::string, bool>> list(const Url& dir) const;
+  // Every object below `dir` (S3; keys relative to it, in the listing's order), or nullopt when
+  // the listing has more than max_pages pages (1,000 keys each). Unsupported over HTTP.
+  std::optional<std::vector<std::string>> list_all(const Url& dir, int max_pages) const;
   // Whether some object lies below `dir` (S3); false over HTTP.
   bool has_objects_below(const Url& dir) const;
 
@@ -95,6 +100,10 @@ class ObjectStore {
  private:
   std::string request_url(const Url& url) const;  // where requests for `url` go
   std::string bucket_url() const;                 // s3: the bucket's URL, for listings
+  // Hands each page of the listing of `dir` (with delimiter '/' unless recursive) to `page`, at most
+  // max_pages of them; false when more were left. Unsupported over HTTP.
+  bool list_pages(const Url& dir, bool recursive, int max_pages,
+                  const std::function<void(const std::string& xml)>& page) const;
   // Throws the error of a ranged GET's answer unless it holds the range asked for of the version stamped.
   void check_ranged(const Url& url, const ObjectStamp& stamp, const HttpRequest& request, const HttpResponse& response,
                     const std::function<std::string()>& what) const;

@@ -1,8 +1,10 @@
 #include "io/storage/remote_paths.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "core/errors.h"
 #include "io/file.h"
@@ -14,6 +16,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kKeep = std::chrono::seconds(10);  // how long stats and small objects are reused
 constexpr size_t kSmallObject = 1 << 20;
+// A store listed at once as it opens: at most this many pages of 1,000 keys (an annbatch collection of
+// ~130 sharded datasets); a larger one is opened asking for each thing as before.
+constexpr int kMaxListedPages = 4;
+
+// s3: every object below a directory, from one complete listing (paths relative to it).
+struct Listing {
+  std::set<std::string> objects;
+  std::set<std::string> directories;  // every directory below it that holds objects ("a", "a/b")
+};
 
 template <typename T>
 struct Known {
@@ -31,13 +42,14 @@ struct Recent {
   int64_t scopes = 0;    // OpeningScopes alive
   std::map<std::string, Known<std::optional<ObjectStamp>>> stats;
   std::map<std::string, Known<std::optional<std::vector<uint8_t>>>> objects;
-  std::map<std::string, Known<bool>> below;  // s3: whether objects lie below a prefix
+  std::map<std::string, Known<bool>> below;                             // s3: whether objects lie below a prefix
+  std::map<std::string, Known<std::shared_ptr<const Listing>>> listed;  // s3: directories listed whole
 
   // What `map` knows of `key` that may be used now, or null. While a dataset opens: only what this
   // opening learnt (an object rewritten since an earlier opening is seen as it is now). Otherwise (a
   // reader opening shards, checking a store's metadata): what was learnt in the last kKeep.
   template <typename T>
-  const T* fresh(std::map<std::string, Known<T>>& map, const std::string& key) const {
+  const T* fresh(const std::map<std::string, Known<T>>& map, const std::string& key) const {
     const auto it = map.find(key);
     if (it == map.end()) return nullptr;
     const bool usable = scopes > 0 ? it->second.opening == opening : Clock::now() - it->second.when <= kKeep;
@@ -52,6 +64,42 @@ struct Recent {
 Recent& recent() { return per_process<Recent>(); }
 
 std::string recent_key(const Url& url) { return ObjectStore::key_of(url) + '\n' + url.text; }
+
+// A fresh listing of a directory above `url` (of the same store), and url's path relative to it; null
+// when none covers it. With the table locked.
+std::pair<const Listing*, std::string> covering_listing(const Recent& table, const Url& url) {
+  if (table.scopes == 0) return {nullptr, ""};  // listings answer within openings only
+  const std::string key = recent_key(url);
+  for (const auto& [dir_key, known] : table.listed) {
+    if (key.size() > dir_key.size() + 1 && key.compare(0, dir_key.size(), dir_key) == 0 && key[dir_key.size()] == '/') {
+      if (const auto* listing = table.fresh(table.listed, dir_key))
+        return {listing->get(), key.substr(dir_key.size() + 1)};
+    }
+  }
+  return {nullptr, ""};
+}
+
+// What a HEAD would answer now of an object just fetched whole (a stamp asked for next: a zarr.json's,
+// as its store opens). With the table locked.
+void learn_stat(Recent& table, const std::string& key, const std::optional<std::vector<uint8_t>>& got,
+                const std::string& etag) {
+  table.learn(table.stats, key,
+              got ? std::optional<ObjectStamp>(ObjectStamp{static_cast<int64_t>(got->size()), etag}) : std::nullopt);
+}
+
+// An object just fetched whole (nullopt: there is none), kept when small, and its stat. With the table
+// locked.
+void learn_object(Recent& table, const std::string& key, const std::optional<std::vector<uint8_t>>& got,
+                  const std::string& etag) {
+  if (!got || got->size() <= kSmallObject) table.learn(table.objects, key, got);
+  learn_stat(table, key, got, etag);
+}
+
+// Whether `path`'s last part names zarr metadata, which opening a store reads.
+bool is_zarr_metadata(const std::string& path) {
+  const std::string name = path.substr(path.rfind('/') + 1);
+  return name == "zarr.json" || name == ".zarray" || name == ".zgroup" || name == ".zattrs" || name == ".zmetadata";
+}
 
 }  // namespace
 
@@ -89,6 +137,8 @@ std::optional<ObjectStamp> stat_remote(const std::string& text) {
   {
     std::lock_guard<std::mutex> lock(table.mutex);
     if (const auto* known = table.fresh(table.stats, key)) return *known;
+    const auto [listing, path] = covering_listing(table, url);
+    if (listing != nullptr && listing->objects.count(path) == 0) return std::nullopt;  // listed: not there
   }
   std::optional<ObjectStamp> stamp = ObjectStore::of(url)->head(url);
   std::lock_guard<std::mutex> lock(table.mutex);
@@ -107,6 +157,9 @@ bool remote_is_directory(const std::string& text) {
     {
       std::lock_guard<std::mutex> lock(table.mutex);
       if (const bool* known = table.fresh(table.below, key)) return *known;
+      const auto [listing, path] = covering_listing(table, url);
+      if (listing != nullptr) return listing->directories.count(path) > 0;
+      if (table.scopes > 0 && table.fresh(table.listed, key) != nullptr) return true;  // listed: objects below
     }
     const bool below = ObjectStore::of(url)->has_objects_below(url);
     std::lock_guard<std::mutex> lock(table.mutex);
@@ -121,7 +174,76 @@ bool remote_is_directory(const std::string& text) {
 
 std::vector<std::pair<std::string, bool>> list_remote(const std::string& text) {
   const Url url = parse_url(text);
+  {
+    Recent& table = recent();
+    std::lock_guard<std::mutex> lock(table.mutex);
+    const std::string key = recent_key(url);
+    auto [listing, path] = covering_listing(table, url);
+    const auto* whole = table.scopes > 0 ? table.fresh(table.listed, key) : nullptr;
+    if (whole != nullptr) listing = whole->get(), path.clear();  // url itself
+    if (listing != nullptr) {
+      // What the server's listing with delimiter '/' would hold: the entries directly below path.
+      const std::string prefix = path.empty() ? "" : path + "/";
+      std::vector<std::pair<std::string, bool>> entries;
+      for (const auto* names : {&listing->objects, &listing->directories}) {
+        for (auto it = names->lower_bound(prefix); it != names->end() && it->compare(0, prefix.size(), prefix) == 0;
+             ++it) {
+          const std::string name = it->substr(prefix.size());
+          if (!name.empty() && name.find('/') == std::string::npos)
+            entries.emplace_back(name, names != &listing->objects);
+        }
+      }
+      std::sort(entries.begin(), entries.end());
+      return entries;
+    }
+  }
   return ObjectStore::of(url)->list(url);
+}
+
+void list_remote_store(const std::string& text) {
+  const Url url = parse_url(text);
+  if (url.scheme != "s3") return;
+  Recent& table = recent();
+  const std::string key = recent_key(url);
+  {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    if (table.scopes == 0) return;  // what it learns would be used within openings only
+    if (table.fresh(table.listed, key) != nullptr || covering_listing(table, url).first != nullptr) return;
+  }
+  if (stat_remote(url.text)) return;  // an object (an .h5ad), not a store
+  // The store of `url`'s options for all of it: options registered earlier for places below it (an
+  // earlier opening's datasets) must not redirect what is learnt for this opening.
+  const std::shared_ptr<const ObjectStore> store = ObjectStore::of(url);
+  const std::string store_key = ObjectStore::key_of(url);
+  std::optional<std::vector<std::string>> keys;
+  try {
+    keys = store->list_all(url, kMaxListedPages);
+  } catch (const std::exception&) {
+    return;  // not allowed to list (public buckets often are not), or no such bucket: asked for one by one
+  }
+  if (!keys || keys->empty()) return;
+  auto listing = std::make_shared<Listing>();
+  std::vector<Url> metadata;
+  for (const std::string& path : *keys) {
+    listing->objects.insert(path);
+    for (size_t slash = path.find('/'); slash != std::string::npos; slash = path.find('/', slash + 1)) {
+      listing->directories.insert(path.substr(0, slash));
+    }
+    if (is_zarr_metadata(path)) metadata.push_back(parse_url(url.text + "/" + path));
+  }
+  {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    for (auto it = table.listed.begin(); it != table.listed.end();) {  // stale listings dropped
+      it = table.fresh(table.listed, it->first) == nullptr ? table.listed.erase(it) : std::next(it);
+    }
+    table.learn(table.listed, key, std::shared_ptr<const Listing>(std::move(listing)));
+  }
+  // Together; learnt for the opening that follows.
+  std::vector<std::string> etags;
+  std::vector<std::optional<std::vector<uint8_t>>> got = store->get(metadata, &etags);
+  std::lock_guard<std::mutex> lock(table.mutex);
+  for (size_t i = 0; i < metadata.size(); ++i)
+    learn_object(table, store_key + '\n' + metadata[i].text, got[i], etags[i]);
 }
 
 std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::vector<std::string>& texts,
@@ -139,9 +261,10 @@ std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::
       const auto* known = etags == nullptr ? table.fresh(table.objects, keys[i]) : nullptr;
       if (known != nullptr) {
         out[i] = *known;
-      } else {
-        wanted.push_back(i);
+        continue;
       }
+      const auto [listing, path] = covering_listing(table, parse_url(texts[i]));
+      if (listing == nullptr || listing->objects.count(path) > 0) wanted.push_back(i);  // else: listed, not there
     }
   }
   // Fetched together, per store (a bucket or host).
@@ -161,12 +284,12 @@ std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::
     std::lock_guard<std::mutex> lock(table.mutex);
     for (size_t k = 0; k < entry.second.size(); ++k) {
       const size_t i = entry.second[k];
-      if (etags == nullptr && (!got[k] || got[k]->size() <= kSmallObject)) table.learn(table.objects, keys[i], got[k]);
-      // What a HEAD would answer now (a stamp asked for next: a zarr.json's, as its store opens).
-      table.learn(table.stats, keys[i],
-                  got[k] ? std::optional<ObjectStamp>(ObjectStamp{static_cast<int64_t>(got[k]->size()), got_etags[k]})
-                         : std::nullopt);
-      if (etags != nullptr) (*etags)[i] = got_etags[k];
+      if (etags == nullptr) {
+        learn_object(table, keys[i], got[k], got_etags[k]);
+      } else {
+        learn_stat(table, keys[i], got[k], got_etags[k]);
+        (*etags)[i] = got_etags[k];
+      }
       out[i] = std::move(got[k]);
     }
   }

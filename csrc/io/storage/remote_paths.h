@@ -56,6 +56,12 @@ bool remote_exists(const std::string& url);
 // metadata below it (zarr.json, .zgroup or .zarray) and no object at it.
 bool remote_is_directory(const std::string& url);
 std::vector<std::pair<std::string, bool>> list_remote(const std::string& url);
+// s3: every object below `url` listed at once (up to a few thousand) and their zarr metadata fetched
+// together, so that opening a store there asks for nothing more about what it holds: which objects
+// exist, which "directories", their listings and metadata are then answered from what was learnt
+// (under the same rules of reuse as stats). Nothing over HTTP, where nothing can be listed, and
+// nothing (no error) when the listing is refused: the opening then asks for each thing as before.
+void list_remote_store(const std::string& url);
 // Whole objects, fetched together; nullopt for those missing. etags gets
 // each one's ETag when given.
 std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::vector<std::string>& urls,

@@ -92,6 +92,7 @@ class ZarrGroup : public Group {
 std::shared_ptr<const Group> open_zarr_group(const std::string& store, const std::string& path) {
   const std::string normalized = normalize_zarr_path(path);
   const std::string dir = normalized == "/" ? store : store + normalized;
+  if (normalized == "/") list_store(store);  // behind URLs: what opening it asks for, learnt at once
   if (!is_zarr_group(dir)) {
     throw ReadError(concat(store, ":", normalized, ": not a zarr group (no .zgroup, or zarr.json of a group)"));
   }
