@@ -481,6 +481,21 @@ def test_shards_first_needed_once_others_are_held_whole_are_still_requested_toge
         assert server.arrived == set(names) and server.waited_out == []
 
 
+def test_a_reads_shards_not_open_yet_are_opened_together_once_others_are_held_whole(data_dir, tmp_path):
+    # sharded.zarr: shards of 128 rows. Once shard 0 is held whole, a read of one row in each of
+    # shards 1-4 opens the four together (each a stamp and a whole download into the cache), where
+    # decoding would open them as each chunk's turn came.
+    names = [f"sharded.zarr/c/{shard}/0" for shard in range(1, 5)]
+    with RendezvousServer(data_dir, names) as server:
+        remote = source_of(server.url, "sharded.zarr", cache_dir=tmp_path / "cache")
+        local = source_of(data_dir, "sharded.zarr")
+        first, later = torch.tensor([3, 100]), torch.tensor([130, 260, 390, 520])
+        same_batches(local.read(first), remote.read(first))
+        assert server.arrived == set()
+        same_batches(local.read(later), remote.read(later))
+        assert server.arrived == set(names) and server.waited_out == []
+
+
 def test_opening_reads_the_lengths_of_obs_and_var_not_their_names(tmp_path):
     # n_obs and n_vars come from the indexes' metadata: a dataset of millions of cells behind a URL opens
     # without downloading its names (here 82 -> 52 requests for the collection); asked for, they are read.

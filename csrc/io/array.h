@@ -64,6 +64,11 @@ class Array {
   // then costs a round trip, so callers read in few large calls rather than
   // in many small ones.
   virtual bool remote() const { return false; }
+  // Whether a read of `segments` would first open objects not open yet in this process, each a wait
+  // on round trips (zarr shards behind URLs); open_for opens them, together. A caller reading several
+  // arrays (a CSR matrix's values and indices) opens what they need at once before reading them.
+  virtual bool opens_for(const std::vector<Segment>& /*segments*/) const { return false; }
+  virtual void open_for(const std::vector<Segment>& /*segments*/) const {}
 
  protected:
   virtual void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const = 0;

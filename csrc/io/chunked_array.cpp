@@ -273,7 +273,49 @@ void ChunkedArray::copy_row_part(const uint8_t* chunk, int64_t row_in_chunk, con
   }
 }
 
+std::vector<std::vector<int64_t>> ChunkedArray::chunks_of(const std::vector<Segment>& segments) const {
+  std::vector<int64_t> chunk_rows;
+  for (const Segment& segment : segments) {
+    if (segment.length <= 0) continue;
+    const int64_t last = (segment.source + segment.length - 1) / chunk_shape_[0];
+    for (int64_t row = segment.source / chunk_shape_[0]; row <= last; ++row) {
+      if (chunk_rows.empty() || chunk_rows.back() != row) chunk_rows.push_back(row);
+    }
+  }
+  std::sort(chunk_rows.begin(), chunk_rows.end());
+  chunk_rows.erase(std::unique(chunk_rows.begin(), chunk_rows.end()), chunk_rows.end());
+  std::vector<std::vector<int64_t>> chunks;
+  for (int64_t row : chunk_rows) {
+    for (int64_t inner = 0; inner < inner_chunks_; ++inner) {
+      std::vector<int64_t>& coords = chunks.emplace_back(info_.shape.size());
+      coords[0] = row;
+      for (size_t d = info_.shape.size() - 1, rest = static_cast<size_t>(inner); d >= 1; --d) {
+        coords[d] = static_cast<int64_t>(rest) % grid_[d];
+        rest /= static_cast<size_t>(grid_[d]);
+      }
+    }
+  }
+  return chunks;
+}
+
+bool ChunkedArray::opens_for(const std::vector<Segment>& segments) const {
+  return store_->opens_objects() && store_->opens(chunks_of(segments));
+}
+
+void ChunkedArray::open_for(const std::vector<Segment>& segments) const {
+  if (!store_->opens_objects()) return;
+  try {
+    store_->open(chunks_of(segments));
+  } catch (const ReadError&) {
+    throw;
+  } catch (const std::exception& error) {
+    throw ReadError(concat(where(), ": ", error.what()));
+  }
+}
+
 void ChunkedArray::read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const {
+  // What the read needs that is not open yet, opened together first (behind URLs: each a wait).
+  open_for(segments);
   const int64_t rows_per_chunk = chunk_shape_[0];
   const int64_t rows = num_rows();
   const size_t row_size = row_bytes();

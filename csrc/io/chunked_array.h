@@ -38,6 +38,13 @@ class ChunkStore {
   // The encoded bytes of the chunk at grid coordinates `coords`, or nullopt
   // if it was never written (the array's fill value stands in for it).
   virtual std::optional<std::vector<uint8_t>> read_chunk(const std::vector<int64_t>& coords) const = 0;
+  // Whether chunks lie in objects that are opened when first read, each a wait on round trips
+  // (zarr shards behind URLs): a read then opens those it needs together first (open).
+  virtual bool opens_objects() const { return false; }
+  // Whether reading these chunks would open objects not open in this process yet.
+  virtual bool opens(const std::vector<std::vector<int64_t>>& /*coords*/) const { return false; }
+  // Opens the objects reading these chunks needs that are not open yet, together.
+  virtual void open(const std::vector<std::vector<int64_t>>& /*coords*/) const {}
   // Whether a read fetches its chunks together (read_chunks) rather than
   // each when decoded: objects behind URLs, where each request costs a round
   // trip and many can be in flight at once.
@@ -114,6 +121,8 @@ class ChunkedArray : public Array {
   void open_files(std::vector<const File*>& files) const override { store_->open_files(files); }
   void opened_stamps(FileStamps& stamps) const override { store_->opened_stamps(stamps); }
   bool remote() const override { return store_->reads_together(); }
+  bool opens_for(const std::vector<Segment>& segments) const override;
+  void open_for(const std::vector<Segment>& segments) const override;
 
  protected:
   void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override;
@@ -144,6 +153,9 @@ class ChunkedArray : public Array {
                      uint8_t* out_row) const;
 
   std::vector<int64_t> chunk_shape_;
+  // The grid coordinates of every chunk a read of `segments` touches.
+  std::vector<std::vector<int64_t>> chunks_of(const std::vector<Segment>& segments) const;
+
   std::vector<int64_t> grid_;  // chunks along each dimension
   int64_t inner_chunks_ = 1;   // chunks per chunk-row (product of grid_[1:])
   size_t chunk_bytes_ = 0;

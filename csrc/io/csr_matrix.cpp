@@ -428,12 +428,26 @@ void CsrMatrix::read_placed(const CsrPlan& plan, const std::vector<int64_t>& sta
   read_rows(plan, &starts, indices_out, index_dtype, values_out, pool);
 }
 
+namespace {
+
+// Behind URLs: what a read of `segments` needs of the values and of the indices that is not open yet
+// (zarr shards), opened at once (each a wait on round trips), not one after the other as each array is
+// read.
+void open_together(const Array& data, const Array& indices, const std::vector<Segment>& segments) {
+  if (data.opens_for(segments) && indices.opens_for(segments)) {
+    core::run_waiting_tasks(2, [&](int64_t part) { (part == 0 ? data : indices).open_for(segments); });
+  }
+}
+
+}  // namespace
+
 void CsrMatrix::read_rows(const CsrPlan& plan, const std::vector<int64_t>* starts, void* indices_out, DType index_dtype,
                           void* values_out, core::ThreadPool& pool) const {
   const int64_t nnz = plan.nnz();
   const DType stored = indices_->info().dtype;
   const std::vector<Segment> placed = starts ? placed_segments(plan, *starts) : std::vector<Segment>{};
   const std::vector<Segment>& segments = starts ? placed : plan.segments;
+  open_together(*data_, *indices_, segments);
   // (A shuffled fetch's segments are read gathered: see read_gathered. Arrays behind URLs are read in
   // one call each, values and indices at once: each call costs round trips.)
   const std::vector<Segment> stretches = source_stretches(segments);
@@ -505,6 +519,7 @@ void CsrMatrix::read_groups(const CsrPlan& plan, DType index_dtype, core::Thread
       throw std::logic_error(concat(where(), ": read_groups needs a plan of rows in ascending order"));
     }
   }
+  open_together(*data_, *indices_, segments);
   // Groups of about kGroupBytes of stored values and indices, cut between
   // segments (a cut inside one decodes the chunk it falls in twice) unless
   // a segment is much longer.

@@ -1,5 +1,7 @@
 #include "io/zarr/chunk_stores.h"
 
+#include <algorithm>
+
 #include <atomic>
 #include <limits>
 #include <map>
@@ -200,32 +202,36 @@ class ShardedChunkStore : public ChunkStore {
   bool can_locate() const override { return true; }
   bool maps_chunks() const override { return true; }
   // Shards behind URLs: the indexes a read needs are loaded in parallel
-  // first, then each shard's chunks requested together; unless every shard
-  // of the grid is open in this process, each held whole in the node-local
-  // cache, mapped (storage/object_store.h): their chunks are then decoded
-  // where they lie, as from a local shard. Until then reads stay together,
-  // so that the shards a read is first to need are opened at once (each
-  // opening waits on round trips: a stamp, and the whole object's download
-  // into a cold cache), never one after another as they are decoded.
+  // first (open), then each shard's chunks requested together; unless every
+  // shard opened so far is held whole in the node-local cache, mapped
+  // (storage/object_store.h): its chunks are then decoded where they lie, as
+  // from a local shard. A shard opened later that is not held whole turns
+  // requests together back on.
   bool reads_together() const override {
-    if (!storage::is_url(dir_)) return false;
-    const bool every_shard_open =
-        indexed_shards_ >= 0 && cache().opened.load(std::memory_order_relaxed) >= indexed_shards_;
-    return !every_shard_open || shards_in_ranges_.load(std::memory_order_relaxed) > 0 ||
-           shards_held_whole_.load(std::memory_order_relaxed) == 0;
+    return storage::is_url(dir_) && (shards_in_ranges_.load(std::memory_order_relaxed) > 0 ||
+                                     shards_held_whole_.load(std::memory_order_relaxed) == 0);
+  }
+  bool opens_objects() const override { return storage::is_url(dir_); }
+  bool opens(const std::vector<std::vector<int64_t>>& coords) const override {
+    return opens_objects() &&
+           std::any_of(coords.begin(), coords.end(), [&](const auto& chunk) { return !index_loaded(chunk); });
+  }
+  void open(const std::vector<std::vector<int64_t>>& coords) const override {
+    if (!opens_objects()) return;
+    std::map<std::vector<int64_t>, size_t> first_of_shard;  // a chunk of each shard not open yet
+    for (size_t i = 0; i < coords.size(); ++i) {
+      if (!index_loaded(coords[i])) first_of_shard.emplace(shard_of(coords[i]), i);
+    }
+    std::vector<size_t> unopened;
+    for (const auto& [shard, i] : first_of_shard) unopened.push_back(i);
+    // Each open waits on round trips (a stamp, the index, or the whole object's download into the
+    // cache): together.
+    core::run_waiting_tasks(static_cast<int64_t>(unopened.size()),
+                            [&](int64_t k) { (void)locate(coords[unopened[static_cast<size_t>(k)]]); });
   }
   std::vector<std::optional<std::vector<uint8_t>>> read_chunks(const std::vector<std::vector<int64_t>>& coords,
                                                                core::ThreadPool& pool) const override {
-    std::map<std::vector<int64_t>, size_t> first_of_shard;  // a chunk of each shard touched
-    for (size_t i = 0; i < coords.size(); ++i) first_of_shard.emplace(shard_of(coords[i]), i);
-    // The shards not opened yet, opened at once (each open waits on round trips, or on the whole
-    // object's download into the cache).
-    std::vector<size_t> unopened;
-    for (const auto& [shard, i] : first_of_shard) {
-      if (!index_loaded(coords[i])) unopened.push_back(i);
-    }
-    core::run_waiting_tasks(static_cast<int64_t>(unopened.size()),
-                            [&](int64_t k) { (void)locate(coords[unopened[static_cast<size_t>(k)]]); });
+    open(coords);
     return ChunkStore::read_chunks(coords, pool);
   }
   std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const override {
@@ -266,7 +272,6 @@ class ShardedChunkStore : public ChunkStore {
     std::mutex mutex;           // guards slots and files
     std::map<std::string, std::shared_ptr<Slot>> slots;
     std::vector<const File*> files;  // of the shards loaded
-    std::atomic<int64_t> opened{0};  // shards whose index is loaded (or found missing)
   };
 
   // This process's cache of shard indexes. A forked child starts its own: a
@@ -339,7 +344,6 @@ class ShardedChunkStore : public ChunkStore {
       }
       slot->index = std::move(index);
       slot->loaded.store(slot->index.get(), std::memory_order_release);
-      cache.opened.fetch_add(1, std::memory_order_relaxed);
     }
     return *slot->index;
   }
