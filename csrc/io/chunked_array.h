@@ -39,7 +39,8 @@ class ChunkStore {
   // if it was never written (the array's fill value stands in for it).
   virtual std::optional<std::vector<uint8_t>> read_chunk(const std::vector<int64_t>& coords) const = 0;
   // Whether chunks lie in objects that are opened when first read, each a wait on round trips
-  // (zarr shards behind URLs): a read then opens those it needs together first (open).
+  // (zarr shards behind URLs), and some are not open yet: a read then opens those it needs together
+  // first (open).
   virtual bool opens_objects() const { return false; }
   // Whether reading these chunks would open objects not open in this process yet.
   virtual bool opens(const std::vector<std::vector<int64_t>>& /*coords*/) const { return false; }

@@ -211,7 +211,11 @@ class ShardedChunkStore : public ChunkStore {
     return storage::is_url(dir_) && (shards_in_ranges_.load(std::memory_order_relaxed) > 0 ||
                                      shards_held_whole_.load(std::memory_order_relaxed) == 0);
   }
-  bool opens_objects() const override { return storage::is_url(dir_); }
+  // Behind URLs, until every shard of the grid is open in this process (then reads need not look).
+  bool opens_objects() const override {
+    return storage::is_url(dir_) &&
+           (indexed_shards_ < 0 || cache().opened.load(std::memory_order_relaxed) < indexed_shards_);
+  }
   bool opens(const std::vector<std::vector<int64_t>>& coords) const override {
     return opens_objects() &&
            std::any_of(coords.begin(), coords.end(), [&](const auto& chunk) { return !index_loaded(chunk); });
@@ -272,6 +276,7 @@ class ShardedChunkStore : public ChunkStore {
     std::mutex mutex;           // guards slots and files
     std::map<std::string, std::shared_ptr<Slot>> slots;
     std::vector<const File*> files;  // of the shards loaded
+    std::atomic<int64_t> opened{0};  // shards whose index is loaded (or found missing)
   };
 
   // This process's cache of shard indexes. A forked child starts its own: a
@@ -344,6 +349,7 @@ class ShardedChunkStore : public ChunkStore {
       }
       slot->index = std::move(index);
       slot->loaded.store(slot->index.get(), std::memory_order_release);
+      cache.opened.fetch_add(1, std::memory_order_relaxed);
     }
     return *slot->index;
   }
