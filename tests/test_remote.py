@@ -257,6 +257,31 @@ def test_a_store_whose_listing_is_refused_opens_asking_for_each_thing(tmp_path):
         same_batches(ts.open(COLLECTION).read(rows), remote.read(rows))
 
 
+class _RefusingUns(RangeHTTPServer.handler_class):
+    """Refuses (403) every dataset's uns metadata, which opening its X and obs does not read."""
+
+    def _serve(self):
+        if self.path.endswith("/uns/zarr.json"):
+            self.server.owner.record(self.command, self.path, None)
+            return self.send_complete(403, b"<Error><Code>AccessDenied</Code></Error>")
+        return super()._serve()
+
+
+def test_a_listed_metadata_object_that_cannot_be_read_fails_only_an_opening_that_needs_it(tmp_path):
+    # The listing names every zarr.json below the store, and opening fetches them all at once: one refused
+    # to this caller is left for the opening to ask for, which does not need uns.
+    put_collection_in_bucket(tmp_path)
+
+    class Server(RangeHTTPServer):
+        handler_class = _RefusingUns
+
+    with Server(tmp_path, s3_listing=True) as server:
+        remote = ts.open("s3://public/collection.zarr", endpoint_url=server.url, anonymous=True)
+        assert "/public/collection.zarr/dataset_0/uns/zarr.json" in [path for _, path, _ in server.requests]
+        rows = torch.arange(len(remote))
+        same_batches(ts.open(COLLECTION).read(rows), remote.read(rows))
+
+
 def test_endpoint_url_option_overrides_the_environment(data_dir, s3, s3_credentials, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
     remote = ts.open("s3://cells/stores/sharded.zarr", endpoint_url=s3.endpoint_url)

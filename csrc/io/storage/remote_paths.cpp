@@ -238,9 +238,15 @@ void list_remote_store(const std::string& text) {
     }
     table.learn(table.listed, key, std::shared_ptr<const Listing>(std::move(listing)));
   }
-  // Together; learnt for the opening that follows.
+  // Together; learnt for the opening that follows. One it cannot read (refused to this caller) is
+  // left for the opening to ask for, and fail on, if it needs it.
   std::vector<std::string> etags;
-  std::vector<std::optional<std::vector<uint8_t>>> got = store->get(metadata, &etags);
+  std::vector<std::optional<std::vector<uint8_t>>> got;
+  try {
+    got = store->get(metadata, &etags);
+  } catch (const std::exception&) {
+    return;
+  }
   std::lock_guard<std::mutex> lock(table.mutex);
   for (size_t i = 0; i < metadata.size(); ++i)
     learn_object(table, store_key + '\n' + metadata[i].text, got[i], etags[i]);
