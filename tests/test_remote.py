@@ -4,6 +4,7 @@ read compared with the same read of the local files."""
 
 import os
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -359,6 +360,38 @@ def test_bad_credentials_are_refused_naming_the_url(data_dir, monkeypatch, tmp_p
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong" + server.secret_key)
         with pytest.raises(RuntimeError, match=r"s3://private/p.*access denied.*SignatureDoesNotMatch") as error:
             ts.open("s3://private/p", endpoint_url=server.endpoint_url, max_requests=5)
+        assert server.secret_key not in str(error.value)
+
+
+def test_a_profiles_credential_process_signs_the_requests(data_dir, monkeypatch, tmp_path):
+    # What `aws configure export-credentials --format process`, SSO helpers and vaults are set up as: the
+    # program's keys sign the requests (the server checks signatures); a program that fails fails the
+    # opening, naming the profile and the program, with the first line it wrote to stderr.
+    with S3Server(verify_signatures=True) as server:
+        server.create_bucket("private")
+        server.put_tree("private", "p", data_dir / "sharded.zarr")
+        program = tmp_path / "creds.py"
+        program.write_text(
+            "import json, sys\n"
+            "print(json.dumps({'Version': 1, 'AccessKeyId': sys.argv[1], 'SecretAccessKey': sys.argv[2]}))\n"
+        )
+        failing = tmp_path / "expired.py"
+        failing.write_text("import sys\nsys.exit('the SSO session has expired')\n")
+        config = tmp_path / "config"
+        config.write_text(
+            f"[profile proc]\ncredential_process = {sys.executable} {program} "
+            f"{server.access_key} '{server.secret_key}'\n"
+            f"[profile broken]\ncredential_process = {sys.executable} {failing}\n"
+        )
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+        remote = ts.open("s3://private/p", endpoint_url=server.endpoint_url, profile="proc")
+        same_batches(ts.open(data_dir / "sharded.zarr").read(ROW_SETS[1]), remote.read(ROW_SETS[1]))
+        expected = r"AWS profile 'broken'.*credential_process .*exited with status 1: the SSO session has expired"
+        with pytest.raises(RuntimeError, match=expected) as error:
+            ts.open("s3://private/p2", endpoint_url=server.endpoint_url, profile="broken")
         assert server.secret_key not in str(error.value)
 
 

@@ -6,7 +6,9 @@
 // to a fresh mkdtemp directory; the environment is a map.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -18,6 +20,7 @@
 
 #include "core/errors.h"
 #include "io/storage/aws_credentials.h"
+#include "io/storage/credential_process.h"
 
 using torch_shards::core::InvalidArgument;
 using torch_shards::core::ReadError;
@@ -27,6 +30,7 @@ using torch_shards::io::storage::Environment;
 using torch_shards::io::storage::parse_aws_ini;
 using torch_shards::io::storage::process_environment;
 using torch_shards::io::storage::resolve_aws_settings;
+using torch_shards::io::storage::split_command_line;
 
 namespace {
 
@@ -526,6 +530,116 @@ TEST_F(AwsResolve, NoMessageHoldsASecret) {
   env_["AWS_SESSION_TOKEN"] = kToken;
   const std::string message = failure<InvalidArgument>(with_anonymous(false));
   EXPECT_TRUE(contains(message, "AWS_ACCESS_KEY_ID")) << message;
+}
+
+// ---- credential_process ---------------------------------------------------------------------
+
+namespace {
+
+// A credential_process program: a shell script in the test's directory that runs `body`.
+std::string write_program(const std::string& dir, const std::string& name, const std::string& body) {
+  const std::string path = dir + "/" + name;
+  std::ofstream out(path, std::ios::binary);
+  out << "#!/bin/sh\n" << body << "\n";
+  out.close();
+  ::chmod(path.c_str(), 0755);
+  return path;
+}
+
+std::string credentials_json(const std::string& key_id) {
+  return "{\"Version\": 1, \"AccessKeyId\": \"" + key_id + "\", \"SecretAccessKey\": \"" + kSecret +
+         "\", \"SessionToken\": \"" + kToken + "\", \"Expiration\": \"2099-01-01T00:00:00Z\"}";
+}
+
+}  // namespace
+
+TEST(CredentialProcess, CommandLinesSplitAsAShellSplitsWords) {
+  using Words = std::vector<std::string>;
+  EXPECT_EQ(split_command_line("aws configure export-credentials --profile p --format process"),
+            (Words{"aws", "configure", "export-credentials", "--profile", "p", "--format", "process"}));
+  EXPECT_EQ(split_command_line("  /bin/tool  'two words' \"a \\\"q\\\" $x\" back\\ slash ''  "),
+            (Words{"/bin/tool", "two words", "a \"q\" $x", "back slash", ""}));
+  EXPECT_EQ(split_command_line(""), Words{});
+  for (const char* bad : {"tool 'open", "tool \"open", "tool \\"}) {
+    EXPECT_THROW(split_command_line(bad), InvalidArgument) << bad;
+  }
+}
+
+TEST_F(AwsResolve, CredentialProcessPrintsTheProfilesCredentials) {
+  // Its arguments reach it as the words of the line: the program prints the keys only when given them.
+  const std::string program = write_program(
+      dir_, "creds.sh",
+      "[ \"$1\" = \"two words\" ] && [ \"$2\" = x ] || exit 9\necho '" + credentials_json("AKIDPROC") + "'");
+  write_config("[profile proc]\ncredential_process = " + program + " 'two words' x\n");
+  const AwsSettings settings = resolve(with_profile("proc"));
+  EXPECT_FALSE(settings.anonymous);
+  EXPECT_EQ(settings.credentials.access_key_id, "AKIDPROC");
+  EXPECT_EQ(settings.credentials.secret_access_key, kSecret);
+  EXPECT_EQ(settings.credentials.session_token, kToken);
+  EXPECT_TRUE(contains(settings.credentials.source, "credential_process " + program)) << settings.credentials.source;
+  EXPECT_TRUE(contains(settings.credentials.source, "[profile proc]")) << settings.credentials.source;
+  EXPECT_FALSE(contains(settings.searched, kSecret) || contains(settings.searched, kToken)) << settings.searched;
+}
+
+TEST_F(AwsResolve, CredentialProcessComesAfterTheCredentialsFileBeforeTheConfigFilesKeys) {
+  const std::string program = write_program(dir_, "creds.sh", "echo '" + credentials_json("AKIDPROC") + "'");
+  write_config("[default]\ncredential_process = " + program +
+               "\naws_access_key_id = AKIDCONFIG\naws_secret_access_key = s\n");
+  EXPECT_EQ(resolve().credentials.access_key_id, "AKIDPROC");
+  write_credentials("[default]\naws_access_key_id = AKIDFILE\naws_secret_access_key = s\n");
+  EXPECT_EQ(resolve().credentials.access_key_id, "AKIDFILE");
+  env_["AWS_ACCESS_KEY_ID"] = "AKIDENV";
+  env_["AWS_SECRET_ACCESS_KEY"] = "s";
+  EXPECT_EQ(resolve().credentials.access_key_id, "AKIDENV");
+  // In the credentials file's section, it is that file's.
+  env_.erase("AWS_ACCESS_KEY_ID");
+  env_.erase("AWS_SECRET_ACCESS_KEY");
+  write_credentials("[default]\ncredential_process = " + program + "\n");
+  EXPECT_TRUE(contains(resolve().credentials.source, credentials_path())) << resolve().credentials.source;
+  // Anonymous: it is not run.
+  write_credentials("[default]\ncredential_process = " + write_program(dir_, "fails.sh", "exit 1") + "\n");
+  EXPECT_TRUE(resolve(with_anonymous(true)).anonymous);
+}
+
+TEST_F(AwsResolve, CredentialProcessFailuresNameTheProfileAndProgramNeverItsOutput) {
+  const auto with_program = [&](const std::string& body) {
+    write_config("[profile proc]\ncredential_process = " + write_program(dir_, "creds.sh", body) + "\n");
+  };
+  const std::string secret_output = "echo '" + credentials_json("AKIDPROC") + "' | tr -d '{'";
+  struct Case {
+    std::string body, expected;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"echo 'the SSO session expired' >&2\nexit 3", "exited with status 3: the SSO session expired"},
+           {secret_output, "did not print a JSON object"},
+           {"echo '[1, 2]'", "did not print a JSON object"},
+           {"echo '{\"Version\": 2, \"AccessKeyId\": \"A\", \"SecretAccessKey\": \"S\"}'", "Version other than 1"},
+           {"echo '{\"Version\": 1, \"AccessKeyId\": \"A\"}'", "without SecretAccessKey"},
+           {"echo '{\"Version\": 1, \"AccessKeyId\": 7, \"SecretAccessKey\": \"S\"}'", "AccessKeyId that is not"},
+           {"kill -9 $$", "killed by signal 9"},
+       }) {
+    with_program(c.body);
+    const std::string message = failure<ReadError>(with_profile("proc"));
+    EXPECT_TRUE(contains(message, c.expected)) << c.body << " -> " << message;
+    EXPECT_TRUE(contains(message, "AWS profile 'proc'")) << message;
+    EXPECT_TRUE(contains(message, dir_ + "/creds.sh")) << message;
+  }
+  write_config("[profile proc]\ncredential_process = " + dir_ + "/no-such-program --flag\n");
+  EXPECT_TRUE(contains(failure<ReadError>(with_profile("proc")), "cannot run"));
+  write_config("[profile proc]\ncredential_process = 'unterminated\n");
+  const std::string unterminated = failure<InvalidArgument>(with_profile("proc"));
+  EXPECT_TRUE(contains(unterminated, "unterminated") && contains(unterminated, "AWS profile 'proc'")) << unterminated;
+}
+
+TEST_F(AwsResolve, ACredentialProcessThatHangsIsKilledAtTheTimeout) {
+  write_config("[profile proc]\ncredential_process = " + write_program(dir_, "creds.sh", "sleep 30") + "\n");
+  env_["TORCH_SHARDS_CREDENTIAL_PROCESS_TIMEOUT"] = "0.5";
+  const auto start = std::chrono::steady_clock::now();
+  const std::string message = failure<ReadError>(with_profile("proc"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_TRUE(contains(message, "did not finish within 0.5 s")) << message;
+  env_["TORCH_SHARDS_CREDENTIAL_PROCESS_TIMEOUT"] = "soon";
+  EXPECT_TRUE(contains(failure<InvalidArgument>(with_profile("proc")), "'soon'"));
 }
 
 TEST(AwsEnvironment, ProcessEnvironmentReadsGetenv) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "io/storage/credential_process.h"
 
 namespace torch_shards::io::storage {
 
@@ -215,18 +216,32 @@ std::optional<AwsCredentials> section_credentials(const Values& values, const st
   return credentials;
 }
 
-// Keys of a profile that ask for credentials torch_shards does not fetch (they need the network
-// or another program): named in `searched`, so that a 403 says why the profile did not sign.
+// Keys of a profile that ask for credentials torch_shards does not fetch (they need the network):
+// named in `searched`, so that a 403 says why the profile did not sign, and how to bridge them.
 std::string unsupported_note(const Values& values, const std::string& profile) {
-  for (const char* key :
-       {"credential_process", "role_arn", "sso_session", "sso_start_url", "web_identity_token_file"}) {
+  for (const char* key : {"role_arn", "sso_session", "sso_start_url", "web_identity_token_file"}) {
     if (values.count(key)) {
-      return concat(" (has ", key,
-                    ", which torch_shards does not resolve: `aws configure export-credentials --profile ", profile,
-                    " --format env` sets the environment variables it reads)");
+      return concat(" (has ", key, ", which torch_shards does not resolve: give another profile credential_process = ",
+                    "aws configure export-credentials --profile ", profile,
+                    " --format process, or set the environment variables from `aws configure export-credentials "
+                    "--profile ",
+                    profile, " --format env`)");
     }
   }
   return "";
+}
+
+// Seconds a credential_process may take: TORCH_SHARDS_CREDENTIAL_PROCESS_TIMEOUT, else 60.
+double credential_process_timeout(const Environment& env) {
+  const std::optional<std::string> text = get(env, "TORCH_SHARDS_CREDENTIAL_PROCESS_TIMEOUT");
+  if (!text) return 60;
+  char* end = nullptr;
+  const double seconds = std::strtod(text->c_str(), &end);
+  if (end == text->c_str() || *end != '\0' || !(seconds > 0) || seconds > 86400) {
+    throw InvalidArgument(
+        concat("TORCH_SHARDS_CREDENTIAL_PROCESS_TIMEOUT must be seconds in (0, 86400], got '", *text, "'"));
+  }
+  return seconds;
 }
 
 std::string join(const std::vector<std::string>& parts, const std::string& separator) {
@@ -423,6 +438,18 @@ AwsSettings resolve_aws_settings(const AwsOptions& options, const Environment& e
       }
     } else {
       searched.push_back(source + (credentials_file.found ? " (no such section)" : credentials_file.missing()));
+    }
+  }
+  // A program's credentials (credential_process, in the credentials file's section, else the profile's).
+  if (anonymous != true && settings.credentials.empty()) {
+    const bool in_section = in_credentials && credentials_section->second.count("credential_process") > 0;
+    const std::string command = in_section
+                                    ? get_value(credentials_section->second, "credential_process")
+                                    : (config.found ? get_value(config.values, "credential_process") : std::string());
+    if (!command.empty()) {
+      settings.credentials = run_credential_process(
+          command, profile, in_section ? concat(credentials_file.name, " [", profile, "]") : config_source,
+          credential_process_timeout(env));
     }
   }
   if (anonymous != true && settings.credentials.empty()) {

@@ -1,7 +1,7 @@
 // The settings and credentials an S3 client uses, resolved the way the AWS CLI
-// v2 and boto3 resolve them, from the environment and the two shared files
-// only (no network: no instance metadata, no SSO, no assume-role, no
-// credential_process):
+// v2 and boto3 resolve them, from the environment, the two shared files and a
+// profile's credential_process (credential_process.h) only (no network: no
+// instance metadata, no SSO, no assume-role):
 //
 //   profile      options.profile, AWS_PROFILE, "default"
 //   files        AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials ([NAME] sections),
@@ -9,8 +9,10 @@
 //                a file that does not exist is as good as an empty one
 //   credentials  none when anonymous; else AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY
 //                (+ AWS_SESSION_TOKEN); else aws_access_key_id / aws_secret_access_key
-//                (/ aws_session_token) of the profile in the credentials file, then in the
-//                config file; none found: anonymous, unless options.anonymous is false
+//                (/ aws_session_token) of the profile in the credentials file; else what the
+//                profile's credential_process prints (credentials file, then config file);
+//                else the config file's keys; none found: anonymous, unless
+//                options.anonymous is false
 //   anonymous    options.anonymous, else AWS_NO_SIGN_REQUEST (true/1, false/0)
 //   region       options.region, AWS_REGION, AWS_DEFAULT_REGION, the profile's region,
 //                "us-east-1"

@@ -1,0 +1,206 @@
+#include "io/storage/credential_process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/errors.h"
+
+extern char** environ;
+
+namespace torch_shards::io::storage {
+
+using core::concat;
+using core::ReadError;
+
+namespace {
+
+constexpr size_t kMaxOutput = 1 << 20;  // a credentials JSON is a few KiB
+constexpr size_t kMaxErrorText = 4096;  // of its standard error, kept for the message
+
+// Both ends of a pipe, closed when they go out of scope.
+struct Pipe {
+  int fds[2] = {-1, -1};
+  Pipe() {
+    if (::pipe2(fds, O_CLOEXEC) != 0) fds[0] = fds[1] = -1;
+  }
+  ~Pipe() {
+    close_end(0);
+    close_end(1);
+  }
+  bool ok() const { return fds[0] >= 0; }
+  void close_end(int end) {
+    if (fds[end] >= 0) ::close(fds[end]);
+    fds[end] = -1;
+  }
+};
+
+// The first line of a program's standard error, for a message.
+std::string first_line(const std::string& text) {
+  std::string line = text.substr(0, text.find('\n'));
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+  return line;
+}
+
+struct Finished {
+  std::string out, err;
+  int status = 0;  // waitpid's
+  bool timed_out = false;
+};
+
+// Runs argv[0] (found on PATH) with its output and error captured, for at most timeout_s.
+Finished run(const std::vector<std::string>& argv, double timeout_s, const std::string& what) {
+  Pipe out, err;
+  if (!out.ok() || !err.ok()) throw ReadError(concat(what, ": cannot make a pipe: ", std::strerror(errno)));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out.fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, err.fds[1], STDERR_FILENO);
+  std::vector<char*> args;
+  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int spawned = ::posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) throw ReadError(concat(what, ": cannot run ", argv[0], ": ", std::strerror(spawned)));
+  out.close_end(1);
+  err.close_end(1);
+
+  Finished finished;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  bool out_open = true, err_open = true;
+  while ((out_open || err_open) && !finished.timed_out) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      finished.timed_out = true;
+      break;
+    }
+    pollfd fds[2] = {{out_open ? out.fds[0] : -1, POLLIN, 0}, {err_open ? err.fds[0] : -1, POLLIN, 0}};
+    const int ready = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (ready < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      char buffer[4096];
+      const ssize_t got = ::read(fds[i].fd, buffer, sizeof buffer);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        (i == 0 ? out_open : err_open) = false;
+        continue;
+      }
+      std::string& text = i == 0 ? finished.out : finished.err;
+      const size_t keep = i == 0 ? kMaxOutput + 1 : kMaxErrorText;  // more than kMaxOutput: refused below
+      text.append(buffer, std::min(static_cast<size_t>(got), keep - std::min(keep, text.size())));
+    }
+  }
+  if (finished.timed_out) ::kill(pid, SIGKILL);
+  while (::waitpid(pid, &finished.status, 0) < 0 && errno == EINTR) {
+  }
+  return finished;
+}
+
+std::string string_field(const nlohmann::json& answer, const char* key, bool required, const std::string& what) {
+  const auto found = answer.find(key);
+  if (found == answer.end() || found->is_null()) {
+    if (required) throw ReadError(concat(what, " printed credentials without ", key));
+    return "";
+  }
+  if (!found->is_string() || (required && found->get<std::string>().empty())) {
+    throw ReadError(concat(what, " printed a ", key, " that is not a non-empty string"));
+  }
+  return found->get<std::string>();
+}
+
+}  // namespace
+
+std::vector<std::string> split_command_line(const std::string& command) {
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;
+  for (size_t i = 0; i < command.size(); ++i) {
+    const char c = command[i];
+    if (c == ' ' || c == '\t' || c == '\n') {
+      if (in_word) words.push_back(word);
+      word.clear();
+      in_word = false;
+      continue;
+    }
+    in_word = true;
+    if (c == '\\') {
+      core::check_argument(i + 1 < command.size(), "credential_process '", command, "' ends in a backslash");
+      word += command[++i];
+    } else if (c == '\'') {
+      const size_t end = command.find('\'', i + 1);
+      core::check_argument(end != std::string::npos, "credential_process '", command, "' has an unterminated '");
+      word += command.substr(i + 1, end - i - 1);
+      i = end;
+    } else if (c == '"') {
+      size_t j = i + 1;
+      for (; j < command.size() && command[j] != '"'; ++j) {
+        if (command[j] == '\\' && j + 1 < command.size() && std::strchr("\"\\$`", command[j + 1]) != nullptr) ++j;
+        word += command[j];
+      }
+      core::check_argument(j < command.size(), "credential_process '", command, "' has an unterminated \"");
+      i = j;
+    } else {
+      word += c;
+    }
+  }
+  if (in_word) words.push_back(word);
+  return words;
+}
+
+AwsCredentials run_credential_process(const std::string& command, const std::string& profile, const std::string& where,
+                                      double timeout_s) {
+  std::vector<std::string> argv;
+  try {
+    argv = split_command_line(command);
+  } catch (const core::InvalidArgument& error) {
+    throw core::InvalidArgument(concat(where, ": AWS profile '", profile, "': ", error.what()));
+  }
+  const std::string what =
+      concat(where, ": AWS profile '", profile, "': credential_process ", argv.empty() ? "''" : argv[0]);
+  if (argv.empty()) throw ReadError(concat(what, " is empty"));
+  const Finished finished = run(argv, timeout_s, what);
+  if (finished.timed_out) {
+    throw ReadError(concat(what, " did not finish within ", timeout_s,
+                           " s (killed; TORCH_SHARDS_CREDENTIAL_PROCESS_TIMEOUT sets the limit)"));
+  }
+  if (WIFSIGNALED(finished.status)) {
+    throw ReadError(concat(what, " was killed by signal ", WTERMSIG(finished.status)));
+  }
+  if (WEXITSTATUS(finished.status) != 0) {
+    const std::string reason = first_line(finished.err);
+    // 127: the shell convention, and posix_spawnp's child when the program cannot be executed.
+    throw ReadError(concat(what, " exited with status ", WEXITSTATUS(finished.status),
+                           reason.empty() ? std::string() : ": " + reason));
+  }
+  if (finished.out.size() > kMaxOutput) throw ReadError(concat(what, " printed more than ", kMaxOutput, " bytes"));
+  nlohmann::json answer;
+  try {
+    answer = nlohmann::json::parse(finished.out);
+  } catch (const nlohmann::json::exception&) {
+    throw ReadError(concat(what, " did not print a JSON object (the AWS CLI's process credentials)"));
+  }
+  if (!answer.is_object()) throw ReadError(concat(what, " did not print a JSON object"));
+  const auto version = answer.find("Version");
+  if (version == answer.end() || !version->is_number_integer() || version->get<int64_t>() != 1) {
+    throw ReadError(concat(what, " printed credentials of a Version other than 1 (the only one there is)"));
+  }
+  AwsCredentials credentials;
+  credentials.access_key_id = string_field(answer, "AccessKeyId", true, what);
+  credentials.secret_access_key = string_field(answer, "SecretAccessKey", true, what);
+  credentials.session_token = string_field(answer, "SessionToken", false, what);
+  credentials.source = concat(where, " (credential_process ", argv[0], ")");
+  return credentials;
+}
+
+}  // namespace torch_shards::io::storage
