@@ -522,6 +522,7 @@ class _Fault:
     path_contains: Optional[str]
     seconds: Optional[float]
     retry_after: Optional[int]
+    method: Optional[str] = None
 
 
 class _ProxyHandler(_Handler):
@@ -653,9 +654,11 @@ class FaultProxy(_HTTPService):
         path_contains: Optional[str] = None,
         seconds: Optional[float] = None,
         retry_after: Optional[int] = None,
+        method: Optional[str] = None,
     ):
         """Applies a fault to the next count requests whose path (with query) contains
-        path_contains (None: any request); faults injected earlier apply first. Kinds:
+        path_contains (None: any request), of `method` only if given; faults injected earlier
+        apply first. Kinds:
 
         status_503, status_500, status_429: that status with an S3-style XML error body (and
           Retry-After: retry_after if given), without contacting the upstream;
@@ -673,7 +676,7 @@ class FaultProxy(_HTTPService):
         if (kind == "slow") != (seconds is not None):
             raise ValueError("seconds goes with kind='slow', and only with it")
         with self._lock:
-            self._faults.append(_Fault(kind, count, path_contains, seconds, retry_after))
+            self._faults.append(_Fault(kind, count, path_contains, seconds, retry_after, method))
 
     def pending(self) -> int:
         """The number of injected fault applications not consumed yet."""
@@ -684,7 +687,7 @@ class FaultProxy(_HTTPService):
         """Consumes and logs the first injected fault this request matches."""
         with self._lock:
             for fault in self._faults:
-                if fault.path_contains is None or fault.path_contains in path:
+                if (fault.path_contains is None or fault.path_contains in path) and fault.method in (None, method):
                     fault.count -= 1
                     if fault.count == 0:
                         self._faults.remove(fault)

@@ -539,31 +539,88 @@ void unshuffle(const uint8_t* in, size_t size, size_t element_size, uint8_t* out
   if (body < size) std::memcpy(out + body, in + body, size - body);
 }
 
+namespace {
+
+constexpr uint32_t kCrc32cPolynomial = 0x82F63B78u;  // reflected: x^0 in the top bit
+
+// a * b modulo the CRC's polynomial, both in its reflected bit order.
+uint32_t multiply_modulo(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t bit = 1u << 31; bit != 0; bit >>= 1) {
+    if ((a & bit) != 0) product ^= b;
+    b = (b & 1u) != 0 ? (b >> 1) ^ kCrc32cPolynomial : b >> 1;
+  }
+  return product;
+}
+
+// x^(8 * bytes) modulo the polynomial: multiplying a CRC by it moves the CRC past `bytes` bytes.
+uint32_t shift_past(uint64_t bytes) {
+  uint32_t result = 1u << 31;  // x^0
+  uint32_t power = 1u << 23;   // x^8, then x^16, x^32, ...
+  for (; bytes != 0; bytes >>= 1) {
+    if ((bytes & 1u) != 0) result = multiply_modulo(power, result);
+    power = multiply_modulo(power, power);
+  }
+  return result;
+}
+
+}  // namespace
+
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b) {
+  return multiply_modulo(shift_past(size_b), crc_a) ^ crc_b;
+}
+
 #ifdef TORCH_SHARDS_CPU_DISPATCH
-// Eight bytes per instruction, little-endian words as the tables take bytes.
-__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const uint8_t* data, size_t size) {
-  uint64_t crc = 0xffffffffu;
+// Eight bytes per instruction, little-endian words as the tables take bytes. Large inputs in three
+// streams at once (the instruction takes 3 cycles and can start every cycle), joined as
+// crc32c_combine joins CRCs: about 3x one stream.
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const uint8_t* data, size_t size) {
+  constexpr size_t kStream = 32 << 10;
+  if (size >= 3 * kStream) {
+    static const uint32_t stream_shift = shift_past(kStream);
+    do {
+      uint64_t a = ~crc, b = 0xffffffffu, c = 0xffffffffu;
+      for (size_t i = 0; i < kStream; i += 8) {
+        uint64_t words[3];
+        std::memcpy(&words[0], data + i, 8);
+        std::memcpy(&words[1], data + kStream + i, 8);
+        std::memcpy(&words[2], data + 2 * kStream + i, 8);
+        a = _mm_crc32_u64(a, words[0]);
+        b = _mm_crc32_u64(b, words[1]);
+        c = _mm_crc32_u64(c, words[2]);
+      }
+      const uint32_t ab = multiply_modulo(stream_shift, ~static_cast<uint32_t>(a)) ^ ~static_cast<uint32_t>(b);
+      crc = multiply_modulo(stream_shift, ab) ^ ~static_cast<uint32_t>(c);
+      data += 3 * kStream;
+      size -= 3 * kStream;
+    } while (size >= 3 * kStream);
+  }
+  uint64_t state = ~crc;
   for (; size >= 8; size -= 8, data += 8) {
     uint64_t word;
     std::memcpy(&word, data, 8);
-    crc = _mm_crc32_u64(crc, word);
+    state = _mm_crc32_u64(state, word);
   }
-  auto low = static_cast<uint32_t>(crc);
+  auto low = static_cast<uint32_t>(state);
   for (; size > 0; --size, ++data) low = _mm_crc32_u8(low, *data);
   return ~low;
 }
 #endif
 
-uint32_t crc32c(const uint8_t* data, size_t size) {
+uint32_t crc32c(const uint8_t* data, size_t size) { return crc32c_extend(0, data, size); }
+
+uint32_t crc32c_extend(uint32_t crc, const uint8_t* data, size_t size) {
 #ifdef TORCH_SHARDS_CPU_DISPATCH
-  if (core::cpu_has_sse42()) return crc32c_sse42(data, size);
+  if (core::cpu_has_sse42()) return crc32c_sse42(crc, data, size);
 #endif
-  return crc32c_portable(data, size);
+  return crc32c_portable(crc, data, size);
 }
 
-uint32_t crc32c_portable(const uint8_t* data, size_t size) {
+uint32_t crc32c_portable(const uint8_t* data, size_t size) { return crc32c_portable(0, data, size); }
+
+uint32_t crc32c_portable(uint32_t previous, const uint8_t* data, size_t size) {
   const auto& t = kCrc32c.table;
-  uint32_t crc = 0xffffffffu;
+  uint32_t crc = ~previous;
   for (; size >= 8; size -= 8, data += 8) {
     const uint32_t low = crc ^ read_le32(data);
     const uint32_t high = read_le32(data + 4);

@@ -49,8 +49,15 @@ inline uint32_t read_le32(const uint8_t* p) {
 // (and the node-local cache's entries): SSE4.2's instruction where the CPU
 // has it (about 5x zlib's crc32), else crc32c_portable.
 uint32_t crc32c(const uint8_t* data, size_t size);
-// The same by tables (slicing by 8), on any CPU.
+// The CRC-32C of bytes that follow those whose CRC-32C is `crc`: a CRC taken in pieces as they come
+// (crc32c(data, size) == crc32c_extend(0, data, size)).
+uint32_t crc32c_extend(uint32_t crc, const uint8_t* data, size_t size);
+// The CRC-32C of a followed by b, from theirs and b's length: pieces taken apart (in parallel, or
+// each part of a download as it arrives) joined in order.
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b);
+// crc32c and crc32c_extend by tables (slicing by 8), on any CPU.
 uint32_t crc32c_portable(const uint8_t* data, size_t size);
+uint32_t crc32c_portable(uint32_t crc, const uint8_t* data, size_t size);
 // Reverses the byte order of `count` elements of `unit` bytes, in place.
 void byteswap(uint8_t* data, size_t count, size_t unit);
 

@@ -804,6 +804,42 @@ TEST(Codecs, Crc32cMatchesABitwiseReferenceAtEveryLengthAndAlignment) {
   EXPECT_EQ(crc32c_portable(data.data() + 1, 4095), reference_crc32c(data.data() + 1, 4095));
 }
 
+TEST(Codecs, Crc32cOfLargeInputsInThreeStreamsMatchesTheReference) {
+  // 3 x 32 KiB and more go three streams at once: rounds, a remainder, every alignment.
+  const Bytes data = sample_data((3 << 16) + 4099, 16);
+  for (size_t offset : {0, 1, 5}) {
+    for (size_t size :
+         {size_t{3} << 15, (size_t{3} << 15) - 1, (size_t{3} << 15) + 13, size_t{3} << 16, data.size() - offset}) {
+      const uint32_t expected = reference_crc32c(data.data() + offset, size);
+      ASSERT_EQ(crc32c(data.data() + offset, size), expected) << offset << " " << size;
+      ASSERT_EQ(crc32c_portable(data.data() + offset, size), expected) << offset << " " << size;
+    }
+  }
+}
+
+TEST(Codecs, Crc32cTakenInPiecesOrJoinedIsTheWholesCrc) {
+  const Bytes data = sample_data((3 << 16) + 777, 16);
+  const uint32_t whole = reference_crc32c(data.data(), data.size());
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{7}, size_t{4096}, size_t{100000}, data.size() - 1, data.size()}) {
+    const uint8_t* tail = data.data() + cut;
+    const size_t tail_size = data.size() - cut;
+    EXPECT_EQ(crc32c_extend(crc32c(data.data(), cut), tail, tail_size), whole) << cut;
+    EXPECT_EQ(crc32c_portable(crc32c_portable(data.data(), cut), tail, tail_size), whole) << cut;
+    EXPECT_EQ(crc32c_combine(crc32c(data.data(), cut), crc32c(tail, tail_size), tail_size), whole) << cut;
+  }
+  // Many pieces, as a download's parts arrive in pieces each.
+  uint32_t joined = 0;
+  for (size_t at = 0; at < data.size(); at += 10007) {
+    const size_t size = std::min<size_t>(10007, data.size() - at);
+    uint32_t part = 0;
+    for (size_t piece = 0; piece < size; piece += 999) {
+      part = crc32c_extend(part, data.data() + at + piece, std::min<size_t>(999, size - piece));
+    }
+    joined = at == 0 ? part : crc32c_combine(joined, part, size);
+  }
+  EXPECT_EQ(joined, whole);
+}
+
 TEST(Codecs, ByteswapReversesEachElement) {
   for (size_t unit : {1, 2, 3, 4, 8, 16}) {
     const size_t count = 37;

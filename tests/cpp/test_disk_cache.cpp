@@ -25,12 +25,14 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/errors.h"
+#include "io/codecs.h"
 #include "io/storage/disk_cache.h"
 
 using torch_shards::core::InvalidArgument;
@@ -508,9 +510,9 @@ namespace {
 
 // A fill that writes value_for(key, size) and counts its runs in `counter` (one byte appended per run,
 // O_APPEND: atomic across processes), sleeping `pause_ms` first so that others find it under way.
-std::function<bool(int, int64_t)> counted_fill(const std::string& key, size_t size, const std::string& counter,
-                                               int pause_ms = 0) {
-  return [=](int out, int64_t at) {
+std::function<std::optional<uint32_t>(int, int64_t)> counted_fill(const std::string& key, size_t size,
+                                                                  const std::string& counter, int pause_ms = 0) {
+  return [=](int out, int64_t at) -> std::optional<uint32_t> {
     const int fd = ::open(counter.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0666);
     if (fd >= 0) {
       const char one = '1';
@@ -519,7 +521,8 @@ std::function<bool(int, int64_t)> counted_fill(const std::string& key, size_t si
     }
     if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     const std::vector<uint8_t> value = value_for(key, size);
-    return torch_shards::io::storage::write_all_at(out, value.data(), size, at);
+    if (!torch_shards::io::storage::write_all_at(out, value.data(), size, at)) return std::nullopt;
+    return torch_shards::io::codecs::crc32c(value.data(), size);
   };
 }
 
@@ -654,11 +657,10 @@ TEST_F(DiskCacheTest, WaiterTakesOverWhenTheFillerDies) {
     // Dies in the middle of its fill, holding the lock.
     cache.map_or_fill(
         key, size,
-        [&](int, int64_t) {
+        [&](int, int64_t) -> std::optional<uint32_t> {
           const int scratch = ::open("/dev/null", O_WRONLY);
           counted_fill(key, size, counter)(scratch, 0);
           ::_exit(0);
-          return true;
         },
         5);
     ::_exit(1);

@@ -745,9 +745,9 @@ std::shared_ptr<const MappedEntry> DiskCache::map(const std::string& key, size_t
   }
 }
 
-std::shared_ptr<const MappedEntry> DiskCache::map_or_fill(const std::string& key, size_t size,
-                                                          const std::function<bool(int fd, int64_t at)>& fill,
-                                                          double wait_s) const {
+std::shared_ptr<const MappedEntry> DiskCache::map_or_fill(
+    const std::string& key, size_t size, const std::function<std::optional<uint32_t>(int, int64_t)>& fill,
+    double wait_s) const {
   if (std::shared_ptr<const MappedEntry> entry = map(key, size)) return entry;
   if (key.size() > std::numeric_limits<uint32_t>::max() || size > static_cast<uint64_t>(max_bytes_) ||
       entry_bytes(key.size(), size) > max_bytes_) {
@@ -781,7 +781,8 @@ std::shared_ptr<const MappedEntry> DiskCache::map_or_fill(const std::string& key
   // Filled by writes, not through a writable mapping: a mapping's first write to each page faults and
   // reads it in (zeros) first, 2-4x the cost of writing the same bytes (100 MB on ext4: 50-120 ms
   // against 30).
-  if (!fill(temporary.fd(), static_cast<int64_t>(offset))) return nullptr;  // an exception passes: all released
+  const std::optional<uint32_t> payload_crc = fill(temporary.fd(), static_cast<int64_t>(offset));
+  if (!payload_crc) return nullptr;  // an exception passes: all released
   std::vector<uint8_t> head(offset);
   std::memcpy(head.data() + kHeaderSize, key.data(), key.size());
   void* base = map_file(temporary.fd(), length, PROT_READ);
@@ -791,7 +792,7 @@ std::shared_ptr<const MappedEntry> DiskCache::map_or_fill(const std::string& key
   header.payload_size = size;
   header.key_size = static_cast<uint32_t>(key.size());
   header.key_crc = crc32_of(key.data(), key.size());
-  header.payload_crc = crc32_of(entry->data(), size);
+  header.payload_crc = *payload_crc;  // taken as the bytes were written: the entry is not read back
   encode_header(header, head.data());
   if (!write_all_at(temporary.fd(), head.data(), head.size(), 0)) return nullptr;
   if (!temporary.close()) return nullptr;

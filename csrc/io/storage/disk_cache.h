@@ -104,13 +104,14 @@ class DiskCache {
   // when absent, of another size, damaged (removed) or not mappable. Marks it used (LRU). Never throws.
   std::shared_ptr<const MappedEntry> map(const std::string& key, size_t size) const;
   // map(key, size), else the entry filled: by this call, fill(fd, at) writing its `size` bytes to the
-  // open file fd from offset `at` (write_all_at), unless
+  // open file fd from offset `at` (write_all_at) and returning their CRC-32C (codecs::crc32c, taken
+  // as they were written: the entry is not read back for it), unless
   // another process (or thread) of the node is filling it, which this call then waits for (up to
   // wait_s seconds) and maps. Null when it cannot be stored (larger than max_bytes, disk full, no
   // lock file) or the wait ran out: the caller reads otherwise. An exception from fill passes
-  // through (nothing stored, the lock released); a fill that returns false stores nothing (null).
+  // through (nothing stored, the lock released); a fill that returns nullopt stores nothing (null).
   std::shared_ptr<const MappedEntry> map_or_fill(const std::string& key, size_t size,
-                                                 const std::function<bool(int fd, int64_t at)>& fill,
+                                                 const std::function<std::optional<uint32_t>(int fd, int64_t at)>& fill,
                                                  double wait_s) const;
 
   // Bytes held now (the entries' file sizes, as accounted; a rescan when the accounting is missing or

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "core/errors.h"
+#include "io/codecs.h"
 #include "io/file.h"
 
 namespace torch_shards::io::storage {
@@ -328,14 +329,18 @@ std::shared_ptr<const MappedEntry> ObjectStore::whole(const Url& url, const Obje
     }
   }
   const std::string target = request_url(url);
-  const auto fill = [&](int fd, int64_t at) {
+  const auto fill = [&](int fd, int64_t at) -> std::optional<uint32_t> {
     std::vector<HttpRequest> requests;
+    // Each part's CRC-32C, taken as its bytes arrive (a retried part starts again from 0).
+    std::vector<uint32_t> crcs(static_cast<size_t>((stamp.size + kWholePartBytes - 1) / kWholePartBytes));
     for (int64_t offset = 0; offset < stamp.size; offset += kWholePartBytes) {
       HttpRequest& request = requests.emplace_back();
       request.url = target;
       request.offset = offset;
       request.size = std::min(kWholePartBytes, stamp.size - offset);
-      request.sink = [fd, start = at + offset](int64_t position, const uint8_t* data, size_t size) {
+      uint32_t& crc = crcs[requests.size() - 1];
+      request.sink = [fd, start = at + offset, &crc](int64_t position, const uint8_t* data, size_t size) {
+        crc = codecs::crc32c_extend(position == 0 ? 0 : crc, data, size);
         return write_all_at(fd, data, size, start + position);
       };
       request.headers.push_back("If-Match: " + stamp.etag);
@@ -343,7 +348,11 @@ std::shared_ptr<const MappedEntry> ObjectStore::whole(const Url& url, const Obje
     std::vector<HttpResponse> responses;
     client_->perform(requests, responses);
     for (size_t i = 0; i < requests.size(); ++i) check_ranged(url, stamp, requests[i], responses[i], what);
-    return true;
+    uint32_t whole = crcs[0];
+    for (size_t i = 1; i < requests.size(); ++i) {
+      whole = codecs::crc32c_combine(whole, crcs[i], static_cast<uint64_t>(requests[i].size));
+    }
+    return whole;
   };
   std::shared_ptr<const MappedEntry> entry;
   try {
