@@ -244,19 +244,22 @@ class _RefusingFullListings(RangeHTTPServer.handler_class):
         return super()._list_objects(files, query)
 
 
-def test_a_store_whose_listing_is_refused_opens_asking_for_each_thing(tmp_path):
-    # Public buckets often refuse listings: opening then asks for each object and directory as it goes.
+def read_collection_served_by(tmp_path, handler_class):
+    """Opens the test collection from a bucket of a server whose requests handler_class answers, checks
+    every row against the local collection, and returns the server (its log of requests)."""
     put_collection_in_bucket(tmp_path)
-
-    class Server(RangeHTTPServer):
-        handler_class = _RefusingFullListings
-
-    with Server(tmp_path, s3_listing=True) as server:
+    with type("Server", (RangeHTTPServer,), {"handler_class": handler_class})(tmp_path, s3_listing=True) as server:
         remote = ts.open("s3://public/collection.zarr", endpoint_url=server.url, anonymous=True)
-        assert "/public/?list-type=2&prefix=collection.zarr%2F" in [path for _, path, _ in server.requests]
-        assert [method for method, _, _ in server.requests].count("HEAD") > 4  # asked for one by one
         rows = torch.arange(len(remote))
         same_batches(ts.open(COLLECTION).read(rows), remote.read(rows))
+        return server
+
+
+def test_a_store_whose_listing_is_refused_opens_asking_for_each_thing(tmp_path):
+    # Public buckets often refuse listings: opening then asks for each object and directory as it goes.
+    server = read_collection_served_by(tmp_path, _RefusingFullListings)
+    assert "/public/?list-type=2&prefix=collection.zarr%2F" in [path for _, path, _ in server.requests]
+    assert [method for method, _, _ in server.requests].count("HEAD") > 4  # asked for one by one
 
 
 class _RefusingUns(RangeHTTPServer.handler_class):
@@ -272,16 +275,8 @@ class _RefusingUns(RangeHTTPServer.handler_class):
 def test_a_listed_metadata_object_that_cannot_be_read_fails_only_an_opening_that_needs_it(tmp_path):
     # The listing names every zarr.json below the store, and opening fetches them all at once: one refused
     # to this caller is left for the opening to ask for, which does not need uns.
-    put_collection_in_bucket(tmp_path)
-
-    class Server(RangeHTTPServer):
-        handler_class = _RefusingUns
-
-    with Server(tmp_path, s3_listing=True) as server:
-        remote = ts.open("s3://public/collection.zarr", endpoint_url=server.url, anonymous=True)
-        assert "/public/collection.zarr/dataset_0/uns/zarr.json" in [path for _, path, _ in server.requests]
-        rows = torch.arange(len(remote))
-        same_batches(ts.open(COLLECTION).read(rows), remote.read(rows))
+    server = read_collection_served_by(tmp_path, _RefusingUns)
+    assert "/public/collection.zarr/dataset_0/uns/zarr.json" in [path for _, path, _ in server.requests]
 
 
 def test_endpoint_url_option_overrides_the_environment(data_dir, s3, s3_credentials, monkeypatch):
