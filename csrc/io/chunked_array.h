@@ -152,11 +152,10 @@ class ChunkedArray : public Array {
   // `inner_coords` into its place in an output row.
   void copy_row_part(const uint8_t* chunk, int64_t row_in_chunk, const std::vector<int64_t>& inner_coords,
                      uint8_t* out_row) const;
-
-  std::vector<int64_t> chunk_shape_;
   // The grid coordinates of every chunk a read of `segments` touches.
   std::vector<std::vector<int64_t>> chunks_of(const std::vector<Segment>& segments) const;
 
+  std::vector<int64_t> chunk_shape_;
   std::vector<int64_t> grid_;  // chunks along each dimension
   int64_t inner_chunks_ = 1;   // chunks per chunk-row (product of grid_[1:])
   size_t chunk_bytes_ = 0;

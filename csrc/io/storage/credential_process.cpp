@@ -179,7 +179,6 @@ AwsCredentials run_credential_process(const std::string& command, const std::str
   }
   if (WEXITSTATUS(finished.status) != 0) {
     const std::string reason = first_line(finished.err);
-    // 127: the shell convention, and posix_spawnp's child when the program cannot be executed.
     throw ReadError(concat(what, " exited with status ", WEXITSTATUS(finished.status),
                            reason.empty() ? std::string() : ": " + reason));
   }

@@ -456,6 +456,23 @@ void ObjectStore::read(const Url& url, const ObjectStamp& stamp, std::vector<Ran
   }
 }
 
+namespace {
+
+// The key prefix of the objects below `dir` in a listing of its bucket.
+std::string listing_prefix(const Url& dir) { return dir.path.empty() ? "" : dir.path + "/"; }
+
+// The keys of a listing page below `prefix`, relative to it.
+std::vector<std::string> keys_below(const std::string& xml, const std::string& prefix) {
+  std::vector<std::string> keys;
+  for (const std::string& key : xml_values(xml, "Key")) {
+    if (key.size() > prefix.size() && key.compare(0, prefix.size(), prefix) == 0)
+      keys.push_back(key.substr(prefix.size()));
+  }
+  return keys;
+}
+
+}  // namespace
+
 bool ObjectStore::list_pages(const Url& dir, bool recursive, int max_pages,
                              const std::function<void(const std::string& xml)>& page) const {
   if (scheme_ != "s3") {
@@ -463,7 +480,7 @@ bool ObjectStore::list_pages(const Url& dir, bool recursive, int max_pages,
                                    ": listing is not possible over HTTP (no directory listings): open a "
                                    "store with consolidated metadata, or the objects by their URLs"));
   }
-  const std::string prefix = dir.path.empty() ? "" : dir.path + "/";
+  const std::string prefix = listing_prefix(dir);
   std::string token;
   for (int pages = 0; pages < max_pages; ++pages) {
     // Query parameters in the order SigV4 signs them (sorted by name).
@@ -484,14 +501,10 @@ bool ObjectStore::list_pages(const Url& dir, bool recursive, int max_pages,
 }
 
 std::vector<std::pair<std::string, bool>> ObjectStore::list(const Url& dir) const {
-  const std::string prefix = dir.path.empty() ? "" : dir.path + "/";
+  const std::string prefix = listing_prefix(dir);
   std::vector<std::pair<std::string, bool>> entries;
   list_pages(dir, false, kMaxListingPages, [&](const std::string& xml) {
-    for (const std::string& key : xml_values(xml, "Key")) {
-      if (key.size() > prefix.size() && key.compare(0, prefix.size(), prefix) == 0) {
-        entries.emplace_back(key.substr(prefix.size()), false);
-      }
-    }
+    for (std::string& key : keys_below(xml, prefix)) entries.emplace_back(std::move(key), false);
     for (const std::string& below : xml_values(xml, "Prefix")) {
       if (below.size() > prefix.size() + 1 && below.compare(0, prefix.size(), prefix) == 0 && below.back() == '/') {
         entries.emplace_back(below.substr(prefix.size(), below.size() - prefix.size() - 1), true);
@@ -504,14 +517,10 @@ std::vector<std::pair<std::string, bool>> ObjectStore::list(const Url& dir) cons
 }
 
 std::optional<std::vector<std::string>> ObjectStore::list_all(const Url& dir, int max_pages) const {
-  const std::string prefix = dir.path.empty() ? "" : dir.path + "/";
+  const std::string prefix = listing_prefix(dir);
   std::vector<std::string> keys;
   const bool complete = list_pages(dir, true, max_pages, [&](const std::string& xml) {
-    for (const std::string& key : xml_values(xml, "Key")) {
-      if (key.size() > prefix.size() && key.compare(0, prefix.size(), prefix) == 0) {
-        keys.push_back(key.substr(prefix.size()));
-      }
-    }
+    for (std::string& key : keys_below(xml, prefix)) keys.push_back(std::move(key));
   });
   if (!complete) return std::nullopt;
   return keys;
@@ -519,7 +528,7 @@ std::optional<std::vector<std::string>> ObjectStore::list_all(const Url& dir, in
 
 bool ObjectStore::has_objects_below(const Url& dir) const {
   if (scheme_ != "s3") return false;
-  const std::string prefix = dir.path.empty() ? "" : dir.path + "/";
+  const std::string prefix = listing_prefix(dir);
   HttpRequest request;
   request.url = concat(bucket_url(), "/?list-type=2&max-keys=1&prefix=", percent_encode(prefix, false));
   const HttpResponse response = client_->perform(request);

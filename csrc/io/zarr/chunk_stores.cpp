@@ -1,7 +1,6 @@
 #include "io/zarr/chunk_stores.h"
 
 #include <algorithm>
-
 #include <atomic>
 #include <limits>
 #include <map>
