@@ -9,15 +9,17 @@ extension, runs every GPU test and the GPU benchmarks, and writes every table, w
 Steps, in order:
   machine     the GPU, the CPU, the NUMA nodes (and the GPU's), torch
   build       pip install -e . (incremental: build/native is reused)
-  gpu tests   tests/test_device.py, the NCCL group test, the pinned-recycling tests under fork and spawn
-              DataLoader workers                                                        (GPU)
+  gpu tests   tests/test_device.py, tests/test_device_decode.py, the NCCL group test, the
+              pinned-recycling tests under fork and spawn DataLoader workers            (GPU)
+  decode      benchmarks/gpu_decode: zarr chunks decoded on the GPU (nvCOMP) against the host path and the
+              pinned H2D limit, dense and CSR                                            (GPU)
   device      benchmarks/device_throughput: dense at each batch size beside the pinned H2D limit of each
               round (min / median / max), CSR on the device against the host only, the loop's waiting
               with 5 ms and 1 ms steps                                                  (GPU)
   host path   benchmarks/host_path with every core (16 on the GPU machine): torch_shards against a
               hand-written torch gather at batch 256 and 4096, page faults after epoch 1
 
-Results: benchmarks/results/<name>_<gpu>.{txt,json} (device_throughput_<gpu>, host_path_<gpu>, and
+Results: benchmarks/results/<name>_<gpu>.{txt,json} (gpu_decode_<gpu>, device_throughput_<gpu>, host_path_<gpu>, and
 gpu_check_<gpu> with every step's status, time and output tail); <gpu> is the GPU's name as a file name
 part, "cpu" without one. Without a CUDA GPU each GPU step prints "no CUDA GPU: skipping <step>", the
 others run, and the exit status is 0 if they passed. Exit status 1 if a step failed or ran out of time.
@@ -41,6 +43,7 @@ except ImportError:  # run as a file: benchmarks/ is on sys.path
 
 GPU_TESTS = [
     "tests/test_device.py",
+    "tests/test_device_decode.py",
     "tests/test_ddp.py::test_nccl_world_size_one",
     "tests/test_host_path.py::test_pinned_batches_from_workers_are_never_overwritten",
     "tests/test_host_path.py::test_pinned_batches_in_process_are_recycled_and_never_overwritten",
@@ -168,7 +171,9 @@ def main(argv=None):
     parser.add_argument("--no-build", action="store_true", help="the extension is built already")
     parser.add_argument("--quick", action="store_true", help="small benchmark runs (to check the script itself)")
     parser.add_argument("--out", default=cli.RESULTS, help="the results' directory (default benchmarks/results)")
-    parser.add_argument("--skip", default="", help="comma-separated steps to leave out: build, tests, device, host")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated steps to leave out: build, tests, decode, device, host"
+    )
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     python = sys.executable
@@ -197,20 +202,29 @@ def main(argv=None):
         check.skip("gpu tests", "no CUDA GPU")
     else:
         timeout = ["-o", "faulthandler_timeout=120"]
-        check.run("gpu tests", [python, "-m", "pytest", "-q", "-rs", *timeout, *GPU_TESTS], timeout=150)
+        check.run("gpu tests", [python, "-m", "pytest", "-q", "-rs", *timeout, *GPU_TESTS], timeout=200)
 
     out = check.out_dir
+    if "decode" in skip:
+        check.skip("decode benchmark", "--skip decode")
+    elif not gpu:
+        check.skip("decode benchmark", "no CUDA GPU")
+    else:
+        sizes = ["--rows", "8192", "--csr-rows", "8192", "--rounds", "1"] if quick else ["--rounds", "3"]
+        command = [python, "-m", "benchmarks.gpu_decode", *sizes, "--out", os.path.join(out, f"gpu_decode_{slug}")]
+        check.run("decode benchmark", command, timeout=120)
+
     if "device" in skip:
         check.skip("device benchmark", "--skip device")
     elif not gpu:
         check.skip("device benchmark", "no CUDA GPU")
     else:
         sizes = (
-            ["--rows", "20000", "--rounds", "2", "--epochs", "1"] if quick else ["--rows", "200000", "--rounds", "5"]
+            ["--rows", "20000", "--rounds", "2", "--epochs", "1"] if quick else ["--rows", "100000", "--rounds", "3"]
         )
         command = [python, "-m", "benchmarks.device_throughput", *sizes, "--batch-sizes", "1024", "4096"]
         command += ["--steps", "5", "1", "--out", os.path.join(out, f"device_throughput_{slug}")]
-        check.run("device benchmark", command, timeout=150)
+        check.run("device benchmark", command, timeout=120)
 
     if "host" in skip:
         check.skip("host path benchmark", "--skip host")
@@ -219,10 +233,10 @@ def main(argv=None):
         if quick:
             sizes = ["--rows", "4000", "--epochs", "2", "--batch-sizes", "256", "--sources", "TensorSource"]
         else:
-            sizes = ["--rows", "100000", "--epochs", "4", "--batch-sizes", "256", "4096"]
+            sizes = ["--rows", "100000", "--epochs", "2", "--batch-sizes", "256", "4096"]
         command = [python, "-m", "benchmarks.host_path", *sizes, "--threads", str(cores)]
         command += ["--out", os.path.join(out, f"host_path_{slug}")]
-        check.run("host path benchmark", command, timeout=150)
+        check.run("host path benchmark", command, timeout=120)
 
     check.write(machine_text)
     return 1 if check.failed else 0

@@ -30,13 +30,14 @@ def test_without_a_gpu_the_check_skips_the_gpu_steps_and_runs_the_others(tmp_pat
     assert [(s["step"], s["status"]) for s in summary["steps"]] == [
         ("build", "skipped"),
         ("gpu tests", "skipped"),
+        ("decode benchmark", "skipped"),
         ("device benchmark", "skipped"),
         ("host path benchmark", "ok"),
     ]
     assert summary["total_seconds"] < 100
     host = json.loads((tmp_path / "host_path_cpu.json").read_text())
     assert host["results"] and "torch_shards_faults_after" in host["results"][0]
-    assert (tmp_path / "gpu_check_cpu.txt").read_text().count("| skipped |") == 3
+    assert (tmp_path / "gpu_check_cpu.txt").read_text().count("| skipped |") == 4
 
 
 def test_a_step_past_its_time_is_stopped_and_fails_the_check(tmp_path, capsys):

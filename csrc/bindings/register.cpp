@@ -14,6 +14,7 @@
 #include "io/storage/remote_paths.h"
 #include "loader/dataset_door.h"
 #include "loader/device_stage.h"
+#include "loader/zarr_device_decoder.h"
 
 namespace torch_shards {
 namespace {
@@ -144,6 +145,15 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("device", &DeviceStageImpl::device)
       .def("warning", [](const c10::intrusive_ptr<DeviceStageImpl>& self) { return self->warning(); })
       .def("stats", &DeviceStageImpl::stats);
+
+  m.class_<ZarrDeviceDecoderImpl>("ZarrDeviceDecoder")
+      .def(torch::init<std::string, std::string, std::vector<std::string>, int64_t>(), "",
+           {torch::arg("store"), torch::arg("path"), torch::arg("nvcomp_dirs") = std::vector<std::string>{},
+            torch::arg("num_threads") = 4})
+      .def("read", &ZarrDeviceDecoderImpl::read, "", {torch::arg("rows"), torch::arg("device") = "cpu"})
+      .def("stats", &ZarrDeviceDecoderImpl::stats)
+      .def("fallback_reason", &ZarrDeviceDecoderImpl::fallback_reason)
+      .def("nvcomp_library", &ZarrDeviceDecoderImpl::nvcomp_library);
 
   m.class_<ShardedDatasetImpl>("ShardedDataset")
       .def(

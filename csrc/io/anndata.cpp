@@ -398,15 +398,6 @@ class DecodedChunkCache : public Array {
   mutable int64_t held_bytes_ = 0;
 };
 
-// indptr as read: compressed chunks cached decoded (see DecodedChunkCache),
-// anything else (contiguous, one-row chunks) as it is.
-std::shared_ptr<const Array> cached_indptr(std::shared_ptr<const Array> indptr) {
-  const auto* chunked = dynamic_cast<const ChunkedArray*>(indptr.get());
-  if (chunked == nullptr || indptr->info().shape.size() != 1 || chunked->chunk_shape()[0] < 2) return indptr;
-  const int64_t chunk_rows = chunked->chunk_shape()[0];
-  return std::make_shared<DecodedChunkCache>(std::move(indptr), chunk_rows);
-}
-
 // A string column as int64 codes into its sorted unique values (-1: missing).
 void encode_strings(const StringValues& strings, const Group& obs, const std::string& name, ObsColumn& column) {
   std::vector<std::string> unique;
@@ -455,6 +446,15 @@ std::string layer_conversion(const std::string& group, const std::string& name) 
 }
 
 }  // namespace
+
+// indptr as read: compressed chunks cached decoded (see DecodedChunkCache),
+// anything else (contiguous, one-row chunks) as it is.
+std::shared_ptr<const Array> cached_indptr(std::shared_ptr<const Array> indptr) {
+  const auto* chunked = dynamic_cast<const ChunkedArray*>(indptr.get());
+  if (chunked == nullptr || indptr->info().shape.size() != 1 || chunked->chunk_shape()[0] < 2) return indptr;
+  const int64_t chunk_rows = chunked->chunk_shape()[0];
+  return std::make_shared<DecodedChunkCache>(std::move(indptr), chunk_rows);
+}
 
 AnnDataStore::AnnDataStore(std::shared_ptr<const Group> root) : root_(std::move(root)) {
   if (!root_->has_group("obs") || (!root_->has_array("X") && !root_->has_group("X") && !root_->has_group("layers"))) {

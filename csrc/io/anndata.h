@@ -46,6 +46,11 @@ struct ObsColumn {
   bool ordered = false;
 };
 
+// A CSR matrix's indptr as its readers use it: compressed chunks cached
+// decoded (each read needs a few pointers from chunks that are reread often),
+// any other layout as it is.
+std::shared_ptr<const Array> cached_indptr(std::shared_ptr<const Array> indptr);
+
 class AnnDataStore {
  public:
   // Throws ReadError if the group does not look like AnnData.

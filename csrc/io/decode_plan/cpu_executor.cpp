@@ -77,13 +77,13 @@ void check(const Piece& piece, const uint8_t* decoded) {
   }
 }
 
-std::string where(const DecodePlan& plan, uint32_t chunk) {
+}  // namespace
+
+std::string chunk_where(const DecodePlan& plan, uint32_t chunk) {
   std::string coords;
   for (int64_t c : plan.chunks[chunk].coords) coords += (coords.empty() ? "" : ", ") + std::to_string(c);
   return concat(plan.where, ": chunk (", coords, ")");
 }
-
-}  // namespace
 
 void bit_unshuffle(const uint8_t* in, size_t size, size_t typesize, uint8_t* out) {
   const size_t elements = size / typesize, n = elements - elements % 8;
@@ -100,6 +100,27 @@ void bit_unshuffle(const uint8_t* in, size_t size, size_t typesize, uint8_t* out
   std::memcpy(out + n * typesize, in + n * typesize, size - n * typesize);
 }
 
+void decode_piece(const DecodePlan& plan, const Piece& piece, const uint8_t* in, uint8_t* out) {
+  try {
+    decompress(piece, in, out);
+    check(piece, out);
+  } catch (const std::runtime_error& error) {
+    throw core::ReadError(concat(chunk_where(plan, piece.chunk), ": ", error.what()));
+  }
+}
+
+void decode_host_chunk(const DecodePlan& plan, uint32_t chunk, uint8_t* out) {
+  const PlannedChunk& planned = plan.chunks[chunk];
+  std::vector<uint8_t> encoded(plan.input.begin() + planned.input_offset,
+                               plan.input.begin() + planned.input_offset + planned.input_size);
+  try {
+    plan.host_decoder->check_encoded(encoded, plan.chunk_bytes, 0);
+    plan.host_decoder->decode(encoded, out, plan.chunk_bytes);
+  } catch (const std::runtime_error& error) {
+    throw core::ReadError(concat(chunk_where(plan, chunk), ": ", error.what()));
+  }
+}
+
 void execute_on_cpu(const DecodePlan& plan, uint8_t* out) {
   std::vector<uint8_t> staging(plan.staging_bytes), scratch(plan.scratch_bytes);
   for (const PlannedChunk& chunk : plan.chunks) {
@@ -112,15 +133,10 @@ void execute_on_cpu(const DecodePlan& plan, uint8_t* out) {
   for (const Piece& piece : plan.pieces) {
     if (piece.input_offset + piece.input_size > plan.input.size() ||
         piece.output_offset + piece.output_size > (piece.to_scratch ? scratch.size() : staging.size())) {
-      throw std::logic_error(concat(where(plan, piece.chunk), ": a piece outside the plan's buffers"));
+      throw std::logic_error(concat(chunk_where(plan, piece.chunk), ": a piece outside the plan's buffers"));
     }
     uint8_t* target = (piece.to_scratch ? scratch.data() : staging.data()) + piece.output_offset;
-    try {
-      decompress(piece, plan.input.data() + piece.input_offset, target);
-      check(piece, target);
-    } catch (const std::runtime_error& error) {
-      throw core::ReadError(concat(where(plan, piece.chunk), ": ", error.what()));
-    }
+    decode_piece(plan, piece, plan.input.data() + piece.input_offset, target);
   }
   for (const Unshuffle& step : plan.unshuffles) {
     const uint8_t* from = scratch.data() + step.scratch_offset;
@@ -135,15 +151,8 @@ void execute_on_cpu(const DecodePlan& plan, uint8_t* out) {
   }
   for (size_t c = 0; c < plan.chunks.size(); ++c) {
     const PlannedChunk& chunk = plan.chunks[c];
-    if (chunk.kind != ChunkKind::kHost) continue;
-    std::vector<uint8_t> encoded(plan.input.begin() + chunk.input_offset,
-                                 plan.input.begin() + chunk.input_offset + chunk.input_size);
-    try {
-      plan.host_decoder->check_encoded(encoded, plan.chunk_bytes, 0);
-      plan.host_decoder->decode(encoded, staging.data() + chunk.staging_offset, plan.chunk_bytes);
-    } catch (const std::runtime_error& error) {
-      throw core::ReadError(concat(where(plan, static_cast<uint32_t>(c)), ": ", error.what()));
-    }
+    if (chunk.kind == ChunkKind::kHost)
+      decode_host_chunk(plan, static_cast<uint32_t>(c), staging.data() + chunk.staging_offset);
   }
   for (const Copy& copy : plan.copies) {
     std::memcpy(out + copy.output_offset, staging.data() + copy.staging_offset, copy.size);

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "io/decode_plan/decode_plan.h"
 
@@ -15,6 +16,19 @@ namespace torch_shards::io::decode_plan {
 // (8 j + k) * n / 8 + i / 8 of `in`, for the first n elements (a multiple of
 // 8); the bytes after them are copied as they are.
 void bit_unshuffle(const uint8_t* in, size_t size, size_t typesize, uint8_t* out);
+
+// "store:/path: chunk (i, j)", for messages about plan.chunks[chunk].
+std::string chunk_where(const DecodePlan& plan, uint32_t chunk);
+
+// Decompresses one piece (its input_size bytes at `in`) into `out` (its
+// output_size bytes) and checks its wrapper's checksum. Throws
+// core::ReadError naming the chunk when it does not decode to its size or the
+// checksum differs.
+void decode_piece(const DecodePlan& plan, const Piece& piece, const uint8_t* in, uint8_t* out);
+
+// Decodes the stored bytes of a kHost chunk (plan.chunks[chunk]) with the
+// plan's host decoder into `out` (chunk_bytes). Throws core::ReadError naming the chunk.
+void decode_host_chunk(const DecodePlan& plan, uint32_t chunk, uint8_t* out);
 
 // Writes the plan's output_bytes to `out`, as Array::read would write the
 // segments the plan was made for (bytes no segment writes are left as they

@@ -1,0 +1,73 @@
+// torch.classes.torch_shards.ZarrDeviceDecoder: rows of one zarr array, or of
+// one CSR matrix group (AnnData's X of a zarr store, an annbatch dataset's),
+// read with their chunks decoded on a device (issue 49, the reader of the
+// decode_on="device" path): the host fetches the compressed chunks and plans
+// the fetch (io/decode_plan), the device decompresses and assembles the rows
+// (device_decode.h). A CSR matrix's indptr is read on the host; its indices
+// and values are decoded on the device into a torch.sparse_csr_tensor there.
+// On the CPU the same steps run with the CPU codecs.
+#pragma once
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/Tensor.h>
+#include <torch/custom_class.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "io/csr_matrix.h"
+#include "io/decode_plan/decode_plan.h"
+#include "io/decode_plan/nvcomp_library.h"
+#include "loader/device_decode.h"
+
+namespace torch_shards {
+
+class ZarrDeviceDecoderImpl : public torch::CustomClassHolder {
+ public:
+  // The array or CSR group (encoding-type csr_matrix) `path` of the zarr
+  // store `store` (v2, v3, v3 shards). nvCOMP is looked for under
+  // `nvcomp_dirs` (site-packages folders) at the first read on a CUDA device.
+  ZarrDeviceDecoderImpl(const std::string& store, const std::string& path, std::vector<std::string> nvcomp_dirs,
+                        int64_t num_threads);
+
+  // Rows `rows` (1-D int64, any order, repeats allowed) on `device` ("cpu",
+  // "cuda", "cuda:N"): an array's as a tensor [len(rows), *shape[1:]] of its
+  // dtype; a CSR matrix's as a sparse CSR tensor [len(rows), columns]
+  // (int32 indices where the stored ones fit, else int64).
+  at::Tensor read(const at::Tensor& rows, const std::string& device);
+
+  // Of the last read: pieces, uploaded_bytes (compressed bytes and
+  // host-decoded chunks to the device), operations (device operations
+  // launched), host_chunks, chunks and input_bytes (fetched).
+  c10::Dict<std::string, int64_t> stats() const;
+
+  // Why every chunk is decoded on the host ("" when the device decodes them).
+  std::string fallback_reason() const;
+
+  // The nvCOMP library's file and version ("" before the first CUDA read).
+  std::string nvcomp_library() const;
+
+ private:
+  const io::decode_plan::NvcompLibrary* nvcomp_for(const c10::Device& device);
+  at::Tensor read_dense(const std::vector<int64_t>& rows, const c10::Device& device);
+  at::Tensor read_csr(const std::vector<int64_t>& rows, const c10::Device& device);
+  // Decodes the plan into a new 1-D tensor of `type` on `device`, its stats added to stats_.
+  at::Tensor decode(const io::decode_plan::DecodePlan& plan, at::ScalarType type, const c10::Device& device);
+
+  std::string where_;
+  std::optional<io::decode_plan::DecodePlanner> dense_;
+  std::shared_ptr<const io::CsrMatrix> csr_;
+  std::optional<io::decode_plan::DecodePlanner> indices_, values_;
+  std::vector<std::string> nvcomp_dirs_;
+  std::unique_ptr<core::ThreadPool> pool_;
+  std::optional<io::decode_plan::NvcompLibrary> nvcomp_;
+  mutable std::mutex mutex_;
+  DeviceDecodeStats stats_;
+  int64_t chunks_ = 0, input_bytes_ = 0;
+};
+
+}  // namespace torch_shards
