@@ -191,7 +191,10 @@ def main(argv=None):
         check.skip("build", "--no-build")
     else:
         build = [python, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--no-index", "-e", "."]
-        if not check.run("build", build, timeout=300, env={"MAX_JOBS": str(os.cpu_count())}):
+        # Warnings stay warnings there: the GPU machine's compiler is newer than the one CI builds with.
+        cmake_args = os.environ.get("TORCH_SHARDS_CMAKE_ARGS", "") + " -DTORCH_SHARDS_WARNINGS_AS_ERRORS=OFF"
+        env = {"MAX_JOBS": str(os.cpu_count()), "TORCH_SHARDS_CMAKE_ARGS": cmake_args.strip()}
+        if not check.run("build", build, timeout=300, env=env):
             check.write(machine_text)
             return 1  # nothing after it would test this tree
 
