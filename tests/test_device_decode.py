@@ -5,7 +5,9 @@ the CPU (everywhere) the pieces are decompressed by the CPU codecs; on a CUDA
 GPU by nvCOMP (the nvidia-libnvcomp-cu13 wheel). Every codec, shuffle, dtype
 and layout zarr-python writes, bit for bit against zarr-python's own read."""
 
+import pathlib
 import site
+import subprocess
 import sys
 
 import numcodecs
@@ -18,6 +20,7 @@ from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, ZstdCodec
 
 import torch_shards  # noqa: F401  (registers torch.classes.torch_shards)
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 DTYPES = ["uint8", "int16", "float32", "float64", "int64", "bool", "complex64"]
 SHUFFLES = {"noshuffle": numcodecs.Blosc.NOSHUFFLE, "shuffle": numcodecs.Blosc.SHUFFLE, "bitshuffle": 2}
@@ -199,18 +202,65 @@ def test_arrays_the_device_cannot_decode_are_decoded_on_the_host_and_say_why(tmp
     assert d.fallback_reason() == ""  # chunk by chunk: blosclz chunks only
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_corrupt_chunk_is_an_error_naming_the_array_and_the_chunk(tmp_path, device):
+def corrupt(path, codec, where):
+    """Writes a compressible float64 array (64 x 16, chunks of 32 rows) with `codec`, then overwrites chunk (1, 0):
+    where="tail": from a third of its bytes to 8 before its end (block headers and lengths too); "payload": 16
+    bytes in its middle. Returns the data as written."""
     data = data_of("float64", (64, 16), seed=1)  # compressible: zstd stores compressed blocks, not raw ones
-    write(tmp_path / "c.zarr", data, "zstd", "v3", chunks=(32, 16))
-    chunk = tmp_path / "c.zarr" / "c" / "1" / "0"
+    write(path, data, codec, "v3", chunks=(32, 16))
+    chunk = path / "c" / "1" / "0"
     stored = bytearray(chunk.read_bytes())
-    stored[len(stored) // 3 : -8] = b"\xff" * (len(stored) - 8 - len(stored) // 3)
+    if where == "tail":
+        stored[len(stored) // 3 : -8] = b"\xff" * (len(stored) - 8 - len(stored) // 3)
+    else:
+        middle = len(stored) // 2
+        stored[middle : middle + 16] = bytes(255 - b for b in stored[middle : middle + 16])
     chunk.write_bytes(bytes(stored))
-    d = decoder(tmp_path / "c.zarr")
+    return data
+
+
+def in_a_process_of_its_own(test, *args):
+    """Runs test(*args) in a new Python: a GPU fault there (a lost CUDA context) fails this test alone."""
+    code = f"import sys; sys.path[:0] = {[str(p) for p in (ROOT / 'tests', ROOT)]!r}; import test_device_decode as t; "
+    code += f"t.{test.__name__}(*{args!r})"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def check_corrupt_chunk_is_named(path, codec, device):
+    data = corrupt(pathlib.Path(path), codec, "tail")
+    d = decoder(path)
     with pytest.raises(RuntimeError, match=r"c\.zarr.*chunk \(1, 0\)"):
         d.read(torch.arange(64), device)
-    assert torch.equal(d.read(torch.arange(32), device).cpu(), torch.from_numpy(data[:32]))  # chunk (0, 0) still reads
+    assert torch.equal(d.read(torch.arange(32), device).cpu(), torch.from_numpy(data[:32]))  # chunk (0, 0) reads
+
+
+def check_corrupt_payload_keeps_the_device(path, codec, device):
+    data = corrupt(pathlib.Path(path), codec, "payload")
+    d = decoder(path)
+    try:
+        d.read(torch.arange(64), device)  # garbage or an error naming the chunk: both are the codec's to say
+    except RuntimeError as error:
+        assert "chunk (1, 0)" in str(error) and "CUDA error" not in str(error), error
+    assert torch.equal(d.read(torch.arange(32), device).cpu(), torch.from_numpy(data[:32]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("codec", ["zstd", "blosc-lz4-shuffle", "blosc-zstd-noshuffle", "gzip"])
+def test_a_corrupt_chunk_is_an_error_naming_the_array_and_the_chunk(tmp_path, codec, device):
+    if device == "cpu":
+        check_corrupt_chunk_is_named(str(tmp_path / "c.zarr"), codec, device)
+    else:
+        in_a_process_of_its_own(check_corrupt_chunk_is_named, str(tmp_path / "c.zarr"), codec, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("codec", ["zstd", "blosc-lz4-shuffle", "gzip"])
+def test_a_corrupt_block_payload_never_costs_the_device(tmp_path, codec, device):
+    if device == "cpu":
+        check_corrupt_payload_keeps_the_device(str(tmp_path / "c.zarr"), codec, device)
+    else:
+        in_a_process_of_its_own(check_corrupt_payload_keeps_the_device, str(tmp_path / "c.zarr"), codec, device)
 
 
 def test_bad_arguments_are_named(tmp_path):

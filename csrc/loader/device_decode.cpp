@@ -5,6 +5,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <stdexcept>
@@ -31,6 +32,10 @@ using io::decode_plan::Shuffle;
 using io::decode_plan::Unshuffle;
 
 namespace {
+
+int64_t microseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
+}
 
 // Of every buffer nvCOMP reads or writes (nvCOMP 6 asks 4 bytes for LZ4 and
 // Deflate, 8 for Zstd; 16 is what its headers suggest for speed).
@@ -487,6 +492,7 @@ DeviceDecodeStats execute_plan(const DecodePlan& plan, const at::Tensor& out, co
   TORCH_CHECK(device.is_cpu() || nvcomp != nullptr, "execute_plan: decoding on ", device.str(), " needs nvCOMP");
   const c10::DeviceGuard on_device(device);
   DeviceDecodeStats stats;
+  const auto began = std::chrono::steady_clock::now();
   const at::Tensor staging = device_bytes(device, aligned(plan.staging_bytes));
   const at::Tensor scratch = device_bytes(device, aligned(plan.scratch_bytes));
   int64_t operations = fill(plan, staging);
@@ -496,6 +502,7 @@ DeviceDecodeStats execute_plan(const DecodePlan& plan, const at::Tensor& out, co
     stats.pieces = static_cast<int64_t>(plan.pieces.size());
   } else {
     pieces.emplace(plan, *nvcomp, scratch, staging, stats);
+    stats.prepare_us = microseconds_since(began);
     operations += pieces->run();
   }
   operations += unshuffle(plan, scratch, staging);
@@ -519,7 +526,10 @@ DeviceDecodeStats execute_plan(const DecodePlan& plan, const at::Tensor& out, co
   }
   operations += move_bytes(staging, out, rows);
   stats.operations += operations;
+  stats.enqueue_us = microseconds_since(began) - stats.prepare_us;
+  const auto waited = std::chrono::steady_clock::now();
   if (pieces) pieces->check();
+  stats.wait_us = microseconds_since(waited);
   return stats;
 }
 

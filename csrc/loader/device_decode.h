@@ -28,6 +28,9 @@ struct DeviceDecodeStats {
   int64_t uploaded_bytes = 0;  // host to device: compressed pieces and host-decoded chunks
   int64_t operations = 0;      // device operations launched (fills, unshuffles, moves, post-steps)
   int64_t host_chunks = 0;     // decoded on the host (codecs the device does not decode)
+  // Where the time went, in microseconds of the calling thread: packing and uploading what the device
+  // reads, enqueueing the device's work, waiting for it to end (the statuses read back).
+  int64_t prepare_us = 0, enqueue_us = 0, wait_us = 0;
 };
 
 // Writes the plan's output_bytes into `out` (a contiguous uint8 tensor of at

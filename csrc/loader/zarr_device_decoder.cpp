@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 
 #include "core/errors.h"
@@ -85,6 +86,14 @@ std::string ZarrDeviceDecoderImpl::fallback_reason() const {
   return !values_->array_fallback().empty() ? values_->array_fallback() : indices_->array_fallback();
 }
 
+namespace {
+
+int64_t microseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
 at::Tensor ZarrDeviceDecoderImpl::decode(const DecodePlan& plan, at::ScalarType type, const c10::Device& device) {
   const auto item = static_cast<uint64_t>(c10::elementSize(type));
   const at::Tensor out = at::empty({static_cast<int64_t>((plan.output_bytes + item - 1) / item)},
@@ -96,6 +105,9 @@ at::Tensor ZarrDeviceDecoderImpl::decode(const DecodePlan& plan, at::ScalarType 
     stats_.uploaded_bytes += done.uploaded_bytes;
     stats_.operations += done.operations;
     stats_.host_chunks += done.host_chunks;
+    stats_.prepare_us += done.prepare_us;
+    stats_.enqueue_us += done.enqueue_us;
+    stats_.wait_us += done.wait_us;
   }
   chunks_ += static_cast<int64_t>(plan.chunks.size());
   input_bytes_ += static_cast<int64_t>(plan.input.size());
@@ -103,7 +115,9 @@ at::Tensor ZarrDeviceDecoderImpl::decode(const DecodePlan& plan, at::ScalarType 
 }
 
 at::Tensor ZarrDeviceDecoderImpl::read_dense(const std::vector<int64_t>& rows, const c10::Device& device) {
+  const auto began = std::chrono::steady_clock::now();
   const DecodePlan plan = dense_->plan(io::segments_in_delivery_order(rows), *pool_);
+  plan_us_ = microseconds_since(began);
   std::vector<int64_t> shape{static_cast<int64_t>(rows.size())};
   const std::vector<int64_t>& array_shape = dense_->metadata().shape;
   shape.insert(shape.end(), array_shape.begin() + 1, array_shape.end());
@@ -111,9 +125,11 @@ at::Tensor ZarrDeviceDecoderImpl::read_dense(const std::vector<int64_t>& rows, c
 }
 
 at::Tensor ZarrDeviceDecoderImpl::read_csr(const std::vector<int64_t>& rows, const c10::Device& device) {
+  const auto began = std::chrono::steady_clock::now();
   const io::CsrPlan csr = csr_->plan(rows, *pool_);
   const DecodePlan indices_plan = indices_->plan(csr.segments, *pool_);
   const DecodePlan values_plan = values_->plan(csr.segments, *pool_);
+  plan_us_ = microseconds_since(began);
   const at::Tensor values = decode(values_plan, sources::to_scalar_type(values_->metadata().dtype), device);
   const at::Tensor stored = decode(indices_plan, sources::to_scalar_type(indices_->metadata().dtype), device);
   const int64_t columns = csr_->num_cols();
@@ -143,7 +159,7 @@ at::Tensor ZarrDeviceDecoderImpl::read(const at::Tensor& rows, const std::string
   const std::vector<int64_t> list(wanted.data_ptr<int64_t>(), wanted.data_ptr<int64_t>() + wanted.numel());
   const std::lock_guard<std::mutex> lock(mutex_);
   stats_ = DeviceDecodeStats{};
-  chunks_ = input_bytes_ = 0;
+  chunks_ = input_bytes_ = plan_us_ = 0;
   return dense_ ? read_dense(list, target) : read_csr(list, target);
 }
 
@@ -156,6 +172,10 @@ c10::Dict<std::string, int64_t> ZarrDeviceDecoderImpl::stats() const {
   out.insert("host_chunks", stats_.host_chunks);
   out.insert("chunks", chunks_);
   out.insert("input_bytes", input_bytes_);
+  out.insert("plan_us", plan_us_);
+  out.insert("prepare_us", stats_.prepare_us);
+  out.insert("enqueue_us", stats_.enqueue_us);
+  out.insert("wait_us", stats_.wait_us);
   return out;
 }
 

@@ -40,9 +40,9 @@ class ZarrDeviceDecoderImpl : public torch::CustomClassHolder {
   // (int32 indices where the stored ones fit, else int64).
   at::Tensor read(const at::Tensor& rows, const std::string& device);
 
-  // Of the last read: pieces, uploaded_bytes (compressed bytes and
-  // host-decoded chunks to the device), operations (device operations
-  // launched), host_chunks, chunks and input_bytes (fetched).
+  // Of the last read: pieces, uploaded_bytes (compressed bytes and host-decoded chunks to the
+  // device), operations (device operations launched), host_chunks, chunks and input_bytes (fetched);
+  // plan_us (fetching and planning on the host), prepare_us, enqueue_us and wait_us (DeviceDecodeStats).
   c10::Dict<std::string, int64_t> stats() const;
 
   // Why every chunk is decoded on the host ("" when the device decodes them).
@@ -67,7 +67,7 @@ class ZarrDeviceDecoderImpl : public torch::CustomClassHolder {
   std::optional<io::decode_plan::NvcompLibrary> nvcomp_;
   mutable std::mutex mutex_;
   DeviceDecodeStats stats_;
-  int64_t chunks_ = 0, input_bytes_ = 0;
+  int64_t chunks_ = 0, input_bytes_ = 0, plan_us_ = 0;
 };
 
 }  // namespace torch_shards

@@ -6,6 +6,7 @@
 // and the nvCOMP loader's error on a machine without nvCOMP.
 #include <blosc.h>
 #include <gtest/gtest.h>
+#include <lz4.h>
 #include <stdlib.h>
 #include <zlib.h>
 #include <zstd.h>
@@ -30,6 +31,7 @@
 #include "io/decode_plan/cpu_executor.h"
 #include "io/decode_plan/decode_plan.h"
 #include "io/decode_plan/nvcomp_library.h"
+#include "io/decode_plan/stream_checks.h"
 #include "io/zarr/array.h"
 #include "temp_dir.h"
 
@@ -534,6 +536,70 @@ TEST(DecodePlan, CorruptChunksAreErrorsNamingTheChunk) {
     EXPECT_NE(std::string(error.what()).find("crc32c"), std::string::npos) << error.what();
     EXPECT_NE(std::string(error.what()).find("/bad"), std::string::npos) << error.what();
   }
+}
+
+// A chunk whose lz4 stream fails the host's check is decoded by the host (which then names it), never
+// handed to the device.
+TEST(DecodePlan, MalformedStreamsAreLeftToTheHost) {
+  TempDir store;
+  Fixture f{"<f4", "float32", 4, {100}, {50}, {1}, nullptr};
+  write_array(store.path(), "bad", f, blosc("lz4", BLOSC_NOSHUFFLE, 4), Layout::kV3, random_bytes(400, 1, true));
+  const std::string chunk = store.path() + "/bad/c/1";
+  std::fstream file(chunk, std::ios::in | std::ios::out | std::ios::binary);
+  // The first lz4 token, after blosc's 16-byte header, the block's start (4 bytes) and its stream's size (4):
+  // a literal run longer than the stream.
+  file.seekp(24);
+  file.put('\xf0');
+  file.put('\xff');
+  file.put('\xff');
+  file.close();
+  core::ThreadPool pool(1);
+  const DecodePlan plan = DecodePlanner::open(store.path(), "/bad").plan({Segment{0, 100, 0}}, pool);
+  ASSERT_EQ(plan.chunks.size(), 2u);
+  EXPECT_EQ(plan.chunks[0].kind, ChunkKind::kDevice);
+  EXPECT_EQ(plan.chunks[1].kind, ChunkKind::kHost);
+  EXPECT_NE(plan.chunks[1].host_reason.find("a malformed lz4 stream"), std::string::npos) << plan.chunks[1].host_reason;
+  for (const Piece& piece : plan.pieces) EXPECT_EQ(piece.chunk, 0u);
+  Bytes out(plan.output_bytes);
+  EXPECT_THROW(execute_on_cpu(plan, out.data()), core::ReadError);
+}
+
+TEST(StreamChecks, Lz4BlocksThatDecodeWithinBoundsPassAndOthersSayWhy) {
+  const Bytes data = random_bytes(100000, 7, true);
+  Bytes block(static_cast<size_t>(LZ4_compressBound(static_cast<int>(data.size()))));
+  block.resize(static_cast<size_t>(
+      LZ4_compress_default(reinterpret_cast<const char*>(data.data()), reinterpret_cast<char*>(block.data()),
+                           static_cast<int>(data.size()), static_cast<int>(block.size()))));
+  ASSERT_GT(block.size(), 0u);
+  EXPECT_EQ(check_lz4_block(block.data(), block.size(), data.size()), "");
+  EXPECT_NE(check_lz4_block(block.data(), block.size(), data.size() + 1).find("decodes to"), std::string::npos);
+  EXPECT_NE(check_lz4_block(block.data(), block.size(), data.size() - 1), "");
+  EXPECT_NE(check_lz4_block(block.data(), block.size() - 1, data.size()), "");
+  Bytes bad = block;
+  bad[0] = 0xf0;  // a literal run of 15 + 255 + 255 + ... bytes
+  for (size_t i = 1; i < 40 && i < bad.size(); ++i) bad[i] = 0xff;
+  EXPECT_NE(check_lz4_block(bad.data(), bad.size(), data.size()), "");
+  const uint8_t far_match[] = {0x10, 'a', 0x09, 0x00, 0x50, 'a', 'b', 'c', 'd', 'e'};  // offset 9 after 1 byte
+  EXPECT_NE(check_lz4_block(far_match, sizeof far_match, 10).find("reaches before the start"), std::string::npos);
+  EXPECT_EQ(check_lz4_block(nullptr, 0, 0).empty(), false);  // even an empty block has its last token
+}
+
+TEST(StreamChecks, ZstdFramesWhoseBlocksFitPassAndOthersSayWhy) {
+  const Bytes data = random_bytes(300000, 9, true);  // three blocks and more
+  const Bytes frame = zstd_compress(data);
+  EXPECT_EQ(check_zstd_frame(frame.data(), frame.size(), data.size()), "");
+  EXPECT_NE(check_zstd_frame(frame.data(), frame.size(), data.size() - 1).find("records"), std::string::npos);
+  EXPECT_NE(check_zstd_frame(frame.data(), frame.size() - 1, data.size()), "");
+  Bytes longer = frame;
+  longer.push_back(0);
+  EXPECT_NE(check_zstd_frame(longer.data(), longer.size(), data.size()).find("takes"), std::string::npos);
+  Bytes reserved = frame;
+  reserved[4] |= 0x08;
+  EXPECT_NE(check_zstd_frame(reserved.data(), reserved.size(), data.size()).find("reserved bit"), std::string::npos);
+  Bytes overwritten = frame;  // what the GPU test overwrote: block headers among the rest
+  std::fill(overwritten.begin() + static_cast<std::ptrdiff_t>(frame.size() / 3), overwritten.end() - 8, 0xff);
+  EXPECT_NE(check_zstd_frame(overwritten.data(), overwritten.size(), data.size()), "");
+  EXPECT_NE(check_zstd_frame(data.data(), 100, data.size()).find("not a zstd frame"), std::string::npos);
 }
 
 // ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #include "core/errors.h"
 #include "io/blosc_ranges.h"
 #include "io/codecs.h"
+#include "io/decode_plan/stream_checks.h"
 #include "io/zarr/chunk_decoding.h"
 #include "io/zarr/chunk_stores.h"
 #include "io/zarr/fill_value.h"
@@ -327,6 +328,22 @@ void DecodePlanner::plan_chunk(DecodePlan& plan, uint32_t index) const {
     if (size > 0) piece(PieceCodec::kCopy, 0, size, false, chunk.staging_offset, size);
     return;
   }
+  // What the device is handed is checked first (stream_checks.h): a chunk with a piece that fails is the host's.
+  const auto checked = [&]() {
+    for (size_t p = pieces_before; p < plan.pieces.size(); ++p) {
+      const Piece& piece = plan.pieces[p];
+      const uint8_t* at = plan.input.data() + piece.input_offset;
+      const std::string problem =
+          piece.codec == PieceCodec::kLz4    ? check_lz4_block(at, piece.input_size, piece.output_size)
+          : piece.codec == PieceCodec::kZstd ? check_zstd_frame(at, piece.input_size, piece.output_size)
+                                             : std::string();
+      if (!problem.empty()) {
+        plan.pieces.resize(pieces_before);
+        plan.unshuffles.resize(unshuffles_before);
+        return host(concat("a malformed ", piece_codec_name(piece.codec), " stream (", problem, ")"));
+      }
+    }
+  };
   switch (chain[compressor_]) {
     case BytesCodec::kBlosc: {
       const codecs::BloscLayout layout = codecs::blosc_layout(bytes, size, chunk_bytes_);
@@ -390,7 +407,7 @@ void DecodePlanner::plan_chunk(DecodePlan& plan, uint32_t index) const {
                                               chunk.staging_offset + block.offset, block.size});
         }
       }
-      return;
+      return checked();
     }
     case BytesCodec::kZstd: {
       // One piece per frame (nvCOMP decodes single frames), each of the size it records; a lone frame that
@@ -424,7 +441,7 @@ void DecodePlanner::plan_chunk(DecodePlan& plan, uint32_t index) const {
         if (frame.content > 0) piece(PieceCodec::kZstd, frame.offset, frame.size, false, out, frame.content);
         out += frame.content;
       }
-      return;
+      return checked();
     }
     case BytesCodec::kZlib:
     case BytesCodec::kGzip: {
