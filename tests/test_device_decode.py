@@ -16,7 +16,7 @@ import pytest
 import torch
 import zarr
 from conftest import values_of
-from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, ZstdCodec
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ZstdCodec
 
 import torch_shards  # noqa: F401  (registers torch.classes.torch_shards)
 
@@ -28,9 +28,10 @@ BLOSC = [(cname, shuffle) for cname in ("lz4", "lz4hc", "zstd", "zlib") for shuf
 CODECS = ["none", "zstd", "gzip", "zlib", "blosc-blosclz"] + [f"blosc-{c}-{s}" for c, s in BLOSC]
 
 
-def decoder(path, array="/"):
+def decoder(path, array="/", trust_unverified=False):
     """The decoder, looking for nvCOMP where pip installs it (site-packages and sys.path)."""
-    return torch.classes.torch_shards.ZarrDeviceDecoder(str(path), array, site.getsitepackages() + sys.path, 3)
+    dirs = site.getsitepackages() + sys.path
+    return torch.classes.torch_shards.ZarrDeviceDecoder(str(path), array, dirs, 3, trust_unverified)
 
 
 def compressors(codec, zarr_format):
@@ -71,9 +72,9 @@ def write(path, data, codec, layout, chunks=(40, 8), **kwargs):
     return z
 
 
-def expect_rows(path, data, device, reads=None):
+def expect_rows(path, data, device, reads=None, trust_unverified=True):
     """Every row, a block, and random rows with repeats, each compared byte for byte."""
-    d = decoder(path)
+    d = decoder(path, trust_unverified=trust_unverified)
     rows = data.shape[0]
     rng = np.random.default_rng(rows)
     reads = reads or [np.arange(rows), np.arange(rows // 3, rows // 3 + rows // 4), rng.integers(0, rows, rows // 2)]
@@ -110,6 +111,34 @@ def test_every_codec_shuffle_dtype_and_layout_is_read_bit_for_bit(tmp_path, layo
         d = expect_rows(path, data, device)
         stats = d.stats()
         assert stats["chunks"] > 0 and (stats["host_chunks"] > 0) == (codec == "blosc-blosclz"), (dtype, stats)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zstd_and_deflate_go_to_the_device_only_checksummed_or_trusted(tmp_path, device):
+    data = data_of("float32")
+    for codec, layout in [("zstd", "v3"), ("gzip", "v2"), ("blosc-zstd-shuffle", "v2"), ("blosc-lz4-shuffle", "v3")]:
+        path = tmp_path / f"{codec}.zarr"
+        write(path, data, codec, layout)
+        d = expect_rows(path, data, device, trust_unverified=False)
+        stats = d.stats()
+        if "lz4" in codec:  # checked whole on the host: always the device's
+            assert stats["host_chunks"] == 0 and d.host_reason() == "", (codec, stats)
+        else:
+            assert stats["host_chunks"] > 0 and stats["pieces"] == 0, (codec, stats)  # all but the fill chunk
+            assert "streams without a checksum (a crc32c codec)" in d.host_reason()
+            assert "trust_unverified=True" in d.host_reason()
+        assert expect_rows(path, data, device).stats()["host_chunks"] == 0  # trusted
+    checksummed = tmp_path / "crc.zarr"
+    z = zarr.create_array(
+        checksummed,
+        shape=data.shape,
+        chunks=(40, 8),
+        dtype=data.dtype,
+        zarr_format=3,
+        compressors=[ZstdCodec(level=3), Crc32cCodec()],
+    )
+    z[:] = data
+    assert expect_rows(checksummed, data, device, trust_unverified=False).stats()["host_chunks"] == 0
 
 
 @pytest.mark.parametrize("device", DEVICES)

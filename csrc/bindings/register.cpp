@@ -147,12 +147,13 @@ TORCH_LIBRARY(torch_shards, m) {
       .def("stats", &DeviceStageImpl::stats);
 
   m.class_<ZarrDeviceDecoderImpl>("ZarrDeviceDecoder")
-      .def(torch::init<std::string, std::string, std::vector<std::string>, int64_t>(), "",
+      .def(torch::init<std::string, std::string, std::vector<std::string>, int64_t, bool>(), "",
            {torch::arg("store"), torch::arg("path"), torch::arg("nvcomp_dirs") = std::vector<std::string>{},
-            torch::arg("num_threads") = 4})
+            torch::arg("num_threads") = 4, torch::arg("trust_unverified") = false})
       .def("read", &ZarrDeviceDecoderImpl::read, "", {torch::arg("rows"), torch::arg("device") = "cpu"})
       .def("stats", &ZarrDeviceDecoderImpl::stats)
       .def("fallback_reason", &ZarrDeviceDecoderImpl::fallback_reason)
+      .def("host_reason", &ZarrDeviceDecoderImpl::host_reason)
       .def("nvcomp_library", &ZarrDeviceDecoderImpl::nvcomp_library);
 
   m.class_<ShardedDatasetImpl>("ShardedDataset")

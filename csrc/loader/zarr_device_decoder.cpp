@@ -1,6 +1,8 @@
 #include "loader/zarr_device_decoder.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -40,7 +42,8 @@ std::vector<int64_t> shape_of(const nlohmann::json& attributes, const std::strin
 }  // namespace
 
 ZarrDeviceDecoderImpl::ZarrDeviceDecoderImpl(const std::string& store, const std::string& path,
-                                             std::vector<std::string> nvcomp_dirs, int64_t num_threads)
+                                             std::vector<std::string> nvcomp_dirs, int64_t num_threads,
+                                             bool trust_unverified)
     : where_(store + ":/" + trimmed(path)), nvcomp_dirs_(std::move(nvcomp_dirs)) {
   TORCH_CHECK_VALUE(num_threads >= 1, "ZarrDeviceDecoder: num_threads must be >= 1, got ", num_threads);
   pool_ = std::make_unique<core::ThreadPool>(static_cast<size_t>(num_threads));
@@ -55,6 +58,7 @@ ZarrDeviceDecoderImpl::ZarrDeviceDecoderImpl(const std::string& store, const std
   }
   if (!group) {
     dense_.emplace(DecodePlanner::open(store, "/" + node));
+    dense_->trust_unverified(trust_unverified);
     return;
   }
   const nlohmann::json attributes = group->attributes();
@@ -68,6 +72,8 @@ ZarrDeviceDecoderImpl::ZarrDeviceDecoderImpl(const std::string& store, const std
                                          group->array("data"), shape[0], shape[1]);
   indices_.emplace(DecodePlanner::open(store, "/" + node + "/indices"));
   values_.emplace(DecodePlanner::open(store, "/" + node + "/data"));
+  indices_->trust_unverified(trust_unverified);
+  values_->trust_unverified(trust_unverified);
 }
 
 const io::decode_plan::NvcompLibrary* ZarrDeviceDecoderImpl::nvcomp_for(const c10::Device& device) {
@@ -79,6 +85,11 @@ const io::decode_plan::NvcompLibrary* ZarrDeviceDecoderImpl::nvcomp_for(const c1
 std::string ZarrDeviceDecoderImpl::nvcomp_library() const {
   const std::lock_guard<std::mutex> lock(mutex_);
   return nvcomp_ ? concat(nvcomp_->location, " (version ", nvcomp_->version, ")") : "";
+}
+
+std::string ZarrDeviceDecoderImpl::host_reason() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return host_reason_;
 }
 
 std::string ZarrDeviceDecoderImpl::fallback_reason() const {
@@ -110,6 +121,7 @@ at::Tensor ZarrDeviceDecoderImpl::decode(const DecodePlan& plan, at::ScalarType 
     stats_.wait_us += done.wait_us;
   }
   chunks_ += static_cast<int64_t>(plan.chunks.size());
+  if (host_reason_.empty()) host_reason_ = plan.fallback_reason();
   input_bytes_ += static_cast<int64_t>(plan.input.size());
   return out;
 }
@@ -160,7 +172,25 @@ at::Tensor ZarrDeviceDecoderImpl::read(const at::Tensor& rows, const std::string
   const std::lock_guard<std::mutex> lock(mutex_);
   stats_ = DeviceDecodeStats{};
   chunks_ = input_bytes_ = plan_us_ = 0;
-  return dense_ ? read_dense(list, target) : read_csr(list, target);
+  host_reason_.clear();
+  if (!target.is_cuda()) return dense_ ? read_dense(list, target) : read_csr(list, target);
+  const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
+  const c10::Device gpu(c10::DeviceType::CUDA, target.has_index() ? target.index() : cuda.getDevice().index());
+  const c10::Stream caller = cuda.getStream(gpu);
+  if (!stream_ || stream_->device() != gpu) stream_ = cuda.getStreamFromGlobalPool(gpu, false);
+  at::Tensor out;
+  {
+    const c10::StreamGuard on_own_stream(*stream_);
+    out = dense_ ? read_dense(list, gpu) : read_csr(list, gpu);
+  }
+  // Done on the decoder's stream (read back): the memory is the caller's stream's to free.
+  const std::vector<at::Tensor> parts =
+      out.layout() == at::kSparseCsr ? std::vector<at::Tensor>{out.crow_indices(), out.col_indices(), out.values()}
+                                     : std::vector<at::Tensor>{out};
+  for (const at::Tensor& part : parts) {
+    if (part.numel() > 0) part.record_stream(caller);
+  }
+  return out;
 }
 
 c10::Dict<std::string, int64_t> ZarrDeviceDecoderImpl::stats() const {

@@ -31,13 +31,18 @@ class ZarrDeviceDecoderImpl : public torch::CustomClassHolder {
   // The array or CSR group (encoding-type csr_matrix) `path` of the zarr
   // store `store` (v2, v3, v3 shards). nvCOMP is looked for under
   // `nvcomp_dirs` (site-packages folders) at the first read on a CUDA device.
+  // trust_unverified: DecodePlanner::trust_unverified (zstd and deflate streams without a checksum go to the
+  // device too).
   ZarrDeviceDecoderImpl(const std::string& store, const std::string& path, std::vector<std::string> nvcomp_dirs,
-                        int64_t num_threads);
+                        int64_t num_threads, bool trust_unverified);
 
   // Rows `rows` (1-D int64, any order, repeats allowed) on `device` ("cpu",
   // "cuda", "cuda:N"): an array's as a tensor [len(rows), *shape[1:]] of its
   // dtype; a CSR matrix's as a sparse CSR tensor [len(rows), columns]
-  // (int32 indices where the stored ones fit, else int64).
+  // (int32 indices where the stored ones fit, else int64). On CUDA the work
+  // runs on a stream of this decoder's own (decoders on several threads
+  // overlap on the GPU), finished before read returns; the result is ready
+  // for the caller's current stream.
   at::Tensor read(const at::Tensor& rows, const std::string& device);
 
   // Of the last read: pieces, uploaded_bytes (compressed bytes and host-decoded chunks to the
@@ -47,6 +52,9 @@ class ZarrDeviceDecoderImpl : public torch::CustomClassHolder {
 
   // Why every chunk is decoded on the host ("" when the device decodes them).
   std::string fallback_reason() const;
+
+  // Why the last read decoded chunks on the host ("" when it decoded none there): the first reason.
+  std::string host_reason() const;
 
   // The nvCOMP library's file and version ("" before the first CUDA read).
   std::string nvcomp_library() const;
@@ -65,9 +73,11 @@ class ZarrDeviceDecoderImpl : public torch::CustomClassHolder {
   std::vector<std::string> nvcomp_dirs_;
   std::unique_ptr<core::ThreadPool> pool_;
   std::optional<io::decode_plan::NvcompLibrary> nvcomp_;
+  std::optional<c10::Stream> stream_;  // the decoder's CUDA stream, from torch's pool
   mutable std::mutex mutex_;
   DeviceDecodeStats stats_;
   int64_t chunks_ = 0, input_bytes_ = 0, plan_us_ = 0;
+  std::string host_reason_;
 };
 
 }  // namespace torch_shards

@@ -292,7 +292,8 @@ std::vector<Segment> random_segments(int64_t rows, uint64_t seed) {
 DecodePlan expect_same_as_reader(const std::string& store, const std::string& path, const std::string& what) {
   core::ThreadPool pool(2);
   const std::shared_ptr<const Array> array = open_zarr_array(store, path);
-  const DecodePlanner planner = DecodePlanner::open(store, path);
+  DecodePlanner planner = DecodePlanner::open(store, path);
+  planner.trust_unverified(true);  // every codec the device decodes; the default's rule is tested below
   const int64_t rows = array->num_rows();
   DecodePlan last;
   const std::vector<std::vector<Segment>> reads{
@@ -562,6 +563,30 @@ TEST(DecodePlan, MalformedStreamsAreLeftToTheHost) {
   for (const Piece& piece : plan.pieces) EXPECT_EQ(piece.chunk, 0u);
   Bytes out(plan.output_bytes);
   EXPECT_THROW(execute_on_cpu(plan, out.data()), core::ReadError);
+}
+
+// By default zstd and deflate streams reach the device only under a crc32c checked on the host.
+TEST(DecodePlan, UncheckedZstdAndDeflateAreTheHostsUnlessTrusted) {
+  TempDir store;
+  Fixture f{"<f4", "float32", 4, {100}, {50}, {1}, nullptr};
+  const Bytes values = random_bytes(400, 3, true);
+  const Codec zstd{"zstd", json{{"id", "zstd"}, {"level", 3}}, json::array({json{{"name", "zstd"}}}), zstd_compress};
+  write_array(store.path(), "plain", f, zstd, Layout::kV3, values);
+  write_array(store.path(), "checked", f, zstd, Layout::kV3, values, /*crc32c=*/true);
+  write_array(store.path(), "lz4", f, blosc("lz4", BLOSC_SHUFFLE, 4), Layout::kV3, values);
+  core::ThreadPool pool(2);
+  const auto plan_of = [&](const std::string& name, bool trust) {
+    DecodePlanner planner = DecodePlanner::open(store.path(), "/" + name);
+    planner.trust_unverified(trust);
+    return planner.plan({Segment{0, 100, 0}}, pool);
+  };
+  const DecodePlan plain = plan_of("plain", false);
+  EXPECT_FALSE(plain.all_on_device());
+  EXPECT_NE(plain.fallback_reason().find("zstd streams without a checksum"), std::string::npos)
+      << plain.fallback_reason();
+  EXPECT_TRUE(plan_of("plain", true).all_on_device());
+  EXPECT_TRUE(plan_of("checked", false).all_on_device());
+  EXPECT_TRUE(plan_of("lz4", false).all_on_device());
 }
 
 TEST(StreamChecks, Lz4BlocksThatDecodeWithinBoundsPassAndOthersSayWhy) {

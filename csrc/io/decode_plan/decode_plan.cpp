@@ -77,6 +77,10 @@ int64_t product(const std::vector<int64_t>& values, size_t from) {
 
 }  // namespace
 
+const char* const kUnverifiedReason =
+    "nvCOMP's zstd and deflate decoders can fault the GPU on damaged data (an illegal memory access, which loses "
+    "the process's CUDA context), so the host decodes them; trust_unverified=True hands them to the device";
+
 const char* piece_codec_name(PieceCodec codec) {
   switch (codec) {
     case PieceCodec::kCopy:
@@ -266,28 +270,62 @@ DecodePlan DecodePlanner::plan(const std::vector<Segment>& segments, core::Threa
   if (store_->reads_together()) {
     fetched = store_->read_chunks(coords, pool);
   } else {
-    for (const std::vector<int64_t>& c : coords) fetched.push_back(store_->read_chunk(c));
+    fetched.resize(coords.size());
+    pool.parallel_for(static_cast<int64_t>(coords.size()),
+                      [&](int64_t i) { fetched[static_cast<size_t>(i)] = store_->read_chunk(coords[i]); });
   }
+  // Each chunk planned on its own (in parallel: the checks of its streams read every byte), as a plan of that
+  // chunk alone, its input the fetched bytes; then joined in chunk order.
+  std::vector<DecodePlan> alone(plan.chunks.size());
+  std::vector<std::string> errors(plan.chunks.size());
+  pool.parallel_for(static_cast<int64_t>(plan.chunks.size()), [&](int64_t i) {
+    if (!fetched[i]) return;
+    DecodePlan& part = alone[i];
+    part.chunks.push_back(plan.chunks[i]);
+    part.chunks[0].input_offset = 0;
+    part.chunks[0].input_size = fetched[i]->size();
+    part.input = std::move(*fetched[i]);
+    fetched[i].reset();
+    try {
+      plan_chunk(part, 0);
+    } catch (const std::runtime_error& error) {
+      errors[i] = concat(meta_.where, ": ", store_->describe_chunk(plan.chunks[i].coords), ": ", error.what());
+    }
+  });
+  for (const std::string& error : errors) {
+    if (!error.empty()) throw core::ReadError(error);
+  }
+  size_t input_bytes = 0;
+  for (const DecodePlan& part : alone) input_bytes += part.input.size();
+  plan.input.reserve(input_bytes);
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     PlannedChunk& chunk = plan.chunks[i];
-    if (!fetched[i]) {
+    DecodePlan& part = alone[i];
+    if (part.chunks.empty()) {
       chunk.kind = ChunkKind::kFill;
       continue;
     }
-    chunk.input_offset = plan.input.size();
-    chunk.input_size = fetched[i]->size();
-    plan.input.insert(plan.input.end(), fetched[i]->begin(), fetched[i]->end());
-    fetched[i].reset();
+    const uint64_t input = plan.input.size(), scratch = plan.scratch_bytes;
+    chunk = std::move(part.chunks[0]);
+    chunk.input_offset = input;
+    plan.input.insert(plan.input.end(), part.input.begin(), part.input.end());
+    part.input = std::vector<uint8_t>();
+    for (Piece piece : part.pieces) {
+      piece.input_offset += input;
+      if (piece.to_scratch) piece.output_offset += scratch;
+      piece.chunk = static_cast<uint32_t>(i);
+      plan.pieces.push_back(piece);
+    }
+    for (Unshuffle step : part.unshuffles) {
+      step.scratch_offset += scratch;
+      plan.unshuffles.push_back(step);
+    }
+    plan.scratch_bytes += part.scratch_bytes;
     if (store_->can_locate()) {
       if (const std::optional<ChunkLocation> location = store_->locate(chunk.coords)) {
         chunk.file = location->file ? location->file->path() : "";
         chunk.file_offset = location->offset;
       }
-    }
-    try {
-      plan_chunk(plan, static_cast<uint32_t>(i));
-    } catch (const std::runtime_error& error) {
-      throw core::ReadError(concat(meta_.where, ": ", store_->describe_chunk(chunk.coords), ": ", error.what()));
     }
   }
   return plan;
@@ -304,7 +342,9 @@ void DecodePlanner::plan_chunk(DecodePlan& plan, uint32_t index) const {
   size_t size = chunk.input_size;
   const std::vector<BytesCodec>& chain = meta_.chain.bytes_codecs;
   // Checksums over the stored bytes: checked here, on the host, before anything is uploaded.
+  bool verified = false;  // by a crc32c over the compressed bytes
   for (size_t i = chain.size(); i-- > static_cast<size_t>(compressor_ + 1);) {
+    verified = true;
     if (size < 4) throw std::runtime_error(concat("crc32c: ", size, " bytes cannot hold a checksum"));
     size -= 4;
     const uint32_t stored = codecs::read_le32(bytes + size), computed = codecs::crc32c(bytes, size);
@@ -337,10 +377,15 @@ void DecodePlanner::plan_chunk(DecodePlan& plan, uint32_t index) const {
           piece.codec == PieceCodec::kLz4    ? check_lz4_block(at, piece.input_size, piece.output_size)
           : piece.codec == PieceCodec::kZstd ? check_zstd_frame(at, piece.input_size, piece.output_size)
                                              : std::string();
-      if (!problem.empty()) {
+      if (!problem.empty() ||
+          (piece.codec != PieceCodec::kLz4 && piece.codec != PieceCodec::kCopy && !verified && !trust_unverified_)) {
         plan.pieces.resize(pieces_before);
         plan.unshuffles.resize(unshuffles_before);
-        return host(concat("a malformed ", piece_codec_name(piece.codec), " stream (", problem, ")"));
+        if (!problem.empty()) {
+          return host(concat("a malformed ", piece_codec_name(piece.codec), " stream (", problem, ")"));
+        }
+        return host(
+            concat(piece_codec_name(piece.codec), " streams without a checksum (a crc32c codec): ", kUnverifiedReason));
       }
     }
   };
@@ -450,7 +495,7 @@ void DecodePlanner::plan_chunk(DecodePlan& plan, uint32_t index) const {
       if (!data) return host(concat("a ", gzip ? "gzip" : "zlib", " stream the planner does not unwrap"));
       piece(PieceCodec::kDeflate, data->begin, data->end - data->begin, false, chunk.staging_offset, chunk_bytes_,
             gzip ? PieceCheck::kCrc32 : PieceCheck::kAdler32, data->expected);
-      return;
+      return checked();
     }
     case BytesCodec::kCrc32c:
       break;

@@ -111,6 +111,12 @@ class DecodePlanner {
   static DecodePlanner open(const std::string& store, const std::string& path);
 
   const zarr::ZarrMetadata& metadata() const { return meta_; }
+  // Whether zstd and deflate streams go to the device without a checksum over them (a crc32c codec after
+  // the compressor, checked on the host). Off by default: nvCOMP 6's zstd decoder faulted the GPU on a
+  // frame whose block content was overwritten, and its deflate decoder wrote past its output on one
+  // (structure checks cannot see inside those blocks; stream_checks.h). LZ4 is checked whole and always goes.
+  void trust_unverified(bool trust) { trust_unverified_ = trust; }
+
   // Non-empty when no chunk of the array can be decoded on the device (its
   // codec chain: transposes, two compressors, ...): every chunk is then kHost.
   const std::string& array_fallback() const { return array_fallback_; }
@@ -130,8 +136,12 @@ class DecodePlanner {
   size_t chunk_bytes_ = 0;
   std::string array_fallback_;
   int compressor_ = -1;  // index in meta_.chain.bytes_codecs of the one compressor, -1: none
+  bool trust_unverified_ = false;
 };
 
 const char* piece_codec_name(PieceCodec codec);
+
+// Why a chunk of unverified zstd or deflate streams is decoded on the host (DecodePlanner::trust_unverified).
+extern const char* const kUnverifiedReason;
 
 }  // namespace torch_shards::io::decode_plan
