@@ -182,7 +182,9 @@ class S3Server:
             aws_secret_access_key=self.secret_key,
         )
         iam.create_user(UserName=self._USER)
-        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+        # s3:*, and its own keys' rotation (rotate_access_key).
+        actions = ["s3:*", "iam:CreateAccessKey", "iam:DeleteAccessKey"]
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
         iam.put_user_policy(UserName=self._USER, PolicyName="s3", PolicyDocument=json.dumps(policy))
         key = iam.create_access_key(UserName=self._USER)["AccessKey"]
         self.access_key, self.secret_key = key["AccessKeyId"], key["SecretAccessKey"]
@@ -194,6 +196,20 @@ class S3Server:
                 raise RuntimeError(f"moto's reset-auth answered {response.status}: {response.read()!r}")
         finally:
             connection.close()
+
+    def rotate_access_key(self):
+        """With verify_signatures=True: a new access key for the server's user, the old one deleted (requests
+        signed with it are then refused 403); access_key and secret_key become the new one's."""
+        iam = self._session.client(
+            "iam",
+            endpoint_url=self.endpoint_url,
+            region_name=self.region,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+        )
+        key = iam.create_access_key(UserName=self._USER)["AccessKey"]
+        iam.delete_access_key(UserName=self._USER, AccessKeyId=self.access_key)
+        self.access_key, self.secret_key = key["AccessKeyId"], key["SecretAccessKey"]
 
     def _stop(self):
         if self.process is not None:

@@ -2,6 +2,7 @@
 (moto), both started by the tests on 127.0.0.1, a fault-injecting proxy in front of them, and every
 read compared with the same read of the local files."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -412,6 +413,54 @@ def test_a_profiles_credential_process_signs_the_requests(data_dir, monkeypatch,
         with pytest.raises(RuntimeError, match=expected) as error:
             ts.open("s3://private/p2", endpoint_url=server.endpoint_url, profile="broken")
         assert server.secret_key not in str(error.value)
+
+
+def write_expiring_credential_process(tmp_path, lifetime_s):
+    """A credential_process program printing the keys in keys.json (rewritten by the test) with an Expiration
+    lifetime_s from now; each run adds a line to runs. Returns (program, keys, runs)."""
+    keys, runs, program = tmp_path / "keys.json", tmp_path / "runs", tmp_path / "expiring.py"
+    program.write_text(
+        "import datetime, json\n"
+        f"access, secret = json.loads(open({str(keys)!r}).read())\n"
+        f"open({str(runs)!r}, 'a').write('run\\n')\n"
+        f"expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds={lifetime_s})\n"
+        "print(json.dumps({'Version': 1, 'AccessKeyId': access, 'SecretAccessKey': secret,\n"
+        "                  'Expiration': expires.strftime('%Y-%m-%dT%H:%M:%SZ')}))\n"
+    )
+    return program, keys, runs
+
+
+@pytest.mark.parametrize("lifetime_s", [4, 3600])
+def test_credentials_that_expire_are_fetched_again_before_they_do(data_dir, monkeypatch, tmp_path, lifetime_s):
+    # SSO and vault credentials last an hour or so, training runs days. The program's key is rotated on the
+    # server (the old one deleted) while the dataset is open: credentials that expire in 4 s are fetched again
+    # (after half their lifetime) and reading goes on; ones that hold for an hour are still in use, so the
+    # server refuses them (what a job without refreshing would meet at the expiry).
+    with S3Server(verify_signatures=True) as server:
+        server.create_bucket("private")
+        server.put_tree("private", "p", data_dir / "sharded.zarr")
+        program, keys, runs = write_expiring_credential_process(tmp_path, lifetime_s)
+        keys.write_text(json.dumps([server.access_key, server.secret_key]))
+        config = tmp_path / "config"
+        config.write_text(f"[profile expiring]\ncredential_process = {sys.executable} {program}\n")
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+        options = {"endpoint_url": server.endpoint_url, "profile": "expiring"}
+        local = ts.open(data_dir / "sharded.zarr")
+        same_batches(local.read(ROW_SETS[1]), ts.open("s3://private/p", **options).read(ROW_SETS[1]))
+        assert runs.read_text().count("run") == 1
+        server.rotate_access_key()
+        keys.write_text(json.dumps([server.access_key, server.secret_key]))
+        time.sleep(2.5)
+        if lifetime_s == 3600:
+            with pytest.raises(RuntimeError, match="access denied"):
+                ts.open("s3://private/p", **options).read(ROW_SETS[2])  # opened anew: every request goes out
+            assert runs.read_text().count("run") == 1
+        else:
+            same_batches(local.read(ROW_SETS[2]), ts.open("s3://private/p", **options).read(ROW_SETS[2]))
+            assert runs.read_text().count("run") == 2
 
 
 def test_an_object_replaced_while_read_is_refused(data_dir, tmp_path):

@@ -8,27 +8,34 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/errors.h"
 #include "io/storage/aws_credentials.h"
 #include "io/storage/credential_process.h"
+#include "io/storage/refreshing_credentials.h"
 
 using torch_shards::core::InvalidArgument;
 using torch_shards::core::ReadError;
+using torch_shards::io::storage::AwsCredentials;
 using torch_shards::io::storage::AwsOptions;
 using torch_shards::io::storage::AwsSettings;
 using torch_shards::io::storage::Environment;
 using torch_shards::io::storage::parse_aws_ini;
+using torch_shards::io::storage::parse_iso8601;
 using torch_shards::io::storage::process_environment;
+using torch_shards::io::storage::RefreshingCredentials;
 using torch_shards::io::storage::resolve_aws_settings;
 using torch_shards::io::storage::split_command_line;
 
@@ -629,6 +636,110 @@ TEST_F(AwsResolve, CredentialProcessFailuresNameTheProfileAndProgramNeverItsOutp
   write_config("[profile proc]\ncredential_process = 'unterminated\n");
   const std::string unterminated = failure<InvalidArgument>(with_profile("proc"));
   EXPECT_TRUE(contains(unterminated, "unterminated") && contains(unterminated, "AWS profile 'proc'")) << unterminated;
+}
+
+TEST(CredentialProcess, ExpirationsAreIso8601TimesWithAZone) {
+  EXPECT_EQ(parse_iso8601("1970-01-01T00:00:00Z"), 0);
+  EXPECT_EQ(parse_iso8601("2026-11-29T23:00:00Z"), 1795993200);
+  EXPECT_EQ(parse_iso8601("2026-11-29T23:00:00.123456Z"), 1795993200);
+  EXPECT_EQ(parse_iso8601("2026-11-30T00:30:00+01:30"), 1795993200);
+  EXPECT_EQ(parse_iso8601("2026-11-29T22:00:00-01:00"), 1795993200);
+  for (const char* bad : {"", "2026-11-29", "2026-11-29T23:00:00", "2026-11-29 23:00:00Z", "2026-13-01T00:00:00Z",
+                          "2026-11-29T23:00:00.Z", "2026-11-29T23:00:00Zjunk", "2026-11-29T23:00:00+1:00"}) {
+    EXPECT_EQ(parse_iso8601(bad), std::nullopt) << bad;
+  }
+}
+
+TEST_F(AwsResolve, ACredentialProcessRunsOnceUntilItsCredentialsAreDueAndThenAgain) {
+  const auto runs_of = [&](const std::string& counter) {
+    std::ifstream runs(counter);
+    return std::count(std::istreambuf_iterator<char>(runs), std::istreambuf_iterator<char>(), '\n');
+  };
+  const std::string counter = dir_ + "/runs";
+  const std::string program =
+      write_program(dir_, "creds.sh", "echo x >> '" + counter + "'\necho '" + credentials_json("AKIDPROC") + "'");
+  write_config("[profile proc]\ncredential_process = " + program + "\n");
+  const AwsSettings settings = resolve(with_profile("proc"));
+  EXPECT_EQ(settings.credentials.expiration, parse_iso8601("2099-01-01T00:00:00Z"));
+  ASSERT_TRUE(settings.refresh);
+  // Resolved again (each opening does) or refreshed: not due before 2099, not run again.
+  EXPECT_EQ(resolve(with_profile("proc")).credentials.access_key_id, "AKIDPROC");
+  EXPECT_EQ(settings.refresh().access_key_id, "AKIDPROC");
+  EXPECT_EQ(runs_of(counter), 1);
+  // Credentials handed out expired are due a second later: then the program runs again.
+  const std::string expired_counter = dir_ + "/expired_runs";
+  const std::string expired =
+      write_program(dir_, "expired.sh",
+                    "echo x >> '" + expired_counter +
+                        "'\necho '{\"Version\": 1, \"AccessKeyId\": \"A\", \"SecretAccessKey\": \"S\", \"Expiration\": "
+                        "\"2000-01-01T00:00:00Z\"}'");
+  write_config("[profile old]\ncredential_process = " + expired + "\n");
+  const AwsSettings old = resolve(with_profile("old"));
+  old.refresh();
+  EXPECT_EQ(runs_of(expired_counter), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  old.refresh();
+  EXPECT_EQ(runs_of(expired_counter), 2);
+  write_config("[profile proc]\ncredential_process = " +
+               write_program(dir_, "late.sh",
+                             "echo '{\"Version\": 1, \"AccessKeyId\": \"A\", \"SecretAccessKey\": \"S\", "
+                             "\"Expiration\": \"tomorrow\"}'") +
+               "\n");
+  EXPECT_TRUE(contains(failure<ReadError>(with_profile("proc")), "an Expiration that is not an ISO 8601 time"));
+  // Keys from the files never expire: nothing to run again.
+  write_config("[profile keys]\naws_access_key_id = AKIDCONFIG\naws_secret_access_key = s\n");
+  EXPECT_FALSE(resolve(with_profile("keys")).refresh);
+}
+
+TEST(RefreshingCredentials, FetchedAgainBeforeTheyExpireAtMostOnceASecond) {
+  int64_t now = 1000;
+  int fetched = 0;
+  bool fail = false;
+  const auto credentials = [](const std::string& id, int64_t expiration) {
+    AwsCredentials c;
+    c.access_key_id = id;
+    c.secret_access_key = "s";
+    c.expiration = expiration;
+    return c;
+  };
+  RefreshingCredentials refreshing(
+      credentials("FIRST", 1000 + 3600),
+      [&] {
+        if (fail) throw ReadError("the SSO session has expired");
+        ++fetched;
+        return credentials("NEXT" + std::to_string(fetched), now + 3600);
+      },
+      [&] { return now; });
+  EXPECT_EQ(refreshing.current().access_key_id, "FIRST");
+  now = 1000 + 3600 - 301;  // more than the 5-minute margin before
+  EXPECT_EQ(refreshing.current().access_key_id, "FIRST");
+  now = 1000 + 3600 - 300;
+  EXPECT_EQ(refreshing.current().access_key_id, "NEXT1");
+  EXPECT_EQ(refreshing.current().access_key_id, "NEXT1");
+  EXPECT_EQ(refreshing.refreshes(), 1);
+  // A failed refresh while they hold keeps them and tries again a second later; after they expired it throws.
+  now += 3600 - 300;
+  fail = true;
+  EXPECT_EQ(refreshing.current().access_key_id, "NEXT1");
+  EXPECT_EQ(refreshing.current().access_key_id, "NEXT1");  // the same second: not run again
+  now += 301;
+  EXPECT_THROW(refreshing.current(), ReadError);
+  fail = false;
+  EXPECT_EQ(refreshing.current().access_key_id, "NEXT2");
+  // Credentials that live 10 s are fetched again after 5; ones handed out already expired, once a second.
+  RefreshingCredentials short_lived(
+      credentials("SHORT", now + 10), [&] { return credentials("SHORT", now - 1); }, [&] { return now; });
+  int64_t start = now;
+  now = start + 4;
+  short_lived.current();
+  EXPECT_EQ(short_lived.refreshes(), 0);
+  now = start + 5;
+  short_lived.current();
+  short_lived.current();
+  EXPECT_EQ(short_lived.refreshes(), 1);
+  now += 1;
+  short_lived.current();
+  EXPECT_EQ(short_lived.refreshes(), 2);
 }
 
 TEST_F(AwsResolve, ACredentialProcessThatHangsIsKilledAtTheTimeout) {

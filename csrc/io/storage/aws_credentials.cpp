@@ -8,12 +8,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <utility>
 #include <vector>
 
 #include "core/errors.h"
 #include "io/storage/credential_process.h"
+#include "io/storage/refreshing_credentials.h"
 
 namespace torch_shards::io::storage {
 
@@ -229,6 +232,27 @@ std::string unsupported_note(const Values& values, const std::string& profile) {
     }
   }
   return "";
+}
+
+// A credential_process's credentials, run once per process until they are due to be fetched again
+// (refresh_due): every opening resolves its options (where they are given, and again for each store), and
+// an SSO or vault helper is not run for each.
+AwsCredentials process_credentials(const std::string& command, const std::string& profile, const std::string& where,
+                                   double timeout_s) {
+  struct Fetched {
+    AwsCredentials credentials;
+    int64_t due = 0;
+  };
+  static std::mutex mutex;
+  static std::map<std::string, Fetched> fetched;
+  const std::string key = concat(command, '\n', profile, '\n', where);
+  std::lock_guard<std::mutex> lock(mutex);
+  const int64_t now = seconds_now();
+  auto found = fetched.find(key);
+  if (found != fetched.end() && now < found->second.due) return found->second.credentials;
+  Fetched fresh{run_credential_process(command, profile, where, timeout_s), INT64_MAX};
+  if (fresh.credentials.expiration) fresh.due = refresh_due(*fresh.credentials.expiration, now);
+  return (fetched[key] = std::move(fresh)).credentials;
 }
 
 // Seconds a credential_process may take: TORCH_SHARDS_CREDENTIAL_PROCESS_TIMEOUT, else 60.
@@ -447,9 +471,12 @@ AwsSettings resolve_aws_settings(const AwsOptions& options, const Environment& e
                                     ? get_value(credentials_section->second, "credential_process")
                                     : (config.found ? get_value(config.values, "credential_process") : std::string());
     if (!command.empty()) {
-      settings.credentials = run_credential_process(
-          command, profile, in_section ? concat(credentials_file.name, " [", profile, "]") : config_source,
-          credential_process_timeout(env));
+      const std::string where = in_section ? concat(credentials_file.name, " [", profile, "]") : config_source;
+      const double timeout_s = credential_process_timeout(env);
+      settings.credentials = process_credentials(command, profile, where, timeout_s);
+      settings.refresh = [command, profile, where, timeout_s] {
+        return process_credentials(command, profile, where, timeout_s);
+      };
     }
   }
   if (anonymous != true && settings.credentials.empty()) {

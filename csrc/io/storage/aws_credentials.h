@@ -12,7 +12,8 @@
 //                (/ aws_session_token) of the profile in the credentials file; else what the
 //                profile's credential_process prints (credentials file, then config file);
 //                else the config file's keys; none found: anonymous, unless
-//                options.anonymous is false
+//                options.anonymous is false. A credential_process's credentials with an
+//                Expiration are fetched again before it (refreshing_credentials.h)
 //   anonymous    options.anonymous, else AWS_NO_SIGN_REQUEST (true/1, false/0)
 //   region       options.region, AWS_REGION, AWS_DEFAULT_REGION, the profile's region,
 //                "us-east-1"
@@ -28,6 +29,7 @@
 // or a session token.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -43,6 +45,9 @@ struct AwsOptions {
 
 struct AwsCredentials {
   std::string access_key_id, secret_access_key, session_token;
+  // When they stop being valid (seconds since the epoch), if their source says: a credential_process's
+  // Expiration.
+  std::optional<int64_t> expiration;
   // Where they came from, for messages: "environment", "/home/u/.aws/credentials [prod]",
   // "/home/u/.aws/config [profile prod]".
   std::string source;
@@ -55,6 +60,8 @@ struct AwsSettings {
   std::string endpoint_url;    // "" = AWS itself; else http(s)://host[:port][/path], no trailing '/'
   bool anonymous = false;      // requests go unsigned
   AwsCredentials credentials;  // empty when anonymous
+  // Fetches them again (a credential_process run anew); empty when they cannot expire.
+  std::function<AwsCredentials()> refresh;
   // Where credentials were looked for (the places in order, ending with the
   // one they came from), or why they were not ("nowhere: ..."), for a 403's
   // message.

@@ -7,9 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <nlohmann/json.hpp>
 
 #include "core/errors.h"
@@ -121,6 +124,45 @@ std::string string_field(const nlohmann::json& answer, const char* key, bool req
 
 }  // namespace
 
+std::optional<int64_t> parse_iso8601(const std::string& text) {
+  int year = 0, month = 0, day = 0, hour = 0, minute = 0, second = 0, used = 0;
+  if (std::sscanf(text.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%n", &year, &month, &day, &hour, &minute, &second, &used) !=
+          6 ||
+      used != 19 || month < 1 || month > 12 || day < 1 || day > 31 || hour > 23 || minute > 59 || second > 60) {
+    return std::nullopt;
+  }
+  size_t at = 19;
+  if (at < text.size() && text[at] == '.') {  // fractions of a second: dropped
+    ++at;
+    const size_t digits = at;
+    while (at < text.size() && std::isdigit(static_cast<unsigned char>(text[at]))) ++at;
+    if (at == digits) return std::nullopt;
+  }
+  int64_t offset = 0;
+  if (at + 1 == text.size() && (text[at] == 'Z' || text[at] == 'z')) {
+    ++at;
+  } else if (at + 6 == text.size() && (text[at] == '+' || text[at] == '-') && text[at + 3] == ':') {
+    int zone_hours = 0, zone_minutes = 0;
+    if (std::sscanf(text.c_str() + at + 1, "%2d:%2d", &zone_hours, &zone_minutes) != 2 || zone_hours > 23 ||
+        zone_minutes > 59) {
+      return std::nullopt;
+    }
+    offset = (text[at] == '+' ? 1 : -1) * (zone_hours * 3600 + zone_minutes * 60);
+    at += 6;
+  } else {
+    return std::nullopt;  // no zone: not a time the AWS CLI's providers print
+  }
+  if (at != text.size()) return std::nullopt;
+  std::tm when{};
+  when.tm_year = year - 1900;
+  when.tm_mon = month - 1;
+  when.tm_mday = day;
+  when.tm_hour = hour;
+  when.tm_min = minute;
+  when.tm_sec = second;
+  return static_cast<int64_t>(timegm(&when)) - offset;
+}
+
 std::vector<std::string> split_command_line(const std::string& command) {
   std::vector<std::string> words;
   std::string word;
@@ -198,6 +240,13 @@ AwsCredentials run_credential_process(const std::string& command, const std::str
   credentials.access_key_id = string_field(answer, "AccessKeyId", true, what);
   credentials.secret_access_key = string_field(answer, "SecretAccessKey", true, what);
   credentials.session_token = string_field(answer, "SessionToken", false, what);
+  const std::string expiration = string_field(answer, "Expiration", false, what);
+  if (!expiration.empty()) {
+    credentials.expiration = parse_iso8601(expiration);
+    if (!credentials.expiration) {
+      throw ReadError(concat(what, " printed an Expiration that is not an ISO 8601 time: '", expiration, "'"));
+    }
+  }
   credentials.source = concat(where, " (credential_process ", argv[0], ")");
   return credentials;
 }

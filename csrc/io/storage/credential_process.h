@@ -12,10 +12,12 @@
 // timeout_s seconds (TORCH_SHARDS_CREDENTIAL_PROCESS_TIMEOUT, default 60),
 // then is killed. Failures are core::ReadError naming the profile, where it is
 // configured and the program (never its output: it holds the secret).
-// Credentials are taken once, when a store is set up; they are not refreshed
-// when their Expiration passes.
+// Expiration (ISO 8601, "Z" or an offset) becomes AwsCredentials::expiration;
+// a store runs the program again before then (refreshing_credentials.h).
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,5 +35,9 @@ std::vector<std::string> split_command_line(const std::string& command);
 // and returns the credentials it printed; source names where they came from.
 AwsCredentials run_credential_process(const std::string& command, const std::string& profile, const std::string& where,
                                       double timeout_s);
+
+// Seconds since the epoch of an ISO 8601 time with a zone ("2026-11-29T23:00:00Z",
+// "2026-11-29T23:00:00.123+01:00"); nullopt for anything else.
+std::optional<int64_t> parse_iso8601(const std::string& text);
 
 }  // namespace torch_shards::io::storage

@@ -147,7 +147,11 @@ size_t on_header(char* data, size_t size, size_t count, void* user) {
 
 }  // namespace
 
-HttpClient::HttpClient(ClientSettings settings, Signing signing) : settings_(settings), signing_(std::move(signing)) {
+HttpClient::HttpClient(ClientSettings settings, Signing signing)
+    : HttpClient(settings, SigningSource([signing = std::move(signing)] { return signing; })) {}
+
+HttpClient::HttpClient(ClientSettings settings, SigningSource signing)
+    : settings_(settings), signing_(std::move(signing)) {
   core::check_argument(settings_.max_requests >= 1, "max_requests must be at least 1, got ", settings_.max_requests);
   core::check_argument(settings_.timeout_s > 0, "the request timeout must be positive, got ", settings_.timeout_s);
   core::check_argument(settings_.retries >= 0, "retries must be 0 or more, got ", settings_.retries);
@@ -162,6 +166,7 @@ HttpResponse HttpClient::perform(const HttpRequest& request) const {
 void HttpClient::perform(const std::vector<HttpRequest>& requests, std::vector<HttpResponse>& responses) const {
   const CurlLibrary& lib = curl();
   Handles& handles = thread_handles();
+  const Signing signing = signing_();
   responses.assign(requests.size(), HttpResponse{});
   std::vector<Transfer> transfers(requests.size());
   thread_local std::mt19937_64 jitter(std::random_device{}());
@@ -194,7 +199,7 @@ void HttpClient::perform(const std::vector<HttpRequest>& requests, std::vector<H
     lib.easy_setopt(easy, CURLOPT_HEADERDATA, &transfer);
     lib.easy_setopt(easy, CURLOPT_TIMEOUT_MS, static_cast<long>(settings_.timeout_s * 1000));
     lib.easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(settings_.connect_timeout_s * 1000));
-    lib.easy_setopt(easy, CURLOPT_FOLLOWLOCATION, signing_.sigv4.empty() ? 1L : 0L);
+    lib.easy_setopt(easy, CURLOPT_FOLLOWLOCATION, signing.sigv4.empty() ? 1L : 0L);
     lib.easy_setopt(easy, CURLOPT_MAXREDIRS, 5L);
     lib.easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
     lib.easy_setopt(easy, CURLOPT_ACCEPT_ENCODING, nullptr);  // bytes as stored: no transfer decoding
@@ -210,14 +215,14 @@ void HttpClient::perform(const std::vector<HttpRequest>& requests, std::vector<H
     }
     curl_slist* headers = nullptr;
     for (const std::string& header : request.headers) headers = lib.slist_append(headers, header.c_str());
-    if (!signing_.sigv4.empty()) {
-      lib.easy_setopt(easy, CURLOPT_AWS_SIGV4, signing_.sigv4.c_str());
-      lib.easy_setopt(easy, CURLOPT_USERPWD, signing_.user_password.c_str());
+    if (!signing.sigv4.empty()) {
+      lib.easy_setopt(easy, CURLOPT_AWS_SIGV4, signing.sigv4.c_str());
+      lib.easy_setopt(easy, CURLOPT_USERPWD, signing.user_password.c_str());
       // The hash of the (empty) payload, which S3 requires as a header and which libcurl signs either way.
       headers = lib.slist_append(
           headers, "x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-      if (!signing_.session_token.empty()) {
-        headers = lib.slist_append(headers, ("x-amz-security-token: " + signing_.session_token).c_str());
+      if (!signing.session_token.empty()) {
+        headers = lib.slist_append(headers, ("x-amz-security-token: " + signing.session_token).c_str());
       }
     }
     transfer.headers = headers;

@@ -51,9 +51,14 @@ struct HttpResponse {
   int attempts = 0;
 };
 
+// The signing of the next requests, asked once per perform(): credentials that expire are fetched
+// again behind it (object_store.cpp).
+using SigningSource = std::function<Signing()>;
+
 class HttpClient {
  public:
   HttpClient(ClientSettings settings, Signing signing);
+  HttpClient(ClientSettings settings, SigningSource signing);
   const ClientSettings& settings() const { return settings_; }
   // Performs every request, at most settings().max_requests at once, and
   // fills responses (one per request, same order). Throws nothing for
@@ -63,7 +68,7 @@ class HttpClient {
 
  private:
   ClientSettings settings_;
-  Signing signing_;
+  SigningSource signing_;
 };
 
 // "s3 error NoSuchKey: The specified key does not exist." from an S3 XML

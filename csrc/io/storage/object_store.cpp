@@ -10,6 +10,7 @@
 #include "core/errors.h"
 #include "io/codecs.h"
 #include "io/file.h"
+#include "io/storage/refreshing_credentials.h"
 
 namespace torch_shards::io::storage {
 
@@ -145,13 +146,20 @@ std::shared_ptr<const ObjectStore> ObjectStore::of(const Url& url) {
 
 ObjectStore::ObjectStore(const Url& url, const StorageOptions& options)
     : scheme_(url.scheme), host_(url.host), options_(options) {
-  Signing signing;
+  SigningSource signing = [] { return Signing{}; };  // unsigned
   if (scheme_ == "s3") {
     aws_ = resolve_aws_settings(options_.aws);
     if (!aws_.anonymous) {
-      signing.sigv4 = concat("aws:amz:", aws_.region, ":s3");
-      signing.user_password = aws_.credentials.access_key_id + ":" + aws_.credentials.secret_access_key;
-      signing.session_token = aws_.credentials.session_token;
+      const auto sign_with = [sigv4 = concat("aws:amz:", aws_.region, ":s3")](const AwsCredentials& credentials) {
+        return Signing{sigv4, credentials.access_key_id + ":" + credentials.secret_access_key,
+                       credentials.session_token};
+      };
+      if (aws_.credentials.expiration && aws_.refresh) {
+        auto credentials = std::make_shared<RefreshingCredentials>(aws_.credentials, aws_.refresh);
+        signing = [credentials, sign_with] { return sign_with(credentials->current()); };
+      } else {
+        signing = [fixed = sign_with(aws_.credentials)] { return fixed; };
+      }
     }
   }
   ClientSettings settings;
