@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <stdexcept>
+#include <thread>
 #include <tuple>
 
 #include "core/errors.h"
@@ -385,7 +387,15 @@ class NvcompPieces {
   // did not decompress to its size is an error naming its chunk.
   void check() const {
     if (batches_.empty()) return;
-    const at::Tensor statuses = statuses_.cpu(), actual = actual_.cpu();
+    // Read back into pinned memory, then waited for by polling an event: a synchronizing copy spins a
+    // core for as long as the GPU works, and several readers wait at once.
+    const at::Tensor statuses = host_tensor(device_, statuses_.numel(), at::kInt);
+    const at::Tensor actual = host_tensor(device_, actual_.numel(), at::kLong);
+    statuses.copy_(statuses_, /*non_blocking=*/true);
+    actual.copy_(actual_, /*non_blocking=*/true);
+    c10::Event read_back(device_.type());
+    read_back.record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+    while (!read_back.query()) std::this_thread::sleep_for(std::chrono::microseconds(50));
     int64_t k = 0;
     for (const Batch& batch : batches_) {
       for (size_t i : batch.pieces) {

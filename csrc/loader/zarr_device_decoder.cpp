@@ -1,6 +1,7 @@
 #include "loader/zarr_device_decoder.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
@@ -183,7 +184,11 @@ at::Tensor ZarrDeviceDecoderImpl::read(const at::Tensor& rows, const std::string
     const c10::StreamGuard on_own_stream(*stream_);
     out = dense_ ? read_dense(list, gpu) : read_csr(list, gpu);
   }
-  // Done on the decoder's stream (read back): the memory is the caller's stream's to free.
+  // The caller's stream waits for the decoder's (no host wait: a read of an uncompressed array has
+  // nothing to read back), and the memory is the caller's stream's to free.
+  c10::Event decoded(c10::DeviceType::CUDA);
+  decoded.record(*stream_);
+  decoded.block(caller);
   const std::vector<at::Tensor> parts =
       out.layout() == at::kSparseCsr ? std::vector<at::Tensor>{out.crow_indices(), out.col_indices(), out.values()}
                                      : std::vector<at::Tensor>{out};

@@ -233,9 +233,15 @@ DecodePlan DecodePlanner::plan(const std::vector<Segment>& segments, core::Threa
   };
   int64_t last_chunk_row = -1;
   std::vector<uint32_t> chunk_of_part(parts.size());  // of last_chunk_row
+  // A chunk's row as wide as the array's (1-D arrays, 2-D chunks of every column): the rows of a segment
+  // within one chunk row are one copy.
+  const bool whole_rows = parts.size() == 1 && parts[0].runs.size() == 1 && chunk_row_bytes == plan.row_bytes &&
+                          parts[0].runs[0].size == plan.row_bytes;
   for (const Segment& segment : segments) {
-    for (int64_t row = segment.source; row < segment.source + segment.length; ++row) {
+    const int64_t end = segment.source + segment.length;
+    for (int64_t row = segment.source; row < end;) {
       const int64_t chunk_row = row / chunk_shape_[0], in_chunk = row % chunk_shape_[0];
+      const int64_t span = whole_rows ? std::min(end - row, chunk_shape_[0] - in_chunk) : 1;
       const uint64_t out_row = static_cast<uint64_t>(segment.dest + row - segment.source) * plan.row_bytes;
       if (chunk_row != last_chunk_row) {
         for (size_t p = 0; p < parts.size(); ++p) {
@@ -255,9 +261,11 @@ DecodePlan DecodePlanner::plan(const std::vector<Segment>& segments, core::Threa
       for (size_t p = 0; p < parts.size(); ++p) {
         const uint64_t base = plan.chunks[chunk_of_part[p]].staging_offset + in_chunk * chunk_row_bytes;
         for (const Copy& run : parts[p].runs) {
-          add_copy(Copy{base + run.staging_offset, out_row + run.output_offset, run.size});
+          add_copy(Copy{base + run.staging_offset, out_row + run.output_offset,
+                        whole_rows ? static_cast<uint64_t>(span) * plan.row_bytes : run.size});
         }
       }
+      row += span;
     }
   }
   plan.staging_bytes = static_cast<uint64_t>(plan.chunks.size()) * chunk_bytes_;
