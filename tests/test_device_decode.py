@@ -292,6 +292,27 @@ def test_a_corrupt_block_payload_never_costs_the_device(tmp_path, codec, device)
         in_a_process_of_its_own(check_corrupt_payload_keeps_the_device, str(tmp_path / "c.zarr"), codec, device)
 
 
+def test_the_python_class_reads_what_the_native_one_does(tmp_path):
+    data = data_of("float32")
+    write(tmp_path / "a.zarr", data, "blosc-lz4-shuffle", "v3")
+    x = torch_shards.ZarrDeviceDecoder(tmp_path / "a.zarr", num_threads=2)
+    rows = [202, 0, 5, 5]
+    for given in (rows, np.array(rows), torch.tensor(rows, dtype=torch.int32)):
+        assert torch.equal(x.read(given, "cpu"), torch.from_numpy(data[rows]))
+    assert x.stats()["chunks"] == 4 and x.host_reason() == "" and x.nvcomp_library() == ""  # 2 rows x 2 columns
+    with pytest.raises(TypeError, match="rows must be integers, got torch.float32"):
+        x.read([1.5], "cpu")
+    zstd = tmp_path / "z.zarr"
+    write(zstd, data, "zstd", "v3")
+    assert "without a checksum" not in torch_shards.ZarrDeviceDecoder(zstd).host_reason()  # nothing read yet
+    unchecked = torch_shards.ZarrDeviceDecoder(zstd)
+    assert torch.equal(unchecked.read(rows, torch.device("cpu")), torch.from_numpy(data[rows]))
+    assert "without a checksum" in unchecked.host_reason()
+    trusted = torch_shards.ZarrDeviceDecoder(zstd, trust_unverified=True)
+    trusted.read(rows, "cpu")
+    assert trusted.host_reason() == "" and trusted.stats()["host_chunks"] == 0
+
+
 def test_bad_arguments_are_named(tmp_path):
     data = values_of("float32", (20, 3))
     write(tmp_path / "a.zarr", data, "none", "v3")

@@ -4,6 +4,7 @@ from ._library import LIBRARY_PATH
 from .dataloader import DataLoader
 from .dataset import ShardedDataset, flat_state_dict
 from .device import DeviceLoader
+from .device_decode import ZarrDeviceDecoder
 from .info import build_info
 from .monitor import MonitoredLoader
 from .sampler import DistributedSampler
@@ -25,6 +26,7 @@ __all__ = [
     "Collection",
     "HDF5Source",
     "ZarrSource",
+    "ZarrDeviceDecoder",
     "open",
     "BlockShuffling",
     "BlockWeightedSampling",
