@@ -219,21 +219,40 @@ def test_opening_a_collection_asks_for_nothing_twice(tmp_path):
 def test_opening_a_collection_over_s3_lists_it_once_and_asks_for_its_metadata_together(tmp_path):
     # One listing of everything below the store answers which objects and "directories" exist (no HEAD,
     # no max-keys=1 listing per node) and names the zarr metadata, fetched together: the collection opens
-    # in 6 round trips instead of 19 (0.48 s -> 0.20 s at 20 ms a request).
-    put_collection_in_bucket(tmp_path)
+    # in 6 round trips instead of 19 (0.48 s -> 0.20 s at 20 ms a request). The listing's sizes and ETags
+    # stamp the shards too: reading them asks for no HEAD. A path of its own: other tests' openings of
+    # s3://public/collection.zarr registered options for its datasets (their servers' endpoints), under
+    # which what this opening learns would be kept apart from what its reads look up (they then ask).
+    shutil.copytree(COLLECTION, tmp_path / "public" / "listed.zarr")
     with RangeHTTPServer(tmp_path, s3_listing=True) as server:
-        remote = ts.open("s3://public/collection.zarr", endpoint_url=server.url, anonymous=True)
+        remote = ts.open("s3://public/listed.zarr", endpoint_url=server.url, anonymous=True)
         listings = [path for _, path, _ in server.requests if "list-type=2" in path]
-        assert listings == ["/public/?list-type=2&prefix=collection.zarr%2F"]  # recursive: no delimiter
+        assert listings == ["/public/?list-type=2&prefix=listed.zarr%2F"]  # recursive: no delimiter
         heads = [path for method, path, _ in server.requests if method == "HEAD"]
-        assert heads[0] == "/public/collection.zarr"  # an object (an .h5ad) is not listed
-        assert all("/X/indptr/c/" in path for path in heads[1:]), heads  # shards, stamped before read
+        assert heads == ["/public/listed.zarr"]  # an object (an .h5ad) is not listed; shards are
         metadata = {path for method, path, _ in server.requests if method == "GET" and path.endswith("zarr.json")}
         assert metadata == {
-            "/public/collection.zarr/" + str(path.relative_to(COLLECTION)) for path in COLLECTION.rglob("zarr.json")
+            "/public/listed.zarr/" + str(path.relative_to(COLLECTION)) for path in COLLECTION.rglob("zarr.json")
         }
         rows = torch.arange(len(remote))
         same_batches(ts.open(COLLECTION).read(rows), remote.read(rows))
+        assert [path for method, path, _ in server.requests if method == "HEAD"] == heads
+
+
+def test_a_shard_rewritten_after_its_store_was_listed_is_refused(tmp_path):
+    # The listing's ETag is the shard's stamp at open: a shard rewritten before it is read is refused
+    # (If-Match), as one stamped by a HEAD would be.
+    # A path of its own: other tests' openings of s3://public/collection.zarr registered options for its
+    # datasets (their servers' endpoints), under which this opening's stamps would be learnt apart from
+    # what its reads look up (then they ask with a HEAD, after the rewrite).
+    shutil.copytree(COLLECTION, tmp_path / "public" / "relisted.zarr")
+    shard = next((tmp_path / "public" / "relisted.zarr").rglob("X/data/c/0"))
+    with RangeHTTPServer(tmp_path, s3_listing=True) as server:
+        remote = ts.open("s3://public/relisted.zarr", endpoint_url=server.url, anonymous=True)
+        time.sleep(0.01)
+        shard.write_bytes(shard.read_bytes())  # the same bytes, another ETag (mtime)
+        with pytest.raises(RuntimeError, match="changed since the dataset opened it"):
+            remote.read(torch.arange(len(remote)))
 
 
 class _RefusingFullListings(RangeHTTPServer.handler_class):

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <list>
 #include <map>
@@ -524,14 +525,33 @@ std::vector<std::pair<std::string, bool>> ObjectStore::list(const Url& dir) cons
   return entries;
 }
 
-std::optional<std::vector<std::string>> ObjectStore::list_all(const Url& dir, int max_pages) const {
+std::optional<std::vector<ObjectStore::Listed>> ObjectStore::list_all(const Url& dir, int max_pages) const {
   const std::string prefix = listing_prefix(dir);
-  std::vector<std::string> keys;
+  std::vector<Listed> objects;
   const bool complete = list_pages(dir, true, max_pages, [&](const std::string& xml) {
-    for (std::string& key : keys_below(xml, prefix)) keys.push_back(std::move(key));
+    // Each <Contents> as written (its values decoded once, by xml_values).
+    const std::string open = "<Contents>", close = "</Contents>";
+    for (size_t at = xml.find(open); at != std::string::npos; at = xml.find(open, at)) {
+      const size_t end = xml.find(close, at);
+      if (end == std::string::npos) break;
+      const std::string contents = xml.substr(at + open.size(), end - at - open.size());
+      at = end + close.size();
+      const std::vector<std::string> keys = xml_values(contents, "Key");
+      if (keys.size() != 1 || keys[0].size() <= prefix.size() || keys[0].compare(0, prefix.size(), prefix) != 0) {
+        continue;
+      }
+      Listed listed{keys[0].substr(prefix.size()), std::nullopt};
+      const std::vector<std::string> etags = xml_values(contents, "ETag"), sizes = xml_values(contents, "Size");
+      if (etags.size() == 1 && !etags[0].empty() && sizes.size() == 1) {
+        char* last = nullptr;
+        const long long size = std::strtoll(sizes[0].c_str(), &last, 10);
+        if (last != sizes[0].c_str() && *last == '\0' && size >= 0) listed.stamp = ObjectStamp{size, etags[0]};
+      }
+      objects.push_back(std::move(listed));
+    }
   });
   if (!complete) return std::nullopt;
-  return keys;
+  return objects;
 }
 
 bool ObjectStore::has_objects_below(const Url& dir) const {

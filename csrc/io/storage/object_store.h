@@ -87,9 +87,14 @@ class ObjectStore {
   // The entries directly below `dir` (name, is a "directory"), sorted: S3
   // listings; over HTTP there are none to ask for (Unsupported).
   std::vector<std::pair<std::string, bool>> list(const Url& dir) const;
-  // Every object below `dir` (S3; keys relative to it, in the listing's order), or nullopt when
-  // the listing has more than max_pages pages (1,000 keys each). Unsupported over HTTP.
-  std::optional<std::vector<std::string>> list_all(const Url& dir, int max_pages) const;
+  // Every object below `dir` (S3; keys relative to it, in the listing's order, with the size and
+  // ETag the listing gives, which a HEAD would), or nullopt when the listing has more than max_pages
+  // pages (1,000 keys each). Unsupported over HTTP.
+  struct Listed {
+    std::string path;
+    std::optional<ObjectStamp> stamp;  // none when the listing leaves out a size or an ETag
+  };
+  std::optional<std::vector<Listed>> list_all(const Url& dir, int max_pages) const;
   // Whether some object lies below `dir` (S3); false over HTTP.
   bool has_objects_below(const Url& dir) const;
 

@@ -215,16 +215,17 @@ void list_remote_store(const std::string& text) {
   // earlier opening's datasets) must not redirect what is learnt for this opening.
   const std::shared_ptr<const ObjectStore> store = ObjectStore::of(url);
   const std::string store_key = ObjectStore::key_of(url);
-  std::optional<std::vector<std::string>> keys;
+  std::optional<std::vector<ObjectStore::Listed>> listed;
   try {
-    keys = store->list_all(url, kMaxListedPages);
+    listed = store->list_all(url, kMaxListedPages);
   } catch (const std::exception&) {
     return;  // not allowed to list (public buckets often are not), or no such bucket: asked for one by one
   }
-  if (!keys || keys->empty()) return;
+  if (!listed || listed->empty()) return;
   auto listing = std::make_shared<Listing>();
   std::vector<Url> metadata;
-  for (const std::string& path : *keys) {
+  for (const ObjectStore::Listed& object : *listed) {
+    const std::string& path = object.path;
     listing->objects.insert(path);
     for (size_t slash = path.find('/'); slash != std::string::npos; slash = path.find('/', slash + 1)) {
       listing->directories.insert(path.substr(0, slash));
@@ -237,6 +238,11 @@ void list_remote_store(const std::string& text) {
       it = table.fresh(table.listed, it->first) == nullptr ? table.listed.erase(it) : std::next(it);
     }
     table.learn(table.listed, key, std::shared_ptr<const Listing>(std::move(listing)));
+    // Each object's stamp as listed, what a HEAD would answer now: the shards a read opens soon after
+    // (within the reuse rules of stats) are not asked for again. A later GET still says If-Match.
+    for (const ObjectStore::Listed& object : *listed) {
+      if (object.stamp) table.learn(table.stats, recent_key(parse_url(url.text + "/" + object.path)), object.stamp);
+    }
   }
   // Together; learnt for the opening that follows. One it cannot read (refused to this caller) is
   // left for the opening to ask for, and fail on, if it needs it.
