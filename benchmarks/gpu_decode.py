@@ -179,42 +179,35 @@ def main():
     tmp = data.scratch_dir(args.rows * args.width * 4 // 4 + args.csr_rows * args.csr_width // 50 * 8, "ts_gpu_")
     tables = []
     try:
+
+        def part(name, writer, rows, columns, array, source, seed, batch_bytes):
+            """(name, decoder factory, the host path's dataset, its field, the batches, a batch's bytes)."""
+            path = os.path.join(tmp, f"{name}.zarr")
+            began = time.perf_counter()
+            writer(path, rows, columns)
+            report(f"{name}: wrote {rows} x {columns} in {time.perf_counter() - began:.1f} s")
+            dataset = ts.ShardedDataset(
+                source(path),
+                ts.BlockShuffling(BLOCK),
+                batch_size=args.batch_size,
+                seed=0,
+                drop_last=True,
+                num_threads=args.threads,
+                device=host_device,
+            )
+
+            def decoder():
+                return torch.classes.torch_shards.ZarrDeviceDecoder(path, array, dirs, args.threads)
+
+            return name, decoder, dataset, "X", epoch_batches(rows, args.batch_size, seed), batch_bytes
+
         parts = []
         if "dense" not in args.skip:
-            path = os.path.join(tmp, "dense.zarr")
-            began = time.perf_counter()
-            write_dense(path, args.rows, args.width)
-            report(f"dense: wrote {args.rows} x {args.width} in {time.perf_counter() - began:.1f} s")
-            batches = epoch_batches(args.rows, args.batch_size, 0)
-            decoder = lambda path=path: torch.classes.torch_shards.ZarrDeviceDecoder(path, "/", dirs, args.threads)  # noqa: E731
-            dataset = ts.ShardedDataset(
-                ts.ZarrSource(path),
-                ts.BlockShuffling(BLOCK),
-                batch_size=args.batch_size,
-                seed=0,
-                drop_last=True,
-                num_threads=args.threads,
-                device=host_device,
-            )
-            parts.append(("dense", decoder, dataset, "X", batches, args.batch_size * args.width * 4))
+            dense_bytes = args.batch_size * args.width * 4
+            parts.append(part("dense", write_dense, args.rows, args.width, "/", ts.ZarrSource, 0, dense_bytes))
         if "csr" not in args.skip:
-            path = os.path.join(tmp, "csr.zarr")
-            began = time.perf_counter()
-            write_csr(path, args.csr_rows, args.csr_width)
-            report(f"CSR: wrote {args.csr_rows} x {args.csr_width} in {time.perf_counter() - began:.1f} s")
-            batches = epoch_batches(args.csr_rows, args.batch_size, 1)
-            decoder = lambda path=path: torch.classes.torch_shards.ZarrDeviceDecoder(path, "X", dirs, args.threads)  # noqa: E731
-            dataset = ts.ShardedDataset(
-                ts.AnnDataSource(path),
-                ts.BlockShuffling(BLOCK),
-                batch_size=args.batch_size,
-                seed=0,
-                drop_last=True,
-                num_threads=args.threads,
-                device=host_device,
-            )
-            nnz = args.batch_size * max(1, args.csr_width // 50)
-            parts.append(("CSR", decoder, dataset, "X", batches, nnz * 8))
+            csr_bytes = args.batch_size * max(1, args.csr_width // 50) * 8
+            parts.append(part("CSR", write_csr, args.csr_rows, args.csr_width, "X", ts.AnnDataSource, 1, csr_bytes))
         for name, decoder, dataset, field, batches, batch_bytes in parts:
             measures = {
                 "device decode": device_decode(decoder, batches, device, args.in_flight),

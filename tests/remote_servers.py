@@ -170,17 +170,21 @@ class S3Server:
                 )
             time.sleep(0.05)
 
-    def _switch_on_signature_checks(self):
-        # Checks are off while moto's INITIAL_NO_AUTH_ACTION_COUNT is not reached (infinite by
-        # default): make an IAM user allowed s3:* with an access key, then set the count to 0
-        # (/moto-api/reset-auth) so that every later request is checked against that key.
-        iam = self._session.client(
+    def _iam(self):
+        """An IAM client signing with the current access key."""
+        return self._session.client(
             "iam",
             endpoint_url=self.endpoint_url,
             region_name=self.region,
             aws_access_key_id=self.access_key,
             aws_secret_access_key=self.secret_key,
         )
+
+    def _switch_on_signature_checks(self):
+        # Checks are off while moto's INITIAL_NO_AUTH_ACTION_COUNT is not reached (infinite by
+        # default): make an IAM user allowed s3:* with an access key, then set the count to 0
+        # (/moto-api/reset-auth) so that every later request is checked against that key.
+        iam = self._iam()
         iam.create_user(UserName=self._USER)
         # s3:*, and its own keys' rotation (rotate_access_key).
         actions = ["s3:*", "iam:CreateAccessKey", "iam:DeleteAccessKey"]
@@ -200,13 +204,7 @@ class S3Server:
     def rotate_access_key(self):
         """With verify_signatures=True: a new access key for the server's user, the old one deleted (requests
         signed with it are then refused 403); access_key and secret_key become the new one's."""
-        iam = self._session.client(
-            "iam",
-            endpoint_url=self.endpoint_url,
-            region_name=self.region,
-            aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key,
-        )
+        iam = self._iam()
         key = iam.create_access_key(UserName=self._USER)["AccessKey"]
         iam.delete_access_key(UserName=self._USER, AccessKeyId=self.access_key)
         self.access_key, self.secret_key = key["AccessKeyId"], key["SecretAccessKey"]
