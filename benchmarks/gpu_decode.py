@@ -7,8 +7,10 @@ host-to-device copy limit of the same batch bytes, all in one run, in alternated
 
 Dense: float32 counts (85% zeros, small integers), rows x --width, chunks of 64 rows, blosc lz4 with byte
 shuffle (annbatch's default codec); batches of --batch-size rows in random blocks of 64 rows, the same rows
-for both paths. CSR: an AnnData zarr store (anndata's writer) whose X (--csr-width columns, 2% non-zeros)
-has its data and indices rewritten as blosc lz4 with byte shuffle in chunks of 32768 values.
+for both paths; the device path reads fetches of --fetch-factor batches at once (read_batches: each chunk
+decoded once per fetch, as the host path's fetches do), --in-flight of them at a time. CSR: an AnnData
+zarr store (anndata's writer) whose X (--csr-width columns, 2% non-zeros) has its data and indices
+rewritten as blosc lz4 with byte shuffle in chunks of 32768 values.
 
 Each round reports, per path, delivered GB/s (uncompressed bytes of the batches on the device), rows/s and
 the process's CPU seconds per delivered GB; the pinned H2D limit is measured within each round. Targets
@@ -104,23 +106,26 @@ def timed(device, loop):
     return delivered, count, time.perf_counter() - start, timing.cpu_seconds() - cpu
 
 
-def device_decode(make_decoder, batches, device, in_flight):
-    """Batches read by `in_flight` threads, each with its own decoder (read() releases the GIL: one thread's
-    fetching and planning overlaps another's decoding), delivered in order."""
+def device_decode(make_decoder, batches, device, in_flight, fetch_factor):
+    """Fetches of `fetch_factor` batches (read_batches: their chunks decoded once, as the host path's
+    fetches are), read by `in_flight` threads, each with its own decoder (reads release the GIL: one
+    thread's fetching and planning overlaps another's decoding), delivered batch by batch in order."""
     local = threading.local()
+    fetches = [batches[i : i + fetch_factor] for i in range(0, len(batches), fetch_factor)]
 
-    def read(rows):
+    def read(fetch):
         if not hasattr(local, "decoder"):
             local.decoder = make_decoder()
-        return local.decoder.read(rows, device)
+        return local.decoder.read_batches(fetch, device)
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=in_flight)
 
     def loop():
         delivered = count = 0
-        for rows, out in zip(batches, pool.map(read, batches)):
-            delivered += nbytes(out)
-            count += rows.numel()
+        for fetch, outs in zip(fetches, pool.map(read, fetches)):
+            for rows, out in zip(fetch, outs):
+                delivered += nbytes(out)
+                count += rows.numel()
         return delivered, count
 
     return lambda: timed(device, loop)
@@ -163,7 +168,8 @@ def main():
     parser.add_argument("--csr-width", type=int, default=20_000)
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="host threads, both paths")
-    parser.add_argument("--in-flight", type=int, default=4, help="batches the device path reads at once")
+    parser.add_argument("--in-flight", type=int, default=4, help="fetches the device path reads at once")
+    parser.add_argument("--fetch-factor", type=int, default=16, help="batches per fetch (the dataset's default)")
     parser.add_argument("--skip", default="", help="comma-separated parts to leave out: dense, csr")
     args = cli.parse(parser)
     if args.device.startswith("cuda") and not gpu:
@@ -210,7 +216,7 @@ def main():
             parts.append(part("CSR", write_csr, args.csr_rows, args.csr_width, "X", ts.AnnDataSource, 1, csr_bytes))
         for name, decoder, dataset, field, batches, batch_bytes in parts:
             measures = {
-                "device decode": device_decode(decoder, batches, device, args.in_flight),
+                "device decode": device_decode(decoder, batches, device, args.in_flight, args.fetch_factor),
                 "host decode": host_decode(dataset, field, device),
             }
             if device.startswith("cuda"):
@@ -276,7 +282,8 @@ def main():
         f"GPU: {gpu or 'none'}; torch {torch.__version__}; decoding on {device}; dense {args.rows} x {args.width} "
         f"float32 (85% zeros) in chunks of {BLOCK} rows, CSR {args.csr_rows} x {args.csr_width} (2% non-zeros); "
         f"blosc lz4 + byte shuffle; blocks of {BLOCK} rows; {args.rounds} alternated rounds after a warm-up; "
-        f"{args.threads} host threads; the device path {args.in_flight} batches in flight"
+        f"{args.threads} host threads; the device path {args.in_flight} fetches of {args.fetch_factor} batches "
+        "in flight"
     )
     text = "\n\n".join([header, *tables])
     print()

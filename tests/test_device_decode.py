@@ -313,6 +313,35 @@ def test_the_python_class_reads_what_the_native_one_does(tmp_path):
     assert trusted.host_reason() == "" and trusted.stats()["host_chunks"] == 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_batches_read_together_are_each_what_a_read_gives(tmp_path, device):
+    # A fetch of several batches: their chunks fetched and decoded once, each batch as read() gives it.
+    import scipy.sparse as sp
+
+    data = data_of("float32")
+    write(tmp_path / "a.zarr", data, "blosc-lz4-shuffle", "v3")
+    matrix = sp.random(301, 97, density=0.07, format="csr", dtype=np.float32, random_state=4)
+    write_csr_store(tmp_path / "c.zarr", matrix, "blosc-lz4-shuffle")
+    rng = np.random.default_rng(5)
+    for path, array, rows in [(tmp_path / "a.zarr", "/", 203), (tmp_path / "c.zarr", "X", 301)]:
+        x = torch_shards.ZarrDeviceDecoder(path, array, num_threads=2)
+        batches = [rng.integers(0, rows, 40), np.array([], dtype=np.int64), rng.integers(0, rows, 7), [rows - 1]]
+        together = x.read_batches(batches, device)
+        assert len(together) == len(batches)
+        for got, rows_of in zip(together, batches):
+            want = x.read(rows_of, device)
+            assert got.device.type == device and got.layout == want.layout and got.shape == want.shape
+            if got.layout == torch.sparse_csr:
+                for part in ("crow_indices", "col_indices", "values"):
+                    assert torch.equal(getattr(got, part)().cpu(), getattr(want, part)().cpu()), part
+            else:
+                assert torch.equal(got.cpu(), want.cpu())
+    with pytest.raises(ValueError, match="read_batches: rows must be a 1-D int64 CPU tensor"):
+        torch.classes.torch_shards.ZarrDeviceDecoder(str(tmp_path / "a.zarr"), "/", [], 1, False).read_batches(
+            [torch.zeros(2, 2, dtype=torch.long)], "cpu"
+        )
+
+
 def test_bad_arguments_are_named(tmp_path):
     data = values_of("float32", (20, 3))
     write(tmp_path / "a.zarr", data, "none", "v3")

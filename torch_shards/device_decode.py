@@ -75,10 +75,30 @@ class ZarrDeviceDecoder:
                 where torch has none).
             TypeError: rows that are not integers.
         """
+        return self._native.read(self._rows(rows), str(device))
+
+    def read_batches(self, batches, device="cuda"):
+        """Several batches' rows read as one: their chunks fetched and decoded once (as a dataset's fetch of
+        several batches is read), one tensor per batch as ``read`` would give it.
+
+        Args:
+            batches: a sequence of row sequences (each as ``read`` takes them).
+            device: as for ``read``.
+
+        Returns:
+            list[torch.Tensor]: one per batch, views of one output (a CSR batch's row pointer is its own).
+
+        Raises:
+            As ``read``.
+        """
+        return list(self._native.read_batches([self._rows(rows) for rows in batches], str(device)))
+
+    @staticmethod
+    def _rows(rows):
         rows = torch.as_tensor(rows)
         if rows.dtype.is_floating_point or rows.dtype.is_complex or rows.dtype == torch.bool:
             raise TypeError(f"ZarrDeviceDecoder.read: rows must be integers, got {rows.dtype}")
-        return self._native.read(rows.reshape(-1).to(torch.int64).cpu(), str(device))
+        return rows.reshape(-1).to(torch.int64).cpu()
 
     def stats(self):
         """What the last read did: ``pieces``, ``uploaded_bytes``, ``operations``,

@@ -151,6 +151,8 @@ TORCH_LIBRARY(torch_shards, m) {
            {torch::arg("store"), torch::arg("path"), torch::arg("nvcomp_dirs") = std::vector<std::string>{},
             torch::arg("num_threads") = 4, torch::arg("trust_unverified") = false})
       .def("read", &ZarrDeviceDecoderImpl::read, "", {torch::arg("rows"), torch::arg("device") = "cpu"})
+      .def("read_batches", &ZarrDeviceDecoderImpl::read_batches, "",
+           {torch::arg("batches"), torch::arg("device") = "cpu"})
       .def("stats", &ZarrDeviceDecoderImpl::stats)
       .def("fallback_reason", &ZarrDeviceDecoderImpl::fallback_reason)
       .def("host_reason", &ZarrDeviceDecoderImpl::host_reason)

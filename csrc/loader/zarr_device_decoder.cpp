@@ -137,9 +137,10 @@ at::Tensor ZarrDeviceDecoderImpl::read_dense(const std::vector<int64_t>& rows, c
   return decode(plan, sources::to_scalar_type(dense_->metadata().dtype), device).view(shape);
 }
 
-at::Tensor ZarrDeviceDecoderImpl::read_csr(const std::vector<int64_t>& rows, const c10::Device& device) {
+ZarrDeviceDecoderImpl::Read ZarrDeviceDecoderImpl::read_csr(const std::vector<int64_t>& rows,
+                                                            const c10::Device& device) {
   const auto began = std::chrono::steady_clock::now();
-  const io::CsrPlan csr = csr_->plan(rows, *pool_);
+  io::CsrPlan csr = csr_->plan(rows, *pool_);
   const DecodePlan indices_plan = indices_->plan(csr.segments, *pool_);
   const DecodePlan values_plan = values_->plan(csr.segments, *pool_);
   plan_us_ = microseconds_since(began);
@@ -155,45 +156,84 @@ at::Tensor ZarrDeviceDecoderImpl::read_csr(const std::vector<int64_t>& rows, con
   const at::ScalarType index_type = narrow ? at::kInt : at::kLong;
   at::Tensor offsets = at::empty({static_cast<int64_t>(csr.row_offsets.size())}, at::TensorOptions().dtype(at::kLong));
   std::copy(csr.row_offsets.begin(), csr.row_offsets.end(), offsets.data_ptr<int64_t>());
-  return at::sparse_csr_tensor(offsets.to(index_type).to(device), stored.to(index_type), values,
-                               {static_cast<int64_t>(rows.size()), columns}, values.options().layout(at::kSparseCsr));
+  at::Tensor out =
+      at::sparse_csr_tensor(offsets.to(index_type).to(device), stored.to(index_type), values,
+                            {static_cast<int64_t>(rows.size()), columns}, values.options().layout(at::kSparseCsr));
+  return Read{std::move(out), std::move(csr.row_offsets)};
 }
 
-at::Tensor ZarrDeviceDecoderImpl::read(const at::Tensor& rows, const std::string& device) {
-  TORCH_CHECK_VALUE(rows.dim() == 1 && rows.scalar_type() == at::kLong && rows.device().is_cpu(),
-                    "ZarrDeviceDecoder.read: rows must be a 1-D int64 CPU tensor, got ", rows.scalar_type(), " of ",
-                    rows.dim(), " dimensions on ", rows.device().str());
-  const c10::Device target(device);
-  TORCH_CHECK_VALUE(target.is_cpu() || target.is_cuda(),
-                    "ZarrDeviceDecoder.read: device must be 'cpu' or 'cuda[:N]', got '", device, "'");
-  TORCH_CHECK_VALUE(!target.is_cuda() || at::hasCUDA(), "ZarrDeviceDecoder.read: device='", device,
-                    "' but this torch has no CUDA device (torch.cuda.is_available() is False)");
+std::vector<int64_t> ZarrDeviceDecoderImpl::checked_rows(const at::Tensor& rows, const char* who) {
+  TORCH_CHECK_VALUE(rows.dim() == 1 && rows.scalar_type() == at::kLong && rows.device().is_cpu(), "ZarrDeviceDecoder.",
+                    who, ": rows must be a 1-D int64 CPU tensor, got ", rows.scalar_type(), " of ", rows.dim(),
+                    " dimensions on ", rows.device().str());
   const at::Tensor wanted = rows.contiguous();
-  const std::vector<int64_t> list(wanted.data_ptr<int64_t>(), wanted.data_ptr<int64_t>() + wanted.numel());
+  return std::vector<int64_t>(wanted.data_ptr<int64_t>(), wanted.data_ptr<int64_t>() + wanted.numel());
+}
+
+ZarrDeviceDecoderImpl::Read ZarrDeviceDecoderImpl::read_on(const std::vector<int64_t>& rows, const std::string& device,
+                                                           const char* who) {
+  const c10::Device target(device);
+  TORCH_CHECK_VALUE(target.is_cpu() || target.is_cuda(), "ZarrDeviceDecoder.", who,
+                    ": device must be 'cpu' or 'cuda[:N]', got '", device, "'");
+  TORCH_CHECK_VALUE(!target.is_cuda() || at::hasCUDA(), "ZarrDeviceDecoder.", who, ": device='", device,
+                    "' but this torch has no CUDA device (torch.cuda.is_available() is False)");
   const std::lock_guard<std::mutex> lock(mutex_);
   stats_ = DeviceDecodeStats{};
   chunks_ = input_bytes_ = plan_us_ = 0;
   host_reason_.clear();
-  if (!target.is_cuda()) return dense_ ? read_dense(list, target) : read_csr(list, target);
+  if (!target.is_cuda()) return dense_ ? Read{read_dense(rows, target), {}} : read_csr(rows, target);
   const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
   const c10::Device gpu(c10::DeviceType::CUDA, target.has_index() ? target.index() : cuda.getDevice().index());
   const c10::Stream caller = cuda.getStream(gpu);
   if (!stream_ || stream_->device() != gpu) stream_ = cuda.getStreamFromGlobalPool(gpu, false);
-  at::Tensor out;
+  Read done;
   {
     const c10::StreamGuard on_own_stream(*stream_);
-    out = dense_ ? read_dense(list, gpu) : read_csr(list, gpu);
+    done = dense_ ? Read{read_dense(rows, gpu), {}} : read_csr(rows, gpu);
   }
   // The caller's stream waits for the decoder's (no host wait: a read of an uncompressed array has
   // nothing to read back), and the memory is the caller's stream's to free.
   c10::Event decoded(c10::DeviceType::CUDA);
   decoded.record(*stream_);
   decoded.block(caller);
+  const at::Tensor& out = done.out;
   const std::vector<at::Tensor> parts =
       out.layout() == at::kSparseCsr ? std::vector<at::Tensor>{out.crow_indices(), out.col_indices(), out.values()}
                                      : std::vector<at::Tensor>{out};
   for (const at::Tensor& part : parts) {
     if (part.numel() > 0) part.record_stream(caller);
+  }
+  return done;
+}
+
+at::Tensor ZarrDeviceDecoderImpl::read(const at::Tensor& rows, const std::string& device) {
+  return read_on(checked_rows(rows, "read"), device, "read").out;
+}
+
+std::vector<at::Tensor> ZarrDeviceDecoderImpl::read_batches(const std::vector<at::Tensor>& batches,
+                                                            const std::string& device) {
+  std::vector<int64_t> rows, lengths;
+  for (const at::Tensor& batch : batches) {
+    const std::vector<int64_t> some = checked_rows(batch, "read_batches");
+    rows.insert(rows.end(), some.begin(), some.end());
+    lengths.push_back(static_cast<int64_t>(some.size()));
+  }
+  const Read done = read_on(rows, device, "read_batches");
+  std::vector<at::Tensor> out;
+  out.reserve(lengths.size());
+  int64_t first = 0;
+  for (const int64_t length : lengths) {
+    if (done.out.layout() != at::kSparseCsr) {
+      out.push_back(done.out.narrow(0, first, length));
+    } else {
+      // Rows [first, first + length): their row pointer rebased, their indices and values viewed.
+      const int64_t begin = done.row_offsets[first], end = done.row_offsets[first + length];
+      const at::Tensor crow = done.out.crow_indices().narrow(0, first, length + 1);
+      out.push_back(at::sparse_csr_tensor(crow - begin, done.out.col_indices().narrow(0, begin, end - begin),
+                                          done.out.values().narrow(0, begin, end - begin), {length, done.out.size(1)},
+                                          done.out.values().options().layout(at::kSparseCsr)));
+    }
+    first += length;
   }
   return out;
 }

@@ -45,6 +45,11 @@ class ZarrDeviceDecoderImpl : public torch::CustomClassHolder {
   // for the caller's current stream.
   at::Tensor read(const at::Tensor& rows, const std::string& device);
 
+  // Several batches' rows read as one (their chunks fetched and decoded once, as a dataset's fetch of
+  // several batches reads them): one tensor per batch, as read() would give it, views of one read's
+  // output (a CSR batch's row pointer is its own).
+  std::vector<at::Tensor> read_batches(const std::vector<at::Tensor>& batches, const std::string& device);
+
   // Of the last read: pieces, uploaded_bytes (compressed bytes and host-decoded chunks to the
   // device), operations (device operations launched), host_chunks, chunks and input_bytes (fetched);
   // plan_us (fetching and planning on the host), prepare_us, enqueue_us and wait_us (DeviceDecodeStats).
@@ -60,9 +65,16 @@ class ZarrDeviceDecoderImpl : public torch::CustomClassHolder {
   std::string nvcomp_library() const;
 
  private:
+  // One read's output and, for a CSR matrix, its row pointer on the host.
+  struct Read {
+    at::Tensor out;
+    std::vector<int64_t> row_offsets;
+  };
+  static std::vector<int64_t> checked_rows(const at::Tensor& rows, const char* who);
+  Read read_on(const std::vector<int64_t>& rows, const std::string& device, const char* who);
   const io::decode_plan::NvcompLibrary* nvcomp_for(const c10::Device& device);
   at::Tensor read_dense(const std::vector<int64_t>& rows, const c10::Device& device);
-  at::Tensor read_csr(const std::vector<int64_t>& rows, const c10::Device& device);
+  Read read_csr(const std::vector<int64_t>& rows, const c10::Device& device);
   // Decodes the plan into a new 1-D tensor of `type` on `device`, its stats added to stats_.
   at::Tensor decode(const io::decode_plan::DecodePlan& plan, at::ScalarType type, const c10::Device& device);
 
