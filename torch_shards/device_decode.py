@@ -89,7 +89,9 @@ class ZarrDeviceDecoder:
             list[torch.Tensor]: one per batch, views of one output (a CSR batch's row pointer is its own).
 
         Raises:
-            As ``read``.
+            RuntimeError: as for ``read``.
+            ValueError: as for ``read``.
+            TypeError: as for ``read``.
         """
         return list(self._native.read_batches([self._rows(rows) for rows in batches], str(device)))
 
