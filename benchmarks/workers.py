@@ -5,8 +5,10 @@
 
 Sources: TensorSource 400,000 x 64 float32 and an .h5ad, X CSR 200,000 x 2,000 at 5% (anndata's layout,
 in /dev/shm when it has room), both ShardedDataset(source, BlockShuffling(64), batch_size=b) with the
-default fetch_factor (16). For each source and batch size, every round runs one epoch of each way of
-reading, one after the other (alternated, so that the machine's noise falls on all alike):
+default fetch_factor (16). For each source and batch size, every round measures each way of reading,
+one after the other (alternated, so that the machine's noise falls on all alike), over consecutive
+epochs lasting 0.25 s (an epoch of these sources takes 10-20 ms in-process, and one alone is mostly
+its start):
 
   in-process          the dataset iterated in this process (its native reader threads only)
   torch DataLoader k  torch.utils.data.DataLoader(ds, batch_size=None, num_workers=k), k = 1, 2:
@@ -22,7 +24,7 @@ reading, one after the other (alternated, so that the machine's noise falls on a
 
 with workers persistent (persistent_workers=True: the steady state of a training job) and, in a second
 table, started afresh every epoch (torch's default), where each epoch also pays for starting the
-worker processes. rows/s are the median over the rounds after a warm-up epoch; "vs in-process" is the
+worker processes. rows/s are the median over the rounds, after a warm-up epoch; "vs in-process" is the
 ratio of medians, "vs floor" the ratio to the queue floor at the same k.
 
 Memory (one more epoch of each worker row, sampled every 10 ms): the bytes of the slabs that exist
@@ -58,9 +60,19 @@ def rows_of(item):
     return item["index"].shape[0] if isinstance(item, dict) else 0
 
 
-def epoch_rate(iterable, rows_per_item=None):
-    rows, seconds = timing.epoch(iterable, rows_of if rows_per_item is None else lambda _: rows_per_item)
-    return rows / seconds
+# A measurement runs whole epochs, one after the other as a training job does, until this long: an epoch of
+# these sources takes 10-20 ms in-process on 2 CPUs, and one alone is mostly its start.
+MEASURE_SECONDS = 0.25
+
+
+def epoch_rate(iterable, rows_per_item=None, min_seconds=MEASURE_SECONDS):
+    """rows/s over consecutive epochs (at least one) lasting min_seconds."""
+    count = rows_of if rows_per_item is None else lambda _: rows_per_item
+    total_rows = total_seconds = 0
+    while total_seconds == 0 or total_seconds < min_seconds:
+        rows, seconds = timing.epoch(iterable, count)
+        total_rows, total_seconds = total_rows + rows, total_seconds + seconds
+    return total_rows / total_seconds
 
 
 def slab_files(pid):

@@ -3,6 +3,7 @@
 process; and ts.DataLoader, whose workers send whole fetches: the same
 batches in torch's order, never overwritten while held."""
 
+import functools
 import json
 import os
 import time
@@ -252,6 +253,42 @@ def test_a_damaged_description_is_refused_not_followed():
     # The same 64 rows as a unit of batch size 24: cut here into 24, 24 and 16 rows.
     batches, _, _ = direct.unpack(words(*(*header, 24, 1, 0, 0, 0, 6, 0, 1, 64, 1, 0)), ["X"], [storage])
     assert [batch["X"].shape[0] for batch in batches] == [24, 24, 16]
+
+
+def test_unpack_lazy_makes_each_batch_when_it_is_taken_in_order_then_none():
+    # What ts.DataLoader's loop receives: the batches of a unit made into dicts one at a time, so that a
+    # unit of many batches holds no Python objects for those not yet taken (nor the cyclic collector's work).
+    storage = torch.zeros(256, dtype=torch.uint8)
+    storage.view(torch.float32)[:] = torch.arange(64, dtype=torch.float32)
+    header = (3, os.getpid(), 7, 0, 0, 0, 1, 1, 1, 2, 5, 7)  # worker 1 of 2, which deliver 5 and 7 batches
+    description = words(*(*header, 24, 1, 0, 0, 0, 6, 0, 1, 64, 1, 0))
+    pending, worker, counts = direct.unpack_lazy(description, ["X"], [storage])
+    assert worker == 1 and counts == [5, 7]
+    expected = direct.unpack(description, ["X"], [storage])[0]
+    taken = [direct.take(pending) for _ in range(3)]
+    assert [type(batch) for batch in taken] == [dict] * 3
+    assert [batch["X"].tolist() for batch in taken] == [batch["X"].tolist() for batch in expected]
+    assert torch.cat([batch["X"] for batch in taken]).tolist() == list(range(64))
+    assert direct.take(pending) is None and direct.take(pending) is None
+    with pytest.raises(TypeError, match="expected batches from unpack_lazy"):
+        direct.take(object())
+    with pytest.raises(ValueError, match="ends early"):
+        direct.unpack_lazy(words(*header), ["X"], [storage])
+
+
+def test_a_unit_pinned_gives_its_batches_pinned_in_order(monkeypatch):
+    # DataLoader(pin_memory=True)'s thread calls Unit.pin_memory: every batch taken and pinned, in order (torch's
+    # pin_memory itself needs an accelerator: stood in for by a copy marking what it made).
+    from torch_shards import transfer
+
+    monkeypatch.setattr(transfer, "_pin_memory", lambda batch, device: {**batch, "pinned": device})
+    batches = [{"X": torch.full((2,), float(i))} for i in range(3)]
+    unit = transfer.Unit(functools.partial(next, iter(batches), None), 1, [3, 3])
+    pinned = unit.pin_memory("cuda")
+    assert unit.take() is None  # the received unit was emptied into the pinned one
+    assert (pinned.worker, pinned.worker_batches) == (1, [3, 3])
+    taken = list(iter(pinned.take, None))
+    assert [(b["X"][0].item(), b["pinned"]) for b in taken] == [(0.0, "cuda"), (1.0, "cuda"), (2.0, "cuda")]
 
 
 def test_a_unit_whose_row_offsets_reach_past_its_values_is_refused_before_it_is_cut():

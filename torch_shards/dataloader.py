@@ -40,7 +40,7 @@ class _Batches:
         self._items = items
         self._num_workers = num_workers
         self._length = length
-        self._queues = [collections.deque() for _ in range(num_workers)]
+        self._queues = [collections.deque() for _ in range(num_workers)]  # units received, per worker
         self._other = collections.deque()  # items that are not units (batch_transform's outputs): as they come
         self._left = None  # batches each worker has still to deliver (None: not known yet, or endless)
         self._total = 0  # their sum
@@ -70,7 +70,7 @@ class _Batches:
             if self._left is None and item.worker_batches is not None:
                 self._left = list(item.worker_batches)
                 self._total = sum(self._left)
-            self._queues[item.worker].extend(item.batches)
+            self._queues[item.worker].append(item)
         return True
 
     def __next__(self):
@@ -88,19 +88,30 @@ class _Batches:
                 while not left[self._turn]:  # done workers are skipped, as torch skips them
                     self._turn = (self._turn + 1) % self._num_workers
             worker = self._turn
-            queue = self._queues[worker]
-            if queue:
+            batch = _take(self._queues[worker])
+            if batch is not None:
                 if left is not None:
                     left[worker] -= 1
                     self._total -= 1
                 self._turn = (worker + 1) % self._num_workers
-                return queue.popleft()
+                return batch
             if not self._pull():
                 # Ended with batches of other workers left (only if a worker sent fewer than planned): in order.
                 for queue in self._queues:
-                    if queue:
-                        return queue.popleft()
+                    batch = _take(queue)
+                    if batch is not None:
+                        return batch
                 raise StopIteration
+
+
+def _take(units):
+    """The next batch of a worker's units received (a deque of transfer.Unit), or None."""
+    while units:
+        batch = units[0].take()
+        if batch is not None:
+            return batch
+        units.popleft()
+    return None
 
 
 _TORCH_SIGNATURE = inspect.signature(torch.utils.data.DataLoader.__init__)

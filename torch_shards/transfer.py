@@ -17,6 +17,8 @@ torch's DataLoader passes it through unchanged (``batch_size=None``, whose
 Auto-collation (a DataLoader ``batch_size``) is refused through
 ``default_collate``'s documented extension table."""
 
+import functools
+
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 
@@ -82,24 +84,27 @@ class PackedUnits:
 
 
 def _unpack_unit(description, names, others, endless):
-    batches, worker, worker_batches = direct.unpack(description, names, others)
-    return Unit(batches, worker, None if endless else worker_batches)
+    batches, worker, worker_batches = direct.unpack_lazy(description, names, others)
+    return Unit(functools.partial(direct.take, batches), worker, None if endless else worker_batches)
 
 
 class Unit:
     """Every batch of one unit (a fetch) as one DataLoader item: what
-    ts.DataLoader's workers send. ``worker`` sent it; ``worker_batches`` are
-    the batches each worker delivers this epoch (None for an endless
-    stream)."""
+    ts.DataLoader's workers send. ``take()`` gives its next batch (a dict of
+    tensors), None after the last: each is made when it is taken, so that a
+    unit of many batches makes no more Python objects than the one in the
+    loop. ``worker`` sent it; ``worker_batches`` are the batches each worker
+    delivers this epoch (None for an endless stream)."""
 
-    __slots__ = ("batches", "worker", "worker_batches")
+    __slots__ = ("take", "worker", "worker_batches")
 
-    def __init__(self, batches, worker, worker_batches):
-        self.batches, self.worker, self.worker_batches = batches, worker, worker_batches
+    def __init__(self, take, worker, worker_batches):
+        self.take, self.worker, self.worker_batches = take, worker, worker_batches
 
     def pin_memory(self, device=None):
         """DataLoader(pin_memory=True) pins every batch (its pin-memory thread calls this)."""
-        return Unit([_pin_memory(batch, device) for batch in self.batches], self.worker, self.worker_batches)
+        pinned = [_pin_memory(batch, device) for batch in iter(self.take, None)]
+        return Unit(functools.partial(next, iter(pinned), None), self.worker, self.worker_batches)
 
 
 def _refuse_collating(batch, *, collate_fn_map=None):

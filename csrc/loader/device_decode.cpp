@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "core/errors.h"
+#include "core/stopwatch.h"
 #include "io/decode_plan/cpu_executor.h"
 
 namespace torch_shards {
@@ -34,10 +35,6 @@ using io::decode_plan::Shuffle;
 using io::decode_plan::Unshuffle;
 
 namespace {
-
-int64_t microseconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
-}
 
 // Of every buffer nvCOMP reads or writes (nvCOMP 6 asks 4 bytes for LZ4 and
 // Deflate, 8 for Zstd; 16 is what its headers suggest for speed).
@@ -512,7 +509,7 @@ DeviceDecodeStats execute_plan(const DecodePlan& plan, const at::Tensor& out, co
     stats.pieces = static_cast<int64_t>(plan.pieces.size());
   } else {
     pieces.emplace(plan, *nvcomp, scratch, staging, stats);
-    stats.prepare_us = microseconds_since(began);
+    stats.prepare_us = core::microseconds_since(began);
     operations += pieces->run();
   }
   operations += unshuffle(plan, scratch, staging);
@@ -536,10 +533,10 @@ DeviceDecodeStats execute_plan(const DecodePlan& plan, const at::Tensor& out, co
   }
   operations += move_bytes(staging, out, rows);
   stats.operations += operations;
-  stats.enqueue_us = microseconds_since(began) - stats.prepare_us;
+  stats.enqueue_us = core::microseconds_since(began) - stats.prepare_us;
   const auto waited = std::chrono::steady_clock::now();
   if (pieces) pieces->check();
-  stats.wait_us = microseconds_since(waited);
+  stats.wait_us = core::microseconds_since(waited);
   return stats;
 }
 

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/errors.h"
+#include "core/stopwatch.h"
 #include "io/file.h"
 #include "loader/python_gil.h"
 
@@ -19,10 +20,6 @@ using Clock = std::chrono::steady_clock;
 // handing work to another thread costs more than it saves, and the reader
 // threads already read several pieces at once.
 constexpr int64_t kParallelBytes = int64_t{4} << 20;
-
-int64_t microseconds_since(Clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
-}
 
 int64_t tensor_bytes(const at::Tensor& tensor) {
   if (tensor.layout() == at::kSparseCsr) {
@@ -267,7 +264,7 @@ void EpochReader::reader_loop(size_t thread) {
         result.error = std::current_exception();
       }
     }
-    read_us_ += microseconds_since(start);
+    read_us_ += core::microseconds_since(start);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       --in_flight_;
@@ -318,7 +315,7 @@ std::optional<EpochReader::Unit> EpochReader::next() {
     }
     if (piece.error) std::rethrow_exception(piece.error);
     Unit unit = read_piece(piece, *main_pool_);
-    read_us_ += microseconds_since(start);
+    read_us_ += core::microseconds_since(start);
     ++delivered_;
     units_delivered_ += unit.dealt_units;
     rows_delivered_ += unit.batch.at("index").size(0);
@@ -332,7 +329,7 @@ std::optional<EpochReader::Unit> EpochReader::next() {
     return stopping_ || (failed_ && slots_.empty()) || (!slots_.empty() && slots_.front().ready);
   };
   unit_ready_.wait(lock, ready);
-  wait_us_ += microseconds_since(start);
+  wait_us_ += core::microseconds_since(start);
   if (stopping_) throw std::runtime_error("EpochReader: read after close()");
   if (slots_.empty()) throw std::runtime_error("EpochReader: read after a failed read");
   return take(slots_.front());
@@ -347,7 +344,7 @@ bool EpochReader::wait(int64_t timeout_ms) {
   const bool ready = unit_ready_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0)), [&] {
     return stopping_ || (failed_ && slots_.empty()) || (!slots_.empty() && slots_.front().ready);
   });
-  wait_us_ += microseconds_since(start);
+  wait_us_ += core::microseconds_since(start);
   return ready;
 }
 

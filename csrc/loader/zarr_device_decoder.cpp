@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "core/errors.h"
+#include "core/stopwatch.h"
 #include "io/anndata.h"
 #include "io/array.h"
 #include "io/zarr/group.h"
@@ -98,14 +99,6 @@ std::string ZarrDeviceDecoderImpl::fallback_reason() const {
   return !values_->array_fallback().empty() ? values_->array_fallback() : indices_->array_fallback();
 }
 
-namespace {
-
-int64_t microseconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
-}
-
-}  // namespace
-
 at::Tensor ZarrDeviceDecoderImpl::decode(const DecodePlan& plan, at::ScalarType type, const c10::Device& device) {
   const auto item = static_cast<uint64_t>(c10::elementSize(type));
   const at::Tensor out = at::empty({static_cast<int64_t>((plan.output_bytes + item - 1) / item)},
@@ -130,7 +123,7 @@ at::Tensor ZarrDeviceDecoderImpl::decode(const DecodePlan& plan, at::ScalarType 
 at::Tensor ZarrDeviceDecoderImpl::read_dense(const std::vector<int64_t>& rows, const c10::Device& device) {
   const auto began = std::chrono::steady_clock::now();
   const DecodePlan plan = dense_->plan(io::segments_in_delivery_order(rows), *pool_);
-  plan_us_ = microseconds_since(began);
+  plan_us_ = core::microseconds_since(began);
   std::vector<int64_t> shape{static_cast<int64_t>(rows.size())};
   const std::vector<int64_t>& array_shape = dense_->metadata().shape;
   shape.insert(shape.end(), array_shape.begin() + 1, array_shape.end());
@@ -143,7 +136,7 @@ ZarrDeviceDecoderImpl::Read ZarrDeviceDecoderImpl::read_csr(const std::vector<in
   io::CsrPlan csr = csr_->plan(rows, *pool_);
   const DecodePlan indices_plan = indices_->plan(csr.segments, *pool_);
   const DecodePlan values_plan = values_->plan(csr.segments, *pool_);
-  plan_us_ = microseconds_since(began);
+  plan_us_ = core::microseconds_since(began);
   const at::Tensor values = decode(values_plan, sources::to_scalar_type(values_->metadata().dtype), device);
   const at::Tensor stored = decode(indices_plan, sources::to_scalar_type(indices_->metadata().dtype), device);
   const int64_t columns = csr_->num_cols();

@@ -20,6 +20,9 @@
 //       BatchIterator.take_units' units, packed as pack() does, or None
 //   unpack(description, names, others)
 //       (list of batch dicts, worker, worker_batches)
+//   unpack_lazy(description, names, others)
+//       (batches, worker, worker_batches): batches made into dicts one by one by take(batches),
+//       None after the last
 //   mapped_slabs()             {"maps", "mapped", "mapped_bytes"} of this process
 //   forget_dead_workers()      unmaps the slabs of worker processes that are gone
 #include <ATen/ops/empty.h>
@@ -255,62 +258,118 @@ PyObject* poll_packed(PyObject* /*module*/, PyObject* const* args, Py_ssize_t na
   END_HANDLE_TH_ERRORS
 }
 
-PyObject* unpack_batches(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
-  HANDLE_TH_ERRORS
+// unpack()'s and unpack_lazy()'s arguments, unpacked natively; false with a Python error set.
+bool unpack_arguments(const char* who, PyObject* const* args, Py_ssize_t nargs, torch_shards::Unpacked& unpacked) {
   if (nargs != 3) {
-    PyErr_Format(PyExc_TypeError, "unpack(description, names, others) takes 3 arguments, got %zd", nargs);
-    return nullptr;
+    PyErr_Format(PyExc_TypeError, "%s(description, names, others) takes 3 arguments, got %zd", who, nargs);
+    return false;
   }
   char* data = nullptr;
   Py_ssize_t size = 0;
-  if (PyBytes_AsStringAndSize(args[0], &data, &size) != 0) return nullptr;
+  if (PyBytes_AsStringAndSize(args[0], &data, &size) != 0) return false;
   if (size % 8 != 0) {
-    PyErr_Format(PyExc_ValueError, "unpack: a description is whole int64 words, got %zd bytes", size);
-    return nullptr;
+    PyErr_Format(PyExc_ValueError, "%s: a description is whole int64 words, got %zd bytes", who, size);
+    return false;
   }
   std::vector<int64_t> description(static_cast<size_t>(size / 8));
   std::memcpy(description.data(), data, static_cast<size_t>(size));
   std::vector<std::string> names;
   THPObjectPtr name_items(PySequence_Fast(args[1], "unpack: names must be a sequence of str"));
-  if (!name_items) return nullptr;
+  if (!name_items) return false;
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(name_items.get()); ++i) {
     Py_ssize_t length = 0;
     const char* name = PyUnicode_AsUTF8AndSize(PySequence_Fast_GET_ITEM(name_items.get(), i), &length);
-    if (name == nullptr) return nullptr;
+    if (name == nullptr) return false;
     names.emplace_back(name, static_cast<size_t>(length));
   }
   std::vector<c10::Storage> others;
   THPObjectPtr other_items(PySequence_Fast(args[2], "unpack: others must be a sequence of tensors"));
-  if (!other_items) return nullptr;
+  if (!other_items) return false;
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(other_items.get()); ++i) {
     PyObject* item = PySequence_Fast_GET_ITEM(other_items.get(), i);
     if (!THPVariable_Check(item)) {
-      PyErr_Format(PyExc_TypeError, "unpack: others must be tensors, got %s", Py_TYPE(item)->tp_name);
-      return nullptr;
+      PyErr_Format(PyExc_TypeError, "%s: others must be tensors, got %s", who, Py_TYPE(item)->tp_name);
+      return false;
     }
     others.push_back(THPVariable_Unpack(item).storage());
   }
-  torch_shards::Unpacked unpacked;
-  {
-    pybind11::gil_scoped_release no_gil;  // mapping a slab the first time may take a while
-    unpacked = torch_shards::unpack(description, names, others);
-  }
-  THPObjectPtr batches(PyList_New(static_cast<Py_ssize_t>(unpacked.batches.size())));
+  pybind11::gil_scoped_release no_gil;  // mapping a slab the first time may take a while
+  unpacked = torch_shards::unpack(description, names, others);
+  return true;
+}
+
+// (worker, worker_batches) of an unpacked description as Python objects; nullptr with a Python error set.
+PyObject* sender(const torch_shards::Unpacked& unpacked, PyObject* batches) {
   THPObjectPtr counts(PyList_New(static_cast<Py_ssize_t>(unpacked.worker_batches.size())));
   THPObjectPtr worker(PyLong_FromLongLong(unpacked.worker));
-  if (!batches || !counts || !worker) return nullptr;
+  if (!counts || !worker) return nullptr;
+  for (size_t i = 0; i < unpacked.worker_batches.size(); ++i) {
+    PyObject* count = PyLong_FromLongLong(unpacked.worker_batches[i]);
+    if (count == nullptr) return nullptr;
+    PyList_SET_ITEM(counts.get(), static_cast<Py_ssize_t>(i), count);
+  }
+  return PyTuple_Pack(3, batches, worker.get(), counts.get());
+}
+
+PyObject* unpack_batches(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  torch_shards::Unpacked unpacked;
+  if (!unpack_arguments("unpack", args, nargs, unpacked)) return nullptr;
+  THPObjectPtr batches(PyList_New(static_cast<Py_ssize_t>(unpacked.batches.size())));
+  if (!batches) return nullptr;
   Keys keys;
   for (size_t i = 0; i < unpacked.batches.size(); ++i) {
     PyObject* dict = batch_dict(unpacked.batches[i], /*typed=*/false, keys);  // plain dicts in the training process
     if (dict == nullptr) return nullptr;
     PyList_SET_ITEM(batches.get(), static_cast<Py_ssize_t>(i), dict);
   }
-  for (size_t i = 0; i < unpacked.worker_batches.size(); ++i) {
-    PyObject* count = PyLong_FromLongLong(unpacked.worker_batches[i]);
-    if (count == nullptr) return nullptr;
-    PyList_SET_ITEM(counts.get(), static_cast<Py_ssize_t>(i), count);
+  return sender(unpacked, batches.get());
+  END_HANDLE_TH_ERRORS
+}
+
+// unpack_lazy's batches, made into dicts one at a time by take(): a unit of many batches then makes no more
+// Python objects than the batch in the loop (a list of them all outlived the cyclic collector's youngest
+// generation and made a full collection, ~0.1 s beside torch, due every few epochs).
+constexpr const char* kPendingName = "torch_shards.PendingBatches";
+
+struct PendingBatches {
+  std::vector<torch_shards::Batch> batches;
+  size_t next = 0;
+  Keys keys;
+};
+
+void release_pending(PyObject* capsule) {
+  delete static_cast<PendingBatches*>(PyCapsule_GetPointer(capsule, kPendingName));
+}
+
+PyObject* unpack_lazy(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  torch_shards::Unpacked unpacked;
+  if (!unpack_arguments("unpack_lazy", args, nargs, unpacked)) return nullptr;
+  auto pending = std::make_unique<PendingBatches>();
+  pending->batches = std::move(unpacked.batches);
+  THPObjectPtr capsule(PyCapsule_New(pending.get(), kPendingName, release_pending));
+  if (!capsule) return nullptr;
+  pending.release();  // the capsule owns it
+  return sender(unpacked, capsule.get());
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* take_batch(PyObject* /*module*/, PyObject* capsule) {
+  HANDLE_TH_ERRORS
+  if (!PyCapsule_IsValid(capsule, kPendingName)) {
+    PyErr_Format(PyExc_TypeError, "torch_shards._C.take: expected batches from unpack_lazy(), got %s",
+                 Py_TYPE(capsule)->tp_name);
+    return nullptr;
   }
-  return PyTuple_Pack(3, batches.get(), worker.get(), counts.get());
+  auto* pending = static_cast<PendingBatches*>(PyCapsule_GetPointer(capsule, kPendingName));
+  if (pending->next == pending->batches.size()) Py_RETURN_NONE;
+  torch_shards::Batch& batch = pending->batches[pending->next];
+  PyObject* dict = batch_dict(batch, /*typed=*/false, pending->keys);
+  if (dict == nullptr) return nullptr;
+  batch = torch_shards::Batch();  // the dict's tensors alone hold the slab now
+  ++pending->next;
+  return dict;
   END_HANDLE_TH_ERRORS
 }
 
@@ -339,6 +398,9 @@ PyMethodDef methods[] = {
      "pack(batches, worker, worker_batches, last): batches as they cross from a DataLoader worker, or None"},
     {"poll_packed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(poll_packed)), METH_FASTCALL,
      "poll_packed(handle, timeout_ms, max_bytes, endless): BatchIterator.take_units' units, packed, or None"},
+    {"unpack_lazy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(unpack_lazy)), METH_FASTCALL,
+     "unpack_lazy(description, names, others): (batches for take(), worker, worker_batches)"},
+    {"take", take_batch, METH_O, "take(batches): unpack_lazy's next batch as a dict, or None after the last"},
     {"unpack", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(unpack_batches)), METH_FASTCALL,
      "unpack(description, names, others): (batches, worker, worker_batches) of what pack() made in a worker"},
     {"set_batch_type", set_batch_type, METH_O, "set_batch_type(type): the dict subclass poll() makes batches of"},
