@@ -245,7 +245,8 @@ def main():
                 found.append({**row, "rates": rates, "memory": memory, "prefetch_bytes": prefetch_bytes})
     header = (
         f"DataLoader workers vs in-process: BlockShuffling({BLOCK}), fetch_factor 16, {args.rounds} alternated "
-        f"rounds (median rows/s after a warm-up epoch), {os.cpu_count()} CPUs, torch {torch.__version__}"
+        f"rounds (median rows/s after a warm-up epoch; each over consecutive epochs lasting {MEASURE_SECONDS} s), "
+        f"{os.cpu_count()} CPUs, torch {torch.__version__}"
     )
     text = "\n\n".join(
         [
