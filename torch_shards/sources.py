@@ -268,6 +268,7 @@ STORAGE_OPTIONS = (
     "cache_dir",
     "cache_bytes",
     "cache_whole_bytes",
+    "consolidated",
 )
 
 
@@ -656,6 +657,10 @@ def open(path, **kwargs):  # noqa: A001 - mirrors the builtin for paths
               most ``cache_bytes / 4``) are fetched whole at their first read and every read of
               them is served from a mapping of that one entry; 0: cache ranges only. Default
               1 GiB (TORCH_SHARDS_CACHE_WHOLE_BYTES).
+            - ``consolidated``: a zarr store's consolidated metadata (its root ``zarr.json``'s
+              ``consolidated_metadata``, or ``.zmetadata``: anndata writes them) read in place
+              of every node's own metadata files, as zarr-python does: opening the store is
+              one request, not one per node. Default True; False reads each node's own.
 
     Returns:
         Source: an ``AnnDataSource``, ``HDF5Source``, ``ZarrSource`` or ``Collection``.

@@ -21,6 +21,7 @@
 #include "io/storage/storage_options.h"
 #include "io/storage/url.h"
 #include "io/zarr/array.h"
+#include "io/zarr/consolidated.h"
 #include "io/zarr/group.h"
 #include "loader/errors.h"
 #include "loader/sources/anndata_source.h"
@@ -284,6 +285,7 @@ void set_storage_options(const std::string& url, const StorageOptions& options) 
     native.cache_dir = options.cache_dir;
     native.cache_bytes = options.cache_bytes;
     native.cache_whole_bytes = options.cache_whole_bytes;
+    native.consolidated = options.consolidated;
     io::storage::set_storage_options(io::storage::parse_url(url).text, native);
   });
 }
@@ -310,9 +312,13 @@ void set_storage_options_json(const std::string& url, const std::string& options
                              : key == "profile"    ? options.profile
                                                    : options.cache_dir;
         field = value.get<std::string>();
-      } else if (key == "anonymous") {
+      } else if (key == "anonymous" || key == "consolidated") {
         expect(value.is_boolean(), "true or false");
-        options.anonymous = value.get<bool>();
+        if (key == "anonymous") {
+          options.anonymous = value.get<bool>();
+        } else {
+          options.consolidated = value.get<bool>();
+        }
       } else if (key == "max_requests" || key == "retries") {
         expect(value.is_number_integer(), "an integer");
         (key == "max_requests" ? options.max_requests : options.retries) = value.get<int>();
@@ -331,7 +337,7 @@ void set_storage_options_json(const std::string& url, const std::string& options
         throw core::InvalidArgument(core::concat(
             "unknown storage option ", key,
             " (known: endpoint_url, region, profile, anonymous, max_requests, timeout, retries, cache_dir, "
-            "cache_bytes, cache_whole_bytes)"));
+            "cache_bytes, cache_whole_bytes, consolidated)"));
       }
     }
   });
@@ -350,6 +356,7 @@ std::string probe(const std::string& path) {
       return root.has_group("obs") && (root.has_array("X") || root.has_group("X"));
     };
     if (io::is_directory(path)) {
+      io::zarr::learn_consolidated_metadata(path);  // a zarr store's, behind any URL
       if (io::is_zarr_array(path)) return "zarr-array";
       if (!io::is_zarr_group(path)) return "unknown";
       return is_anndata(*io::open_zarr_group(path, "/")) ? "zarr-anndata" : "zarr-group";

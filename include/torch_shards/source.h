@@ -176,6 +176,10 @@ struct StorageOptions {
   // Objects up to this size (and cache_bytes / 4) are cached whole, one mapped entry each; 0: none;
   // -1: TORCH_SHARDS_CACHE_WHOLE_BYTES or 1 GiB.
   int64_t cache_whole_bytes = -1;
+  // A zarr store's consolidated metadata (its root zarr.json's consolidated_metadata, or .zmetadata, as
+  // anndata writes them) read in place of every node's own metadata, as zarr-python does: opening it
+  // behind a URL is one request, not one per node. false: each node's own files.
+  bool consolidated = true;
 };
 // Registers `options` for the URLs below `url` in this process (see StorageOptions).
 TORCH_SHARDS_API void set_storage_options(const std::string& url, const StorageOptions& options);

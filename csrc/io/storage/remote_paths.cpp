@@ -26,6 +26,13 @@ struct Listing {
   std::set<std::string> directories;  // every directory below it that holds objects ("a", "a/b")
 };
 
+// A store's consolidated metadata (zarr v3's consolidated_metadata, v2's .zmetadata): the metadata
+// files of every node below it, by path relative to it, and those nodes' directories (and theirs).
+struct Consolidated {
+  std::map<std::string, std::vector<uint8_t>> files;
+  std::set<std::string> directories;
+};
+
 template <typename T>
 struct Known {
   Clock::time_point when;
@@ -44,6 +51,7 @@ struct Recent {
   std::map<std::string, Known<std::optional<std::vector<uint8_t>>>> objects;
   std::map<std::string, Known<bool>> below;                             // s3: whether objects lie below a prefix
   std::map<std::string, Known<std::shared_ptr<const Listing>>> listed;  // s3: directories listed whole
+  std::map<std::string, Known<std::shared_ptr<const Consolidated>>> consolidated;  // stores' roots
 
   // What `map` knows of `key` that may be used now, or null. While a dataset opens: only what this
   // opening learnt (an object rewritten since an earlier opening is seen as it is now). Otherwise (a
@@ -79,6 +87,52 @@ std::pair<const Listing*, std::string> covering_listing(const Recent& table, con
   return {nullptr, ""};
 }
 
+// Whether `path`'s last part names zarr metadata, which opening a store reads.
+bool is_zarr_metadata(const std::string& path) {
+  const std::string name = path.substr(path.rfind('/') + 1);
+  return name == "zarr.json" || name == ".zarray" || name == ".zgroup" || name == ".zattrs" || name == ".zmetadata";
+}
+
+// The consolidated metadata of a store at or above `url` that may be used now (as stats: learnt in this
+// opening, or outside openings in the last seconds), and url's path relative to its root ("" for the
+// root itself); null when none covers it. With the table locked.
+std::pair<const Consolidated*, std::string> covering_consolidated(const Recent& table, const Url& url) {
+  if (table.consolidated.empty()) return {nullptr, ""};
+  const std::string key = recent_key(url);
+  for (const auto& [root_key, known] : table.consolidated) {
+    const bool root = key == root_key;
+    if (root || (key.size() > root_key.size() + 1 && key.compare(0, root_key.size(), root_key) == 0 &&
+                 key[root_key.size()] == '/')) {
+      if (const auto* consolidated = table.fresh(table.consolidated, root_key))
+        return {consolidated->get(), root ? "" : key.substr(root_key.size() + 1)};
+    }
+  }
+  return {nullptr, ""};
+}
+
+// A metadata file below a consolidated store's root, which its consolidated metadata answers for (the
+// root's own zarr.json and .zmetadata hold it: they are read).
+bool consolidated_answers(const std::string& path) {
+  return is_zarr_metadata(path) && path != "zarr.json" && path != ".zmetadata";
+}
+
+// What the server's listing of `path` with delimiter '/' would hold, of a store whose `objects` and
+// `directories` are known: the entries directly below it (directories flagged), sorted.
+std::vector<std::pair<std::string, bool>> entries_below(const std::set<std::string>& objects,
+                                                        const std::set<std::string>& directories,
+                                                        const std::string& path) {
+  const std::string prefix = path.empty() ? "" : path + "/";
+  std::vector<std::pair<std::string, bool>> entries;
+  for (const auto* names : {&objects, &directories}) {
+    for (auto it = names->lower_bound(prefix); it != names->end() && it->compare(0, prefix.size(), prefix) == 0; ++it) {
+      const std::string name = it->substr(prefix.size());
+      if (!name.empty() && name.find('/') == std::string::npos) entries.emplace_back(name, names != &objects);
+    }
+  }
+  std::sort(entries.begin(), entries.end());
+  return entries;
+}
+
 // What a HEAD would answer now of an object just fetched whole (a stamp asked for next: a zarr.json's,
 // as its store opens). With the table locked.
 void learn_stat(Recent& table, const std::string& key, const std::optional<std::vector<uint8_t>>& got,
@@ -93,12 +147,6 @@ void learn_object(Recent& table, const std::string& key, const std::optional<std
                   const std::string& etag) {
   if (!got || got->size() <= kSmallObject) table.learn(table.objects, key, got);
   learn_stat(table, key, got, etag);
-}
-
-// Whether `path`'s last part names zarr metadata, which opening a store reads.
-bool is_zarr_metadata(const std::string& path) {
-  const std::string name = path.substr(path.rfind('/') + 1);
-  return name == "zarr.json" || name == ".zarray" || name == ".zgroup" || name == ".zattrs" || name == ".zmetadata";
 }
 
 }  // namespace
@@ -146,10 +194,31 @@ std::optional<ObjectStamp> stat_remote(const std::string& text) {
   return stamp;
 }
 
-bool remote_exists(const std::string& url) { return stat_remote(url).has_value() || remote_is_directory(url); }
+bool remote_exists(const std::string& text) {
+  {
+    const Url url = parse_url(text);
+    Recent& table = recent();
+    std::lock_guard<std::mutex> lock(table.mutex);
+    const auto [consolidated, path] = covering_consolidated(table, url);
+    if (consolidated != nullptr) {
+      if (path.empty() || consolidated->directories.count(path) > 0 || consolidated->files.count(path) > 0) return true;
+      if (consolidated_answers(path)) return false;
+    }
+  }
+  return stat_remote(text).has_value() || remote_is_directory(text);
+}
 
 bool remote_is_directory(const std::string& text) {
   const Url url = parse_url(text);
+  {
+    Recent& table = recent();
+    std::lock_guard<std::mutex> lock(table.mutex);
+    const auto [consolidated, path] = covering_consolidated(table, url);
+    if (consolidated != nullptr) {
+      if (path.empty() || consolidated->directories.count(path) > 0) return true;  // a node's
+      if (consolidated->files.count(path) > 0 || consolidated_answers(path)) return false;
+    }
+  }
   if (stat_remote(url.text)) return false;
   if (url.scheme == "s3") {
     Recent& table = recent();
@@ -181,20 +250,14 @@ std::vector<std::pair<std::string, bool>> list_remote(const std::string& text) {
     auto [listing, path] = covering_listing(table, url);
     const auto* whole = table.scopes > 0 ? table.fresh(table.listed, key) : nullptr;
     if (whole != nullptr) listing = whole->get(), path.clear();  // url itself
-    if (listing != nullptr) {
-      // What the server's listing with delimiter '/' would hold: the entries directly below path.
-      const std::string prefix = path.empty() ? "" : path + "/";
-      std::vector<std::pair<std::string, bool>> entries;
-      for (const auto* names : {&listing->objects, &listing->directories}) {
-        for (auto it = names->lower_bound(prefix); it != names->end() && it->compare(0, prefix.size(), prefix) == 0;
-             ++it) {
-          const std::string name = it->substr(prefix.size());
-          if (!name.empty() && name.find('/') == std::string::npos)
-            entries.emplace_back(name, names != &listing->objects);
-        }
-      }
-      std::sort(entries.begin(), entries.end());
-      return entries;
+    if (listing != nullptr) return entries_below(listing->objects, listing->directories, path);
+    // A consolidated store's nodes and metadata files (its chunks are not in it: what a listing of it
+    // is asked for is its nodes, as over HTTP, where nothing else could be listed).
+    const auto [consolidated, below] = covering_consolidated(table, url);
+    if (consolidated != nullptr && (below.empty() || consolidated->directories.count(below) > 0)) {
+      std::set<std::string> files;
+      for (const auto& [name, bytes] : consolidated->files) files.insert(name);
+      return entries_below(files, consolidated->directories, below);
     }
   }
   return ObjectStore::of(url)->list(url);
@@ -258,6 +321,24 @@ void list_remote_store(const std::string& text) {
     learn_object(table, store_key + '\n' + metadata[i].text, got[i], etags[i]);
 }
 
+void learn_consolidated_metadata(const std::string& text, std::map<std::string, std::vector<uint8_t>> files) {
+  const Url url = parse_url(text);
+  auto consolidated = std::make_shared<Consolidated>();
+  for (const auto& [path, bytes] : files) {
+    for (size_t slash = path.find('/'); slash != std::string::npos; slash = path.find('/', slash + 1)) {
+      consolidated->directories.insert(path.substr(0, slash));
+    }
+  }
+  consolidated->files = std::move(files);
+  Recent& table = recent();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  if (table.scopes == 0) return;                                                 // used within openings only
+  for (auto it = table.consolidated.begin(); it != table.consolidated.end();) {  // stale ones dropped
+    it = table.fresh(table.consolidated, it->first) == nullptr ? table.consolidated.erase(it) : std::next(it);
+  }
+  table.learn(table.consolidated, recent_key(url), std::shared_ptr<const Consolidated>(std::move(consolidated)));
+}
+
 std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::vector<std::string>& texts,
                                                                      std::vector<std::string>* etags) {
   std::vector<std::optional<std::vector<uint8_t>>> out(texts.size());
@@ -275,7 +356,16 @@ std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::
         out[i] = *known;
         continue;
       }
-      const auto [listing, path] = covering_listing(table, parse_url(texts[i]));
+      const Url url = parse_url(texts[i]);
+      if (etags == nullptr) {  // (a stamp is asked for with objects read as they are stored)
+        const auto [consolidated, below] = covering_consolidated(table, url);
+        if (consolidated != nullptr && consolidated_answers(below)) {
+          const auto file = consolidated->files.find(below);
+          if (file != consolidated->files.end()) out[i] = file->second;  // else: none
+          continue;
+        }
+      }
+      const auto [listing, path] = covering_listing(table, url);
       if (listing == nullptr || listing->objects.count(path) > 0) wanted.push_back(i);  // else: listed, not there
     }
   }

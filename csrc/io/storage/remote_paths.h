@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,6 +63,13 @@ std::vector<std::pair<std::string, bool>> list_remote(const std::string& url);
 // (under the same rules of reuse as stats). Nothing over HTTP, where nothing can be listed, and
 // nothing (no error) when the listing is refused: the opening then asks for each thing as before.
 void list_remote_store(const std::string& url);
+// What a store's consolidated metadata (zarr v3's consolidated_metadata, v2's .zmetadata) says of the
+// store at `url`: `files`, the metadata files of every node below it by path relative to it
+// ("X/zarr.json", "obs/.zattrs"), as their bytes. Learnt within an opening (nothing otherwise) and used
+// as stats are (in that opening, or outside openings for a few seconds): a metadata file below it other
+// than its root's zarr.json and .zmetadata is then answered from these (absent from them: none), and so
+// are whether its nodes exist, are directories, and what they list.
+void learn_consolidated_metadata(const std::string& url, std::map<std::string, std::vector<uint8_t>> files);
 // Whole objects, fetched together; nullopt for those missing. etags gets
 // each one's ETag when given.
 std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::vector<std::string>& urls,

@@ -27,6 +27,8 @@ struct StorageOptions {
   // entry, at their first ranged read; larger ones range by range. 0: never whole. -1:
   // TORCH_SHARDS_CACHE_WHOLE_BYTES or 1 GiB.
   int64_t cache_whole_bytes = -1;
+  // A zarr store's consolidated metadata (zarr/consolidated.h) read in place of its nodes' own files.
+  bool consolidated = true;
 
   // The options with every unset field taken from the environment or its
   // default; InvalidArgument naming a bad value (and the variable it came from).

@@ -5,6 +5,7 @@
 #include "core/errors.h"
 #include "io/file.h"
 #include "io/zarr/array.h"
+#include "io/zarr/consolidated.h"
 
 namespace torch_shards::io {
 
@@ -92,7 +93,10 @@ class ZarrGroup : public Group {
 std::shared_ptr<const Group> open_zarr_group(const std::string& store, const std::string& path) {
   const std::string normalized = normalize_zarr_path(path);
   const std::string dir = normalized == "/" ? store : store + normalized;
-  if (normalized == "/") list_store(store);  // behind URLs: what opening it asks for, learnt at once
+  if (normalized == "/") {
+    list_store(store);  // behind URLs: what opening it asks for, learnt at once
+    zarr::learn_consolidated_metadata(store);
+  }
   if (!is_zarr_group(dir)) {
     throw ReadError(concat(store, ":", normalized, ": not a zarr group (no .zgroup, or zarr.json of a group)"));
   }

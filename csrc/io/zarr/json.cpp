@@ -1,5 +1,6 @@
 #include "io/zarr/json.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "io/file.h"
@@ -62,6 +63,17 @@ void restore_nonfinite(json& value) {
   }
 }
 
+// The inverse of restore_nonfinite: NaN and infinities as marker strings, which JSON can hold.
+void hide_nonfinite(json& value) {
+  if (value.is_number_float()) {
+    const double number = value.get<double>();
+    if (std::isnan(number)) value = kNanMarker;
+    if (std::isinf(number)) value = number > 0 ? kInfMarker : kNegInfMarker;
+  } else if (value.is_structured()) {
+    for (auto& item : value) hide_nonfinite(item);
+  }
+}
+
 }  // namespace
 
 std::string node_directory(const std::string& store, const std::string& path) {
@@ -75,13 +87,19 @@ std::string format_coords(const std::vector<int64_t>& coords) {
 }
 
 json parse_json(const std::string& text) {
+  json value;
   try {
-    return json::parse(text);
+    value = json::parse(text);
   } catch (const json::parse_error&) {
-    json value = json::parse(quote_nonfinite_tokens(text));  // rethrows the error if still invalid
-    restore_nonfinite(value);
-    return value;
+    value = json::parse(quote_nonfinite_tokens(text));  // rethrows the error if still invalid
   }
+  restore_nonfinite(value);  // (markers also come from dump_json)
+  return value;
+}
+
+std::string dump_json(json value) {
+  hide_nonfinite(value);
+  return value.dump();
 }
 
 std::optional<json> read_json_file(const std::string& dir, const std::string& name, const std::string& where) {

@@ -25,6 +25,9 @@ std::string node_directory(const std::string& store, const std::string& path);
 std::string format_coords(const std::vector<int64_t>& coords);
 
 json parse_json(const std::string& text);
+// `value` as text that parse_json gives back as it is, NaN and infinities included (which JSON cannot
+// hold: the text holds markers for them).
+std::string dump_json(json value);
 
 // The JSON object in dir/name, or nullopt if there is no such file.
 std::optional<json> read_json_file(const std::string& dir, const std::string& name, const std::string& where);
