@@ -133,6 +133,21 @@ std::vector<std::pair<std::string, bool>> entries_below(const std::set<std::stri
   return entries;
 }
 
+// What a consolidated store's metadata says `url` is: a node's directory (the root's included), a
+// metadata file, or a metadata file that does not exist; nullopt when it says nothing (not below a
+// consolidated store, or a chunk).
+enum class Answer { kNode, kFile, kNone };
+std::optional<Answer> known_to_consolidated(const Url& url) {
+  Recent& table = recent();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  const auto [consolidated, path] = covering_consolidated(table, url);
+  if (consolidated == nullptr) return std::nullopt;
+  if (path.empty() || consolidated->directories.count(path) > 0) return Answer::kNode;
+  if (consolidated->files.count(path) > 0) return Answer::kFile;
+  if (consolidated_answers(path)) return Answer::kNone;
+  return std::nullopt;
+}
+
 // What a HEAD would answer now of an object just fetched whole (a stamp asked for next: a zarr.json's,
 // as its store opens). With the table locked.
 void learn_stat(Recent& table, const std::string& key, const std::optional<std::vector<uint8_t>>& got,
@@ -195,30 +210,13 @@ std::optional<ObjectStamp> stat_remote(const std::string& text) {
 }
 
 bool remote_exists(const std::string& text) {
-  {
-    const Url url = parse_url(text);
-    Recent& table = recent();
-    std::lock_guard<std::mutex> lock(table.mutex);
-    const auto [consolidated, path] = covering_consolidated(table, url);
-    if (consolidated != nullptr) {
-      if (path.empty() || consolidated->directories.count(path) > 0 || consolidated->files.count(path) > 0) return true;
-      if (consolidated_answers(path)) return false;
-    }
-  }
+  if (const std::optional<Answer> known = known_to_consolidated(parse_url(text))) return *known != Answer::kNone;
   return stat_remote(text).has_value() || remote_is_directory(text);
 }
 
 bool remote_is_directory(const std::string& text) {
   const Url url = parse_url(text);
-  {
-    Recent& table = recent();
-    std::lock_guard<std::mutex> lock(table.mutex);
-    const auto [consolidated, path] = covering_consolidated(table, url);
-    if (consolidated != nullptr) {
-      if (path.empty() || consolidated->directories.count(path) > 0) return true;  // a node's
-      if (consolidated->files.count(path) > 0 || consolidated_answers(path)) return false;
-    }
-  }
+  if (const std::optional<Answer> known = known_to_consolidated(url)) return *known == Answer::kNode;
   if (stat_remote(url.text)) return false;
   if (url.scheme == "s3") {
     Recent& table = recent();
