@@ -233,6 +233,24 @@ std::optional<ObjectStamp> ObjectStore::head(const Url& url) const {
   return ObjectStamp{response.total_size, response.etag};
 }
 
+std::vector<std::optional<ObjectStamp>> ObjectStore::heads(const std::vector<Url>& urls) const {
+  std::vector<HttpRequest> requests(urls.size());
+  for (size_t i = 0; i < urls.size(); ++i) {
+    requests[i].url = request_url(urls[i]);
+    requests[i].head = true;
+  }
+  std::vector<HttpResponse> responses;
+  client_->perform(requests, responses);
+  std::vector<std::optional<ObjectStamp>> out(urls.size());
+  for (size_t i = 0; i < urls.size(); ++i) {
+    const HttpResponse& response = responses[i];
+    if (response.status >= 200 && response.status < 300 && response.total_size >= 0) {
+      out[i] = ObjectStamp{response.total_size, response.etag};
+    }
+  }
+  return out;
+}
+
 std::vector<std::optional<std::vector<uint8_t>>> ObjectStore::get(const std::vector<Url>& urls,
                                                                   std::vector<std::string>* etags) const {
   std::vector<HttpRequest> requests(urls.size());

@@ -69,6 +69,9 @@ class ObjectStore {
 
   // The object's size and ETag; nullopt when there is none (404).
   std::optional<ObjectStamp> head(const Url& url) const;
+  // The same of many objects, asked for together; nullopt for each answer that is not a stamp (none
+  // there, an error: head() asks again and names why).
+  std::vector<std::optional<ObjectStamp>> heads(const std::vector<Url>& urls) const;
   // Whole objects (zarr metadata, unsharded chunks), fetched together;
   // nullopt for those that do not exist. etags (if given) receives each
   // object's ETag. Served from the cache when the server says the cached

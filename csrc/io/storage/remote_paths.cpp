@@ -209,6 +209,34 @@ std::optional<ObjectStamp> stat_remote(const std::string& text) {
   return stamp;
 }
 
+void stat_remote_together(const std::vector<std::string>& texts) {
+  Recent& table = recent();
+  std::map<const ObjectStore*, std::pair<std::shared_ptr<const ObjectStore>, std::vector<Url>>> by_store;
+  for (const std::string& text : texts) {
+    const Url url = parse_url(text);
+    {
+      std::lock_guard<std::mutex> lock(table.mutex);
+      if (table.fresh(table.stats, recent_key(url)) != nullptr) continue;
+    }
+    std::shared_ptr<const ObjectStore> store = ObjectStore::of(url);
+    auto& entry = by_store[store.get()];
+    entry.first = std::move(store);
+    entry.second.push_back(url);
+  }
+  for (auto& [raw, entry] : by_store) {
+    std::vector<std::optional<ObjectStamp>> stamps;
+    try {
+      stamps = entry.first->heads(entry.second);
+    } catch (const std::exception&) {
+      continue;  // asked for again one by one, which says why it cannot be
+    }
+    std::lock_guard<std::mutex> lock(table.mutex);
+    for (size_t i = 0; i < stamps.size(); ++i) {
+      if (stamps[i]) table.learn(table.stats, recent_key(entry.second[i]), stamps[i]);
+    }
+  }
+}
+
 bool remote_exists(const std::string& text) {
   if (const std::optional<Answer> known = known_to_consolidated(parse_url(text))) return *known != Answer::kNone;
   return stat_remote(text).has_value() || remote_is_directory(text);

@@ -51,6 +51,10 @@ void read_remote(const RemoteObject& object, std::vector<RangeRead>& ranges, con
 std::shared_ptr<const MappedEntry> map_remote(const RemoteObject& object, const std::function<std::string()>& what);
 // The object's stamp (kept a few seconds), or nullopt when there is none.
 std::optional<ObjectStamp> stat_remote(const std::string& url);
+// The stamps of many objects asked for together (those not known already), kept as stat_remote keeps
+// them: what a later stat_remote of them answers without a request. Nothing is thrown: an object whose
+// stamp did not come is asked for again by stat_remote, which names why it cannot be.
+void stat_remote_together(const std::vector<std::string>& urls);
 // An object at `url`, or objects below it.
 bool remote_exists(const std::string& url);
 // Objects below `url` and none at it (S3); over HTTP, a zarr store's

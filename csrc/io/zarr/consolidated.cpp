@@ -19,6 +19,16 @@ namespace {
 
 using Files = std::map<std::string, std::vector<uint8_t>>;
 
+// Arrays whose metadata files are stamped together as their store opens, at most (each array opened
+// later stamps its metadata file: a store rewritten while read is refused); a store with more (an
+// AnnData uns of thousands) has each stamped as it is opened.
+constexpr size_t kStampedTogether = 256;
+
+struct Consolidated {
+  Files files;
+  std::vector<std::string> arrays;  // the arrays' metadata files, relative to the root
+};
+
 std::vector<uint8_t> bytes_of(const json& value) {
   const std::string text = dump_json(value);
   return std::vector<uint8_t>(text.begin(), text.end());
@@ -51,7 +61,7 @@ bool well_formed(const std::string& path) {
 }
 
 // zarr v3: the root zarr.json's consolidated_metadata {"kind": "inline", "metadata": {path: node's zarr.json}}.
-std::optional<Files> v3_files(const std::string& file, const json& root) {
+std::optional<Consolidated> v3_files(const std::string& file, const json& root) {
   const auto found = root.find("consolidated_metadata");
   if (found == root.end() || found->is_null()) return std::nullopt;
   if (!found->is_object()) malformed(file, "is not a JSON object");
@@ -59,22 +69,24 @@ std::optional<Files> v3_files(const std::string& file, const json& root) {
   if (kind != found->end() && *kind != "inline") malformed(file, concat("of kind ", kind->dump(), " (not inline)"));
   const auto metadata = found->find("metadata");
   if (metadata == found->end() || !metadata->is_object()) malformed(file, "has no metadata object");
-  Files files;
+  Consolidated out;
   for (const auto& [path, node] : metadata->items()) {
     if (!well_formed(path)) malformed(file, concat("names a node ", json(path).dump()));
     if (!node.is_object()) malformed(file, concat("of ", path, " is not a JSON object"));
-    files[path + "/zarr.json"] = bytes_of(node);
+    out.files[path + "/zarr.json"] = bytes_of(node);
+    const auto type = node.find("node_type");
+    if (type != node.end() && *type == "array") out.arrays.push_back(path + "/zarr.json");
   }
-  return files;
+  return out;
 }
 
 // zarr v2: .zmetadata {"zarr_consolidated_format": 1, "metadata": {"path/.zarray": {...}, ".zgroup": ...}}.
-Files v2_files(const std::string& file, const json& root) {
+Consolidated v2_files(const std::string& file, const json& root) {
   const auto format = root.find("zarr_consolidated_format");
   if (format != root.end() && *format != 1) malformed(file, concat("of format ", format->dump(), " (not 1)"));
   const auto metadata = root.find("metadata");
   if (metadata == root.end() || !metadata->is_object()) malformed(file, "has no metadata object");
-  Files files;
+  Consolidated out;
   for (const auto& [key, value] : metadata->items()) {
     const size_t slash = key.rfind('/');
     const std::string name = slash == std::string::npos ? key : key.substr(slash + 1);
@@ -83,9 +95,10 @@ Files v2_files(const std::string& file, const json& root) {
       malformed(file, concat("names a node ", json(key).dump()));
     }
     if (!value.is_object()) malformed(file, concat("of ", key, " is not a JSON object"));
-    files[key] = bytes_of(value);
+    out.files[key] = bytes_of(value);
+    if (name == ".zarray") out.arrays.push_back(key);
   }
-  return files;
+  return out;
 }
 
 }  // namespace
@@ -93,7 +106,7 @@ Files v2_files(const std::string& file, const json& root) {
 void learn_consolidated_metadata(const std::string& store) {
   if (!storage::is_url(store) || !storage::storage_options_for(store).consolidated) return;
   const std::string root_file = store + "/zarr.json";
-  std::optional<Files> files;
+  std::optional<Consolidated> consolidated;
   if (const std::optional<std::vector<uint8_t>> root = read_whole_file_if_exists(root_file)) {
     json value;
     try {
@@ -102,16 +115,22 @@ void learn_consolidated_metadata(const std::string& store) {
       return;  // not a node: opening it says why
     }
     if (!value.is_object()) return;
-    files = v3_files(root_file, value);
+    consolidated = v3_files(root_file, value);
   } else {
     const std::string file = store + "/.zmetadata";
     const std::optional<std::vector<uint8_t>> read = read_whole_file_if_exists(file);
     if (!read) return;
     const json value = parsed(file, *read);
     if (!value.is_object()) malformed(file, "is not a JSON object");
-    files = v2_files(file, value);
+    consolidated = v2_files(file, value);
   }
-  if (files) storage::learn_consolidated_metadata(store, std::move(*files));
+  if (!consolidated) return;
+  storage::learn_consolidated_metadata(store, std::move(consolidated->files));
+  if (consolidated->arrays.size() <= kStampedTogether) {
+    std::vector<std::string> urls;
+    for (const std::string& path : consolidated->arrays) urls.push_back(store + "/" + path);
+    storage::stat_remote_together(urls);
+  }
 }
 
 }  // namespace torch_shards::io::zarr
