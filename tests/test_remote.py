@@ -757,6 +757,23 @@ def test_a_consolidated_store_opens_without_asking_for_each_nodes_metadata(data_
         assert len(node_metadata_gets(server, store)) > 5 and len(server.requests) - before > opening
 
 
+def test_consolidated_metadata_nested_in_a_groups_entry_is_read_too(data_dir, tmp_path):
+    # zarr-python writes every node below the root into the root's consolidated metadata; a writer may
+    # instead nest a group's nodes in that group's entry (relative to it): they are found there.
+    shutil.copytree(data_dir / "cells_v3.zarr", tmp_path / "cells_v3.zarr")
+    root_file = tmp_path / "cells_v3.zarr" / "zarr.json"
+    root = json.loads(root_file.read_text())
+    nodes = root["consolidated_metadata"]["metadata"]
+    below_x = {path[2:]: nodes.pop(path) for path in list(nodes) if path.startswith("X/")}
+    nodes["X"]["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": below_x}
+    root_file.write_text(json.dumps(root))
+    with RangeHTTPServer(tmp_path) as server:
+        remote = source_of(server.url, "cells_v3.zarr")
+        assert node_metadata_gets(server, "cells_v3.zarr") == []
+        rows = torch.tensor([5, 3, 590, 3, 128, 127, 400])
+        same_batches(source_of(data_dir, "cells_v3.zarr").read(rows), remote.read(rows))
+
+
 def test_a_consolidated_stores_arrays_are_stamped_together(data_dir):
     # Each array opened stamps its metadata file (a store rewritten while read is refused): asked for one
     # after another as each opens, they are asked for together as the store opens. The server holds each

@@ -60,24 +60,28 @@ bool well_formed(const std::string& path) {
   return true;
 }
 
-// zarr v3: the root zarr.json's consolidated_metadata {"kind": "inline", "metadata": {path: node's zarr.json}}.
-std::optional<Consolidated> v3_files(const std::string& file, const json& root) {
-  const auto found = root.find("consolidated_metadata");
-  if (found == root.end() || found->is_null()) return std::nullopt;
+// zarr v3: a group's consolidated_metadata {"kind": "inline", "metadata": {path: node's zarr.json}}, its
+// nodes' paths relative to the group at `prefix` ("" for the root, else "a/b/"); false when it has none.
+// zarr-python writes every node below the root there, each group's own left empty; one a writer nested in
+// a group's entry is taken too.
+bool add_v3_nodes(const std::string& file, const json& group, const std::string& prefix, Consolidated& out) {
+  const auto found = group.find("consolidated_metadata");
+  if (found == group.end() || found->is_null()) return false;
   if (!found->is_object()) malformed(file, "is not a JSON object");
   const auto kind = found->find("kind");
   if (kind != found->end() && *kind != "inline") malformed(file, concat("of kind ", kind->dump(), " (not inline)"));
   const auto metadata = found->find("metadata");
   if (metadata == found->end() || !metadata->is_object()) malformed(file, "has no metadata object");
-  Consolidated out;
-  for (const auto& [path, node] : metadata->items()) {
-    if (!well_formed(path)) malformed(file, concat("names a node ", json(path).dump()));
+  for (const auto& [name, node] : metadata->items()) {
+    const std::string path = prefix + name;
+    if (!well_formed(name)) malformed(file, concat("names a node ", json(path).dump()));
     if (!node.is_object()) malformed(file, concat("of ", path, " is not a JSON object"));
     out.files[path + "/zarr.json"] = bytes_of(node);
     const auto type = node.find("node_type");
     if (type != node.end() && *type == "array") out.arrays.push_back(path + "/zarr.json");
+    if (type != node.end() && *type == "group") add_v3_nodes(file, node, path + "/", out);
   }
-  return out;
+  return true;
 }
 
 // zarr v2: .zmetadata {"zarr_consolidated_format": 1, "metadata": {"path/.zarray": {...}, ".zgroup": ...}}.
@@ -115,7 +119,8 @@ void learn_consolidated_metadata(const std::string& store) {
       return;  // not a node: opening it says why
     }
     if (!value.is_object()) return;
-    consolidated = v3_files(root_file, value);
+    consolidated.emplace();
+    if (!add_v3_nodes(root_file, value, "", *consolidated)) return;
   } else {
     const std::string file = store + "/.zmetadata";
     const std::optional<std::vector<uint8_t>> read = read_whole_file_if_exists(file);
