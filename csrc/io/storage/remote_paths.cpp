@@ -148,6 +148,28 @@ std::optional<Answer> known_to_consolidated(const Url& url) {
   return std::nullopt;
 }
 
+// URLs (each with the index of its text in `texts`) grouped by the store that serves them (a bucket or
+// host, with its options): what one store's requests may ask for together.
+struct StoreUrls {
+  std::shared_ptr<const ObjectStore> store;
+  std::vector<Url> urls;
+  std::vector<size_t> indices;
+};
+std::vector<StoreUrls> by_store(const std::vector<std::string>& texts, const std::vector<size_t>& which) {
+  std::map<const ObjectStore*, StoreUrls> grouped;
+  for (size_t i : which) {
+    Url url = parse_url(texts[i]);
+    std::shared_ptr<const ObjectStore> store = ObjectStore::of(url);
+    StoreUrls& entry = grouped[store.get()];
+    entry.store = std::move(store);
+    entry.urls.push_back(std::move(url));
+    entry.indices.push_back(i);
+  }
+  std::vector<StoreUrls> out;
+  for (auto& [raw, entry] : grouped) out.push_back(std::move(entry));
+  return out;
+}
+
 // What a HEAD would answer now of an object just fetched whole (a stamp asked for next: a zarr.json's,
 // as its store opens). With the table locked.
 void learn_stat(Recent& table, const std::string& key, const std::optional<std::vector<uint8_t>>& got,
@@ -211,30 +233,31 @@ std::optional<ObjectStamp> stat_remote(const std::string& text) {
 
 void stat_remote_together(const std::vector<std::string>& texts) {
   Recent& table = recent();
-  std::map<const ObjectStore*, std::pair<std::shared_ptr<const ObjectStore>, std::vector<Url>>> by_store;
-  for (const std::string& text : texts) {
-    const Url url = parse_url(text);
-    {
-      std::lock_guard<std::mutex> lock(table.mutex);
-      if (table.fresh(table.stats, recent_key(url)) != nullptr) continue;
+  std::vector<size_t> unknown;
+  {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    for (size_t i = 0; i < texts.size(); ++i) {
+      if (table.fresh(table.stats, recent_key(parse_url(texts[i]))) == nullptr) unknown.push_back(i);
     }
-    std::shared_ptr<const ObjectStore> store = ObjectStore::of(url);
-    auto& entry = by_store[store.get()];
-    entry.first = std::move(store);
-    entry.second.push_back(url);
   }
-  for (auto& [raw, entry] : by_store) {
+  for (const StoreUrls& entry : by_store(texts, unknown)) {
     std::vector<std::optional<ObjectStamp>> stamps;
     try {
-      stamps = entry.first->heads(entry.second);
+      stamps = entry.store->heads(entry.urls);
     } catch (const std::exception&) {
       continue;  // asked for again one by one, which says why it cannot be
     }
     std::lock_guard<std::mutex> lock(table.mutex);
-    for (size_t i = 0; i < stamps.size(); ++i) {
-      if (stamps[i]) table.learn(table.stats, recent_key(entry.second[i]), stamps[i]);
+    for (size_t k = 0; k < stamps.size(); ++k) {
+      if (stamps[k]) table.learn(table.stats, recent_key(entry.urls[k]), stamps[k]);
     }
   }
+}
+
+bool consolidated_metadata_learnt(const std::string& text) {
+  Recent& table = recent();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  return table.scopes > 0 && table.fresh(table.consolidated, recent_key(parse_url(text))) != nullptr;
 }
 
 bool remote_exists(const std::string& text) {
@@ -395,23 +418,13 @@ std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::
       if (listing == nullptr || listing->objects.count(path) > 0) wanted.push_back(i);  // else: listed, not there
     }
   }
-  // Fetched together, per store (a bucket or host).
-  std::map<const ObjectStore*, std::pair<std::shared_ptr<const ObjectStore>, std::vector<size_t>>> by_store;
-  for (size_t i : wanted) {
-    const Url url = parse_url(texts[i]);
-    std::shared_ptr<const ObjectStore> store = ObjectStore::of(url);
-    auto& entry = by_store[store.get()];
-    entry.first = std::move(store);
-    entry.second.push_back(i);
-  }
-  for (auto& [raw, entry] : by_store) {
-    std::vector<Url> urls;
-    for (size_t i : entry.second) urls.push_back(parse_url(texts[i]));
+  // Fetched together, per store.
+  for (const StoreUrls& entry : by_store(texts, wanted)) {
     std::vector<std::string> got_etags;
-    std::vector<std::optional<std::vector<uint8_t>>> got = entry.first->get(urls, &got_etags);
+    std::vector<std::optional<std::vector<uint8_t>>> got = entry.store->get(entry.urls, &got_etags);
     std::lock_guard<std::mutex> lock(table.mutex);
-    for (size_t k = 0; k < entry.second.size(); ++k) {
-      const size_t i = entry.second[k];
+    for (size_t k = 0; k < entry.indices.size(); ++k) {
+      const size_t i = entry.indices[k];
       if (etags == nullptr) {
         learn_object(table, keys[i], got[k], got_etags[k]);
       } else {

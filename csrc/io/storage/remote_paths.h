@@ -74,6 +74,8 @@ void list_remote_store(const std::string& url);
 // than its root's zarr.json and .zmetadata is then answered from these (absent from them: none), and so
 // are whether its nodes exist, are directories, and what they list.
 void learn_consolidated_metadata(const std::string& url, std::map<std::string, std::vector<uint8_t>> files);
+// Whether the opening under way has learnt the consolidated metadata of the store at `url`.
+bool consolidated_metadata_learnt(const std::string& url);
 // Whole objects, fetched together; nullopt for those missing. etags gets
 // each one's ETag when given.
 std::vector<std::optional<std::vector<uint8_t>>> read_remote_objects(const std::vector<std::string>& urls,

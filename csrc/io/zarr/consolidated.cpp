@@ -109,6 +109,7 @@ Consolidated v2_files(const std::string& file, const json& root) {
 
 void learn_consolidated_metadata(const std::string& store) {
   if (!storage::is_url(store) || !storage::storage_options_for(store).consolidated) return;
+  if (storage::consolidated_metadata_learnt(store)) return;  // (a probe, then the opening of its root group)
   const std::string root_file = store + "/zarr.json";
   std::optional<Consolidated> consolidated;
   if (const std::optional<std::vector<uint8_t>> root = read_whole_file_if_exists(root_file)) {
