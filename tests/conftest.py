@@ -13,6 +13,10 @@ from torch.utils.data import DataLoader
 
 import torch_shards as ts
 
+# Nothing a test starts asks EC2's instance metadata service (169.254.169.254) for credentials: the
+# tests that read it set AWS_EC2_METADATA_SERVICE_ENDPOINT to a server of their own on loopback.
+os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+
 # With pandas 3 an AnnData's default index is a pandas StringArray, which anndata 0.11-0.12 writes
 # only when asked (0.13 writes it by default): the tests' files are written as users' are.
 if hasattr(ad.settings, "allow_write_nullable_strings"):

@@ -38,6 +38,10 @@ HOST = "127.0.0.1"
 # ---- S3 (moto) ------------------------------------------------------------------------------------
 
 
+def _allow(actions) -> dict:
+    return {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": list(actions), "Resource": "*"}]}
+
+
 class S3Server:
     """moto's standalone S3 server (`python -m moto.server`) in a subprocess on 127.0.0.1, with
     helpers to fill it through boto3. `endpoint_url`, `access_key`, `secret_key` and `region` are
@@ -186,15 +190,18 @@ class S3Server:
         # (/moto-api/reset-auth) so that every later request is checked against that key.
         iam = self._iam()
         iam.create_user(UserName=self._USER)
-        # s3:*, and its own keys' rotation (rotate_access_key).
-        actions = ["s3:*", "iam:CreateAccessKey", "iam:DeleteAccessKey"]
-        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
-        iam.put_user_policy(UserName=self._USER, PolicyName="s3", PolicyDocument=json.dumps(policy))
+        # s3:*, and IAM: its own keys' rotation (rotate_access_key), other users and roles (add_user, add_role),
+        # which it may assume.
+        actions = ["s3:*", "iam:*", "sts:AssumeRole"]
+        iam.put_user_policy(UserName=self._USER, PolicyName="s3", PolicyDocument=json.dumps(_allow(actions)))
         key = iam.create_access_key(UserName=self._USER)["AccessKey"]
         self.access_key, self.secret_key = key["AccessKeyId"], key["SecretAccessKey"]
+        self._reset_auth(0)
+
+    def _reset_auth(self, count: int):
         connection = http.client.HTTPConnection(urllib.parse.urlsplit(self.endpoint_url).netloc, timeout=10)
         try:
-            connection.request("POST", "/moto-api/reset-auth", body=b"0")
+            connection.request("POST", "/moto-api/reset-auth", body=str(count).encode())
             response = connection.getresponse()
             if response.status != 200:
                 raise RuntimeError(f"moto's reset-auth answered {response.status}: {response.read()!r}")
@@ -208,6 +215,32 @@ class S3Server:
         key = iam.create_access_key(UserName=self._USER)["AccessKey"]
         iam.delete_access_key(UserName=self._USER, AccessKeyId=self.access_key)
         self.access_key, self.secret_key = key["AccessKeyId"], key["SecretAccessKey"]
+
+    def skip_checks(self, count: int):
+        """With verify_signatures=True: the next `count` requests are not checked. moto checks an
+        AssumeRoleWithWebIdentity as if signed, and fails it, where STS takes it unsigned."""
+        self._reset_auth(count)
+
+    def add_user(self, name: str, actions) -> tuple:
+        """With verify_signatures=True: a new IAM user allowed `actions` (e.g. ["sts:AssumeRole"]);
+        returns its (access key, secret key)."""
+        iam = self._iam()
+        iam.create_user(UserName=name)
+        iam.put_user_policy(UserName=name, PolicyName="p", PolicyDocument=json.dumps(_allow(actions)))
+        key = iam.create_access_key(UserName=name)["AccessKey"]
+        return key["AccessKeyId"], key["SecretAccessKey"]
+
+    def add_role(self, name: str, actions) -> str:
+        """With verify_signatures=True: a new IAM role allowed `actions` (e.g. ["s3:*"]), which anyone may
+        assume (moto's STS answers AssumeRole and AssumeRoleWithWebIdentity for it); returns its ARN."""
+        iam = self._iam()
+        trust = {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}],
+        }
+        role = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+        iam.put_role_policy(RoleName=name, PolicyName="p", PolicyDocument=json.dumps(_allow(actions)))
+        return role["Arn"]
 
     def _stop(self):
         if self.process is not None:
@@ -713,3 +746,107 @@ class FaultProxy(_HTTPService):
         with self._lock:
             self.requests.clear()
             self.fired.clear()
+
+
+# ---- AWS's credential services --------------------------------------------------------------------
+
+
+class _CredentialsHandler(_Handler):
+    def do_PUT(self):
+        self.server.owner.answer(self)
+
+    def do_GET(self):
+        self.server.owner.answer(self)
+
+
+class CredentialsServer(_HTTPService):
+    """The two services that hand a machine its AWS credentials, as they answer:
+
+    - EC2's instance metadata service: PUT /latest/api/token (with X-aws-ec2-metadata-token-ttl-seconds)
+      answers a session token (IMDSv2), GET /latest/meta-data/iam/security-credentials/ the instance's role
+      name and GET .../<role> its credentials; with tokens=True each GET without the token is refused
+      401, with tokens=False the PUT is refused 405 (a service of IMDSv1 only). role=None: an instance
+      without a role (404);
+    - a container's credentials endpoint (ECS, EKS Pod Identity): GET /container/credentials, refused 401
+      unless the Authorization header is `authorization`;
+    - IAM Identity Center's portal (SSO): GET /federation/credentials?account_id=&role_name=, refused 401
+      unless the x-amz-sso_bearer_token header is `sso_token`, 403 for another account or role than
+      `sso_role` (account id, role name).
+
+    All hand out `credentials` (AccessKeyId, SecretAccessKey, Token; replace it at any time) with an
+    Expiration `lifetime` seconds after the request."""
+
+    handler_class = _CredentialsHandler
+    CONTAINER_PATH = "/container/credentials"
+    SSO_PATH = "/federation/credentials"
+    _ROLES = "/latest/meta-data/iam/security-credentials/"
+
+    def __init__(
+        self,
+        credentials: dict,
+        lifetime: float = 3600,
+        role: Optional[str] = "reader",
+        authorization: str = "container-token",
+        tokens: bool = True,
+        sso_token: str = "sso-access-token",
+        sso_role: tuple = ("111122223333", "Reader"),
+    ):
+        super().__init__()
+        self.credentials = credentials
+        self.lifetime = lifetime
+        self.role = role
+        self.authorization = authorization
+        self.tokens = tokens
+        self.sso_token = sso_token
+        self.sso_role = sso_role
+        self._session_token = "imds-session-token-" + os.urandom(8).hex()
+
+    def _answer_credentials(self, handler):
+        expiration = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + self.lifetime))
+        body = dict(self.credentials, Code="Success", Type="AWS-HMAC", Expiration=expiration)
+        handler.send_complete(200, json.dumps(body).encode(), [("Content-Type", "application/json")])
+
+    def _answer_sso(self, handler):
+        if handler.headers.get("x-amz-sso_bearer_token") != self.sso_token:
+            return handler.send_complete(401, b'{"message": "Session token not found or invalid"}')
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(handler.path).query)
+        if (query.get("account_id", [""])[0], query.get("role_name", [""])[0]) != tuple(self.sso_role):
+            return handler.send_complete(403, b'{"message": "No access"}')
+        role = {
+            "accessKeyId": self.credentials["AccessKeyId"],
+            "secretAccessKey": self.credentials["SecretAccessKey"],
+            "sessionToken": self.credentials["Token"],
+            "expiration": int((time.time() + self.lifetime) * 1000),
+        }
+        handler.send_complete(
+            200, json.dumps({"roleCredentials": role}).encode(), [("Content-Type", "application/json")]
+        )
+
+    def answer(self, handler):
+        path = handler.path
+        self.record(handler.command, path, None)
+        if handler.command == "PUT":
+            if path != "/latest/api/token":
+                return handler.send_complete(404)
+            if not self.tokens:
+                return handler.send_complete(405)
+            if not handler.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                return handler.send_complete(400)
+            return handler.send_complete(200, self._session_token.encode())
+        if path.split("?")[0] == self.SSO_PATH:
+            return self._answer_sso(handler)
+        if path.split("?")[0] == self.CONTAINER_PATH:
+            if handler.headers.get("Authorization") != self.authorization:
+                return handler.send_complete(401, b'{"message": "unauthorized"}')
+            return self._answer_credentials(handler)
+        if not path.startswith(self._ROLES):
+            return handler.send_complete(404)
+        if self.tokens and handler.headers.get("X-aws-ec2-metadata-token") != self._session_token:
+            return handler.send_complete(401)
+        if self.role is None:
+            return handler.send_complete(404)
+        if path == self._ROLES:
+            return handler.send_complete(200, self.role.encode())
+        if path == self._ROLES + self.role:
+            return self._answer_credentials(handler)
+        return handler.send_complete(404)

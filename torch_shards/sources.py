@@ -643,7 +643,11 @@ def open(path, **kwargs):  # noqa: A001 - mirrors the builtin for paths
 
             - ``endpoint_url``: an S3-compatible server (default: AWS_ENDPOINT_URL, else AWS).
             - ``region``: default AWS_REGION, else the profile's, else us-east-1.
-            - ``profile``: default AWS_PROFILE, else "default".
+            - ``profile``: default AWS_PROFILE, else "default". Named here, the profile's
+              credentials are used over AWS_ACCESS_KEY_ID (as ``aws --profile`` does); a
+              profile's role, SSO login or credential_process, a web identity, the container's
+              and the EC2 instance's credentials are fetched as boto3 fetches them (docs:
+              guide/sources.md).
             - ``anonymous``: unsigned requests, for public buckets (default: when no
               credentials are found).
             - ``max_requests``: requests in flight per reading thread, default 64

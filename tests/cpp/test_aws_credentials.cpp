@@ -71,6 +71,7 @@ class AwsResolve : public testing::Test {
     home_ = dir_ + "/home";
     fs::create_directories(home_ + "/.aws");
     env_["HOME"] = home_;
+    env_["AWS_EC2_METADATA_DISABLED"] = "true";  // never a request to 169.254.169.254 from a test
   }
   void TearDown() override {
     std::error_code error;
@@ -278,6 +279,7 @@ TEST_F(AwsResolve, FileLocationsComeFromTheEnvironment) {
   EXPECT_TRUE(contains(settings.searched, dir_ + "/missing [default] (no such file)")) << settings.searched;
   // No HOME and no variables: no files.
   env_.clear();
+  env_["AWS_EC2_METADATA_DISABLED"] = "true";
   settings = resolve();
   EXPECT_TRUE(settings.anonymous);
   EXPECT_TRUE(contains(settings.searched, "HOME is not set")) << settings.searched;
@@ -390,12 +392,21 @@ TEST_F(AwsResolve, AnonymousTrueIgnoresAllCredentials) {
   EXPECT_TRUE(contains(settings.searched, "nowhere")) << settings.searched;
 }
 
-TEST_F(AwsResolve, ProfilesAskingForUnsupportedProvidersSaySoInSearched) {
-  write_config("[profile sso]\nsso_session = corp\nregion = eu-west-1\n");
-  const AwsSettings settings = resolve(with_profile("sso"));
-  EXPECT_TRUE(settings.anonymous);
-  EXPECT_TRUE(contains(settings.searched, "sso_session")) << settings.searched;
-  EXPECT_TRUE(contains(settings.searched, "export-credentials --profile sso")) << settings.searched;
+TEST_F(AwsResolve, SsoProfilesNeedTheirSettingsAndALoginBeforeAnyRequest) {
+  // Each refused before a request is sent (no portal runs here): the message names the profile and what
+  // is missing, or what to run.
+  write_config("[profile no-section]\nsso_session = corp\nsso_account_id = 1\nsso_role_name = R\n");
+  std::string message = failure<InvalidArgument>(with_profile("no-section"));
+  EXPECT_TRUE(contains(message, "names sso_session 'corp'")) << message;
+  write_config(
+      "[profile no-role]\nsso_session = corp\nsso_account_id = 1\n"
+      "[profile no-login]\nsso_session = corp\nsso_account_id = 1\nsso_role_name = R\n"
+      "[sso-session corp]\nsso_start_url = https://corp.awsapps.com/start\nsso_region = eu-west-1\n");
+  message = failure<InvalidArgument>(with_profile("no-role"));
+  EXPECT_TRUE(contains(message, "'no-role' uses SSO but sso_role_name is not set")) << message;
+  message = failure<ReadError>(with_profile("no-login"));
+  EXPECT_TRUE(contains(message, "no SSO login for https://corp.awsapps.com/start")) << message;
+  EXPECT_TRUE(contains(message, "aws sso login --profile no-login")) << message;
 }
 
 TEST_F(AwsResolve, NoSignRequestMeansAnonymousUnlessTheOptionSaysOtherwise) {

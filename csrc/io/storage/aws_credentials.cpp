@@ -3,20 +3,28 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "core/errors.h"
 #include "io/storage/credential_process.h"
+#include "io/storage/metadata_credentials.h"
 #include "io/storage/refreshing_credentials.h"
+#include "io/storage/sso_credentials.h"
+#include "io/storage/sts_credentials.h"
 
 namespace torch_shards::io::storage {
 
@@ -134,9 +142,9 @@ SharedFile read_shared_file(const Environment& env, const std::string& variable,
 }
 
 // What a section of the config file is: a profile (`[default]`, `[profile NAME]`, or, as the
-// CLI tolerates, `[NAME]`), a `[services NAME]` section, or something else (`[sso-session NAME]`).
+// CLI tolerates, `[NAME]`), a `[services NAME]` section or an `[sso-session NAME]` section.
 struct ConfigSection {
-  enum class Kind { kProfile, kServices, kOther } kind;
+  enum class Kind { kProfile, kServices, kSsoSession } kind;
   std::string name;
   bool prefixed = false;  // `[profile NAME]` rather than `[NAME]`
 };
@@ -155,7 +163,7 @@ ConfigSection classify(const std::string& section) {
   if (!rest.empty()) {
     if (word == "profile") return {ConfigSection::Kind::kProfile, rest, true};
     if (word == "services") return {ConfigSection::Kind::kServices, rest, false};
-    if (word == "sso-session") return {ConfigSection::Kind::kOther, rest, false};
+    if (word == "sso-session") return {ConfigSection::Kind::kSsoSession, rest, false};
   }
   return {ConfigSection::Kind::kProfile, section, false};
 }
@@ -191,10 +199,12 @@ ConfigProfile config_profile(const SharedFile& config, const std::string& profil
   return result;
 }
 
-const Values* services_section(const SharedFile& config, const std::string& name, std::string* label) {
+// The `[services NAME]` or `[sso-session NAME]` section (kind) of the config file; null when none.
+const Values* named_section(const SharedFile& config, ConfigSection::Kind kind_wanted, const std::string& name,
+                            std::string* label) {
   for (const auto& [section, values] : config.sections) {
     const ConfigSection kind = classify(section);
-    if (kind.kind == ConfigSection::Kind::kServices && kind.name == name) {
+    if (kind.kind == kind_wanted && kind.name == name) {
       *label = section;
       return &values;
     }
@@ -219,40 +229,46 @@ std::optional<AwsCredentials> section_credentials(const Values& values, const st
   return credentials;
 }
 
-// Keys of a profile that ask for credentials torch_shards does not fetch (they need the network):
-// named in `searched`, so that a 403 says why the profile did not sign, and how to bridge them.
-std::string unsupported_note(const Values& values, const std::string& profile) {
-  for (const char* key : {"role_arn", "sso_session", "sso_start_url", "web_identity_token_file"}) {
-    if (values.count(key)) {
-      return concat(" (has ", key, ", which torch_shards does not resolve: give another profile credential_process = ",
-                    "aws configure export-credentials --profile ", profile,
-                    " --format process, or set the environment variables from `aws configure export-credentials "
-                    "--profile ",
-                    profile, " --format env`)");
-    }
-  }
-  return "";
-}
-
-// A credential_process's credentials, run once per process until they are due to be fetched again
-// (refresh_due): every opening resolves its options (where they are given, and again for each store), and
-// an SSO or vault helper is not run for each.
-AwsCredentials process_credentials(const std::string& command, const std::string& profile, const std::string& where,
-                                   double timeout_s) {
+// Credentials from a program or a service (`fetch`), fetched once per process under `key` until they are
+// due to be fetched again (refresh_due): every opening resolves its options (where they are given, and
+// again for each store), and an SSO helper, STS or a metadata service is not asked for each.
+AwsCredentials fetched_once(const std::string& key, const std::function<AwsCredentials()>& fetch) {
+  // One entry per key, each with its own lock: a role's fetch asks for its source's credentials (another
+  // key) while its own entry is held.
   struct Fetched {
+    std::mutex mutex;
     AwsCredentials credentials;
-    int64_t due = 0;
+    int64_t due = 0;  // 0: never fetched
   };
   static std::mutex mutex;
-  static std::map<std::string, Fetched> fetched;
-  const std::string key = concat(command, '\n', profile, '\n', where);
-  std::lock_guard<std::mutex> lock(mutex);
+  static std::map<std::string, std::shared_ptr<Fetched>> fetched;
+  std::shared_ptr<Fetched> entry;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    std::shared_ptr<Fetched>& slot = fetched[key];
+    if (!slot) slot = std::make_shared<Fetched>();
+    entry = slot;
+  }
+  std::lock_guard<std::mutex> lock(entry->mutex);
   const int64_t now = seconds_now();
-  auto found = fetched.find(key);
-  if (found != fetched.end() && now < found->second.due) return found->second.credentials;
-  Fetched fresh{run_credential_process(command, profile, where, timeout_s), INT64_MAX};
-  if (fresh.credentials.expiration) fresh.due = refresh_due(*fresh.credentials.expiration, now);
-  return (fetched[key] = std::move(fresh)).credentials;
+  if (entry->due != 0 && now < entry->due) return entry->credentials;
+  AwsCredentials credentials = fetch();
+  entry->due = credentials.expiration ? refresh_due(*credentials.expiration, now) : INT64_MAX;
+  entry->credentials = std::move(credentials);
+  return entry->credentials;
+}
+
+// Credentials and how to fetch them again (empty: they cannot expire).
+struct Found {
+  AwsCredentials credentials;
+  std::function<AwsCredentials()> refresh;
+};
+
+// Found credentials that `fetch` gives, fetched once per process under `key`.
+Found fetched(const std::string& key, std::function<AwsCredentials()> fetch) {
+  Found found{fetched_once(key, fetch), nullptr};
+  found.refresh = [key, fetch = std::move(fetch)] { return fetched_once(key, fetch); };
+  return found;
 }
 
 // Seconds a credential_process may take: TORCH_SHARDS_CREDENTIAL_PROCESS_TIMEOUT, else 60.
@@ -391,6 +407,364 @@ Environment process_environment() {
   };
 }
 
+namespace {
+
+// Where a profile's credentials are resolved from.
+struct Context {
+  Environment env;
+  const SharedFile& credentials_file;
+  const SharedFile& config_file;
+  std::string region;
+  std::string sts_endpoint;
+  bool ignore_configured_endpoints = false;
+};
+
+// A profile's sections in both files.
+struct ProfileFiles {
+  const Values* credentials = nullptr;  // its section of the credentials file (null: none)
+  std::string credentials_source;       // "<file> [NAME]"
+  ConfigProfile config;
+  std::string config_source;  // "<file> [profile NAME]"
+  bool found() const { return credentials != nullptr || config.found; }
+};
+
+ProfileFiles profile_files(const Context& context, const std::string& profile) {
+  ProfileFiles files;
+  const auto section = context.credentials_file.sections.find(profile);
+  if (section != context.credentials_file.sections.end()) files.credentials = &section->second;
+  files.credentials_source = concat(context.credentials_file.name, " [", profile, "]");
+  files.config = config_profile(context.config_file, profile);
+  files.config_source = concat(context.config_file.name, " [", files.config.label, "]");
+  return files;
+}
+
+// A setting of the profile: the config file's, else the credentials file's ("" when neither has it);
+// *where says which.
+std::string profile_value(const ProfileFiles& files, const std::string& key, std::string* where = nullptr) {
+  if (const std::string value = get_value(files.config.values, key); !value.empty()) {
+    if (where) *where = files.config_source;
+    return value;
+  }
+  if (files.credentials) {
+    if (const std::string value = get_value(*files.credentials, key); !value.empty()) {
+      if (where) *where = files.credentials_source;
+      return value;
+    }
+  }
+  return "";
+}
+
+std::optional<AwsCredentials> environment_credentials(const Environment& env) {
+  const std::optional<std::string> key_id = get(env, "AWS_ACCESS_KEY_ID");
+  const std::optional<std::string> secret = get(env, "AWS_SECRET_ACCESS_KEY");
+  if (key_id.has_value() != secret.has_value()) {
+    throw InvalidArgument(concat(key_id ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY",
+                                 " is set in the environment but ",
+                                 key_id ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID", " is not"));
+  }
+  if (!key_id) return std::nullopt;
+  AwsCredentials credentials;
+  credentials.access_key_id = *key_id;
+  credentials.secret_access_key = *secret;
+  credentials.session_token = get(env, "AWS_SESSION_TOKEN").value_or("");
+  credentials.source = "environment";
+  return credentials;
+}
+
+// No credentials where they were asked for: why, for `searched`.
+struct NotFound : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+Found instance_found(const Environment& env) {
+  const std::string key = concat("instance\n", get(env, "AWS_EC2_METADATA_SERVICE_ENDPOINT").value_or(""), '\n',
+                                 get(env, "AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE").value_or(""));
+  return fetched(key, [env] {
+    std::string why_not;
+    std::optional<AwsCredentials> credentials = instance_credentials(env, &why_not);
+    if (!credentials) throw NotFound(why_not);
+    return *credentials;
+  });
+}
+
+Found container_found(const Environment& env) {
+  const std::string key = concat("container\n", get(env, "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI").value_or(""), '\n',
+                                 get(env, "AWS_CONTAINER_CREDENTIALS_FULL_URI").value_or(""));
+  return fetched(key, [env] {
+    std::optional<AwsCredentials> credentials = container_credentials(env);
+    if (!credentials) throw NotFound("the container (AWS_CONTAINER_CREDENTIALS_*_URI not set)");
+    return *credentials;
+  });
+}
+
+Found role_found(const Context& context, const RoleRequest& request, Found source) {
+  const std::string key = concat("role\n", request.where, '\n', request.role_arn, '\n',
+                                 source.credentials.access_key_id, '\n', request.web_identity_token_file);
+  return fetched(key, [request, endpoint = context.sts_endpoint, region = context.region, source] {
+    return assume_role(request, endpoint, region, source.refresh ? source.refresh() : source.credentials);
+  });
+}
+
+int duration_seconds(const std::string& text, const std::string& where) {
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0' || value < 900 || value > 43200) {
+    throw ReadError(concat(where, ": duration_seconds = '", text, "' is not seconds in [900, 43200]"));
+  }
+  return static_cast<int>(value);
+}
+
+std::optional<Found> profile_credentials(const Context& context, const std::string& profile,
+                                         std::vector<std::string>& searched, std::vector<std::string>& chain, bool top);
+std::string configured_endpoint(const Environment& env, const SharedFile& config_file, const ConfigProfile& config,
+                                const std::string& config_source, const std::string& service);
+
+// The credentials of the profile's SSO role (sso_session, or the older sso_start_url), nullopt when it has none.
+std::optional<Found> sso_found(const Context& context, const std::string& profile, const ProfileFiles& files) {
+  const Values& values = files.config.values;
+  const std::string session = get_value(values, "sso_session");
+  if (session.empty() && get_value(values, "sso_start_url").empty()) return std::nullopt;
+  SsoRequest request;
+  request.profile = profile;
+  request.where = files.config_source;
+  const Values* settings = &values;  // where sso_start_url and sso_region are
+  std::string settings_where = files.config_source;
+  if (!session.empty()) {
+    std::string label;
+    settings = named_section(context.config_file, ConfigSection::Kind::kSsoSession, session, &label);
+    if (!settings) {
+      throw InvalidArgument(concat(files.config_source, ": AWS profile '", profile, "' names sso_session '", session,
+                                   "', which has no [sso-session ", session, "] section in ",
+                                   context.config_file.name));
+    }
+    settings_where = concat(context.config_file.name, " [", label, "]");
+  }
+  request.start_url = get_value(*settings, "sso_start_url");
+  const std::string region = get_value(*settings, "sso_region");
+  request.account_id = get_value(values, "sso_account_id");
+  request.role_name = get_value(values, "sso_role_name");
+  for (const auto& [value, key, where] : {std::tuple{request.start_url, "sso_start_url", settings_where},
+                                          std::tuple{region, "sso_region", settings_where},
+                                          std::tuple{request.account_id, "sso_account_id", files.config_source},
+                                          std::tuple{request.role_name, "sso_role_name", files.config_source}}) {
+    if (value.empty()) {
+      throw InvalidArgument(concat(where, ": AWS profile '", profile, "' uses SSO but ", key, " is not set"));
+    }
+  }
+  checked_region(region, settings_where + " sso_region");
+  request.endpoint =
+      context.ignore_configured_endpoints
+          ? std::string()
+          : configured_endpoint(context.env, context.config_file, files.config, files.config_source, "sso");
+  if (request.endpoint.empty()) request.endpoint = concat("https://portal.sso.", region, ".amazonaws.com");
+  const std::optional<std::string> home = get(context.env, "HOME");
+  if (!home)
+    throw InvalidArgument(concat(files.config_source, ": AWS profile '", profile,
+                                 "' uses SSO, whose login is kept under HOME, which is not set"));
+  request.cache_dir = (std::filesystem::path(*home) / ".aws" / "sso" / "cache").string();
+  return fetched(concat("sso\n", request.where, '\n', request.start_url, '\n', request.account_id, '\n',
+                        request.role_name, '\n', request.endpoint),
+                 [request] { return sso_role_credentials(request); });
+}
+
+// The credentials of the role the profile names (role_arn), nullopt when it names none. `chain`: the
+// profiles whose source_profile led here.
+std::optional<Found> role_credentials(const Context& context, const std::string& profile, const ProfileFiles& files,
+                                      std::vector<std::string>& chain) {
+  RoleRequest request;
+  request.role_arn = profile_value(files, "role_arn", &request.where);
+  if (request.role_arn.empty()) return std::nullopt;
+  const std::string& where = request.where;
+  const std::string bridge = concat("; bridge it with credential_process = aws configure export-credentials --profile ",
+                                    profile, " --format process in another profile");
+  if (!profile_value(files, "mfa_serial").empty()) {
+    throw InvalidArgument(concat(where, ": the role of AWS profile '", profile,
+                                 "' needs an MFA code (mfa_serial), which a job cannot type", bridge));
+  }
+  request.session_name = profile_value(files, "role_session_name");
+  request.external_id = profile_value(files, "external_id");
+  if (const std::string duration = profile_value(files, "duration_seconds"); !duration.empty()) {
+    request.duration_s = duration_seconds(duration, where);
+  }
+  request.web_identity_token_file =
+      expand_home(profile_value(files, "web_identity_token_file"), get(context.env, "HOME"));
+  const std::string source_profile = profile_value(files, "source_profile");
+  const std::string credential_source = profile_value(files, "credential_source");
+  if (!source_profile.empty() && !credential_source.empty()) {
+    throw InvalidArgument(concat(where, ": AWS profile '", profile,
+                                 "' has both source_profile and credential_source; a role takes one of them"));
+  }
+  if (!request.web_identity_token_file.empty()) return role_found(context, request, Found{});
+
+  Found source;
+  if (!source_profile.empty()) {
+    if (std::find(chain.begin(), chain.end(), source_profile) != chain.end() || source_profile == profile) {
+      // A profile that is its own source holds the keys the role is assumed with (as botocore reads it).
+      if (source_profile == profile) {
+        std::optional<AwsCredentials> keys;
+        if (files.credentials) keys = section_credentials(*files.credentials, files.credentials_source, profile);
+        if (!keys && files.config.found) keys = section_credentials(files.config.values, files.config_source, profile);
+        if (!keys) {
+          throw ReadError(
+              concat(where, ": AWS profile '", profile, "' is its own source_profile but holds no aws_access_key_id"));
+        }
+        source.credentials = *keys;
+        return role_found(context, request, source);
+      }
+      throw InvalidArgument(concat(where, ": the source_profile of AWS profile '", profile, "' leads back to '",
+                                   source_profile, "' (", join(chain, " -> "), " -> ", profile, ")"));
+    }
+    if (chain.size() >= 8) {
+      throw InvalidArgument(
+          concat(where, ": AWS profiles' roles chained more than 8 deep (", join(chain, " -> "), ")"));
+    }
+    if (!profile_files(context, source_profile).found()) {
+      throw InvalidArgument(concat(where, ": the source_profile '", source_profile, "' of AWS profile '", profile,
+                                   "' is in neither ", context.credentials_file.name, " nor ",
+                                   context.config_file.name));
+    }
+    std::vector<std::string> looked;
+    chain.push_back(profile);
+    std::optional<Found> found = profile_credentials(context, source_profile, looked, chain, false);
+    chain.pop_back();
+    if (!found) {
+      throw ReadError(concat(where, ": the source_profile '", source_profile, "' of AWS profile '", profile,
+                             "' has no credentials; looked in: ", join(looked, "; ")));
+    }
+    source = std::move(*found);
+  } else if (credential_source == "Environment") {
+    std::optional<AwsCredentials> keys = environment_credentials(context.env);
+    if (!keys) {
+      throw ReadError(concat(where, ": AWS profile '", profile,
+                             "' takes its role's source credentials from the environment, which has no "
+                             "AWS_ACCESS_KEY_ID"));
+    }
+    source.credentials = *keys;
+  } else if (credential_source == "Ec2InstanceMetadata" || credential_source == "EcsContainer") {
+    try {
+      source = credential_source == "EcsContainer" ? container_found(context.env) : instance_found(context.env);
+    } catch (const NotFound& why) {
+      throw ReadError(concat(where, ": AWS profile '", profile, "' takes its role's source credentials from ",
+                             credential_source, ", which has none: ", why.what()));
+    }
+  } else if (!credential_source.empty()) {
+    throw InvalidArgument(concat(where, ": credential_source = '", credential_source, "' of AWS profile '", profile,
+                                 "' is none of Environment, Ec2InstanceMetadata, EcsContainer"));
+  } else {
+    throw InvalidArgument(concat(where, ": AWS profile '", profile,
+                                 "' has a role_arn but no source_profile, credential_source or "
+                                 "web_identity_token_file to assume it with"));
+  }
+  return role_found(context, request, std::move(source));
+}
+
+// A role for the web identity in the environment (AWS_ROLE_ARN + AWS_WEB_IDENTITY_TOKEN_FILE).
+std::optional<Found> environment_role(const Context& context, std::vector<std::string>& searched) {
+  const std::optional<std::string> role = get(context.env, "AWS_ROLE_ARN");
+  const std::optional<std::string> token_file = get(context.env, "AWS_WEB_IDENTITY_TOKEN_FILE");
+  if (!role && !token_file) return std::nullopt;
+  if (!role || !token_file) {
+    searched.push_back(concat(role ? "AWS_ROLE_ARN" : "AWS_WEB_IDENTITY_TOKEN_FILE", " (set, but ",
+                              role ? "AWS_WEB_IDENTITY_TOKEN_FILE" : "AWS_ROLE_ARN", " is not)"));
+    return std::nullopt;
+  }
+  RoleRequest request;
+  request.role_arn = *role;
+  request.web_identity_token_file = *token_file;
+  request.session_name = get(context.env, "AWS_ROLE_SESSION_NAME").value_or("");
+  request.where = "AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE";
+  return role_found(context, request, Found{});
+}
+
+// The credentials a profile gives by itself (its role, its keys, its program), nullopt when none;
+// `searched` gets the places looked in. top: the profile the options chose (the environment's web
+// identity is looked at after its role), not a source_profile.
+std::optional<Found> profile_credentials(const Context& context, const std::string& profile,
+                                         std::vector<std::string>& searched, std::vector<std::string>& chain,
+                                         bool top) {
+  const ProfileFiles files = profile_files(context, profile);
+  if (std::optional<Found> role = role_credentials(context, profile, files, chain)) return role;
+  if (top) {
+    if (std::optional<Found> role = environment_role(context, searched)) return role;
+  }
+  if (std::optional<Found> sso = sso_found(context, profile, files)) return sso;
+  if (files.credentials) {
+    if (auto keys = section_credentials(*files.credentials, files.credentials_source, profile)) return Found{*keys, {}};
+    if (files.credentials->count("credential_process") == 0) {
+      searched.push_back(files.credentials_source + " (no aws_access_key_id)");
+    }
+  } else {
+    const SharedFile& file = context.credentials_file;
+    searched.push_back(files.credentials_source + (file.found ? " (no such section)" : file.missing()));
+  }
+  // A program's credentials (credential_process, in the credentials file's section, else the profile's).
+  const bool in_section = files.credentials && files.credentials->count("credential_process") > 0;
+  const std::string command = in_section ? get_value(*files.credentials, "credential_process")
+                                         : get_value(files.config.values, "credential_process");
+  if (!command.empty()) {
+    const std::string where = in_section ? files.credentials_source : files.config_source;
+    const double timeout_s = credential_process_timeout(context.env);
+    return fetched(concat(command, '\n', profile, '\n', where), [command, profile, where, timeout_s] {
+      return run_credential_process(command, profile, where, timeout_s);
+    });
+  }
+  if (files.config.found) {
+    if (auto keys = section_credentials(files.config.values, files.config_source, profile)) return Found{*keys, {}};
+    searched.push_back(files.config_source + " (no aws_access_key_id)");
+  } else {
+    const SharedFile& file = context.config_file;
+    searched.push_back(files.config_source + (file.found ? " (no such section)" : file.missing()));
+  }
+  return std::nullopt;
+}
+
+// Whether configured endpoints are ignored (AWS_IGNORE_CONFIGURED_ENDPOINT_URLS, else the profile's setting).
+bool ignore_configured_endpoints(const Environment& env, const ConfigProfile& config,
+                                 const std::string& config_source) {
+  if (std::optional<bool> ignore = env_bool(env, "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")) return *ignore;
+  const std::string value = get_value(config.values, "ignore_configured_endpoint_urls");
+  if (value.empty()) return false;
+  const std::optional<bool> ignore = parse_bool(value);
+  if (!ignore) {
+    throw ReadError(
+        concat(config_source, ": ignore_configured_endpoint_urls = '", value, "' is neither true nor false"));
+  }
+  return *ignore;
+}
+
+// The endpoint configured for an AWS service ("s3", "sts"): AWS_ENDPOINT_URL_<SERVICE>, AWS_ENDPOINT_URL,
+// the profile's services section's `<service>.endpoint_url`, the profile's `<service>.endpoint_url`, its
+// `endpoint_url`; "" when none.
+std::string configured_endpoint(const Environment& env, const SharedFile& config_file, const ConfigProfile& config,
+                                const std::string& config_source, const std::string& service) {
+  std::string upper = service;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (const std::string& variable : {"AWS_ENDPOINT_URL_" + upper, std::string("AWS_ENDPOINT_URL")}) {
+    if (const std::optional<std::string> url = get(env, variable)) return checked_endpoint(*url, variable);
+  }
+  std::vector<std::pair<std::string, std::string>> configured;  // (value, where)
+  if (const std::string services = get_value(config.values, "services"); !services.empty()) {
+    std::string label;
+    if (const Values* section = named_section(config_file, ConfigSection::Kind::kServices, services, &label)) {
+      configured.emplace_back(get_value(*section, service + ".endpoint_url"),
+                              concat(config_file.name, " [", label, "] ", service, ".endpoint_url"));
+    }
+  }
+  configured.emplace_back(get_value(config.values, service + ".endpoint_url"),
+                          concat(config_source, " ", service, ".endpoint_url"));
+  configured.emplace_back(get_value(config.values, "endpoint_url"), config_source + " endpoint_url");
+  for (const auto& [url, where] : configured) {
+    if (!url.empty()) return checked_endpoint(url, where);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::optional<std::string> env_value(const Environment& env, const std::string& name) { return get(env, name); }
+
+std::optional<bool> env_flag(const Environment& env, const std::string& name) { return env_bool(env, name); }
+
 AwsSettings resolve_aws_settings(const AwsOptions& options, const Environment& env) {
   AwsSettings settings;
 
@@ -410,107 +784,8 @@ AwsSettings resolve_aws_settings(const AwsOptions& options, const Environment& e
   // Both files are read (and must parse) whatever is used from them, as botocore does.
   const SharedFile credentials_file = read_shared_file(env, "AWS_SHARED_CREDENTIALS_FILE", "credentials");
   const SharedFile config_file = read_shared_file(env, "AWS_CONFIG_FILE", "config");
-  const auto credentials_section = credentials_file.sections.find(profile);
-  const bool in_credentials = credentials_section != credentials_file.sections.end();
   const ConfigProfile config = config_profile(config_file, profile);
   const std::string config_source = concat(config_file.name, " [", config.label, "]");
-
-  // Anonymous: the option, else AWS_NO_SIGN_REQUEST.
-  std::optional<bool> anonymous = options.anonymous;
-  std::string anonymous_because = "the anonymous option is true";
-  if (!anonymous) {
-    anonymous = env_bool(env, "AWS_NO_SIGN_REQUEST");
-    anonymous_because = "AWS_NO_SIGN_REQUEST is true in the environment";
-  }
-
-  // Credentials from the environment.
-  std::vector<std::string> searched;
-  if (anonymous != true) {
-    const std::optional<std::string> key_id = get(env, "AWS_ACCESS_KEY_ID");
-    const std::optional<std::string> secret = get(env, "AWS_SECRET_ACCESS_KEY");
-    if (key_id.has_value() != secret.has_value()) {
-      throw InvalidArgument(concat(key_id ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY",
-                                   " is set in the environment but ",
-                                   key_id ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID", " is not"));
-    }
-    if (key_id) {
-      settings.credentials.access_key_id = *key_id;
-      settings.credentials.secret_access_key = *secret;
-      settings.credentials.session_token = get(env, "AWS_SESSION_TOKEN").value_or("");
-      settings.credentials.source = "environment";
-    } else {
-      searched.push_back("the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)");
-    }
-  }
-
-  // A profile somebody named must exist, unless nothing is wanted from it but credentials
-  // and those came from the environment.
-  if (!named_by.empty() && !in_credentials && !config.found && settings.credentials.empty()) {
-    throw InvalidArgument(concat("AWS profile '", profile, "' (named by ", named_by, ") is in neither ",
-                                 credentials_file.name, credentials_file.missing(), " nor ", config_file.name,
-                                 config_file.missing()));
-  }
-
-  // Credentials from the files: the credentials file, then the config file.
-  if (anonymous != true && settings.credentials.empty()) {
-    const std::string source = concat(credentials_file.name, " [", profile, "]");
-    if (in_credentials) {
-      if (auto found = section_credentials(credentials_section->second, source, profile)) {
-        settings.credentials = std::move(*found);
-      } else {
-        searched.push_back(source + " (no aws_access_key_id)" + unsupported_note(credentials_section->second, profile));
-      }
-    } else {
-      searched.push_back(source + (credentials_file.found ? " (no such section)" : credentials_file.missing()));
-    }
-  }
-  // A program's credentials (credential_process, in the credentials file's section, else the profile's).
-  if (anonymous != true && settings.credentials.empty()) {
-    const bool in_section = in_credentials && credentials_section->second.count("credential_process") > 0;
-    const std::string command = in_section
-                                    ? get_value(credentials_section->second, "credential_process")
-                                    : (config.found ? get_value(config.values, "credential_process") : std::string());
-    if (!command.empty()) {
-      const std::string where = in_section ? concat(credentials_file.name, " [", profile, "]") : config_source;
-      const double timeout_s = credential_process_timeout(env);
-      settings.credentials = process_credentials(command, profile, where, timeout_s);
-      settings.refresh = [command, profile, where, timeout_s] {
-        return process_credentials(command, profile, where, timeout_s);
-      };
-    }
-  }
-  if (anonymous != true && settings.credentials.empty()) {
-    if (config.found) {
-      if (auto found = section_credentials(config.values, config_source, profile)) {
-        settings.credentials = std::move(*found);
-      } else {
-        searched.push_back(config_source + " (no aws_access_key_id)" + unsupported_note(config.values, profile));
-      }
-    } else {
-      searched.push_back(config_source + (config_file.found ? " (no such section)" : config_file.missing()));
-    }
-  }
-  if (!settings.credentials.empty()) searched.push_back(settings.credentials.source);
-  for (const char* variable : {"AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-                               "AWS_CONTAINER_CREDENTIALS_FULL_URI"}) {
-    if (settings.credentials.empty() && anonymous != true && get(env, variable)) {
-      searched.push_back(concat(variable, " (set, but torch_shards does not fetch credentials from it)"));
-    }
-  }
-
-  if (anonymous == true) {
-    settings.anonymous = true;
-    settings.searched = "nowhere: " + anonymous_because;
-  } else if (settings.credentials.empty()) {
-    if (anonymous == false) {
-      throw InvalidArgument(concat("no AWS credentials found (and the anonymous option is false) for profile '",
-                                   profile, "'; looked in: ", join(searched, "; ")));
-    }
-    settings.anonymous = true;  // unsigned requests, as for a public bucket
-    settings.searched = join(searched, "; ");
-  } else {
-    settings.searched = join(searched, "; ");
-  }
 
   // The region.
   if (!options.region.empty()) {
@@ -525,43 +800,83 @@ AwsSettings resolve_aws_settings(const AwsOptions& options, const Environment& e
     settings.region = "us-east-1";
   }
 
-  // The endpoint.
-  if (!options.endpoint_url.empty()) {
-    settings.endpoint_url = checked_endpoint(options.endpoint_url, "the endpoint_url option");
-    return settings;
+  // The endpoints: S3's (the option first), STS's for roles.
+  const bool ignore_configured = ignore_configured_endpoints(env, config, config_source);
+  const auto endpoint = [&](const std::string& service) {
+    return ignore_configured ? std::string() : configured_endpoint(env, config_file, config, config_source, service);
+  };
+  settings.endpoint_url = !options.endpoint_url.empty()
+                              ? checked_endpoint(options.endpoint_url, "the endpoint_url option")
+                              : endpoint("s3");
+  std::string sts_endpoint = endpoint("sts");
+  if (sts_endpoint.empty()) {
+    sts_endpoint =
+        concat("https://sts.", settings.region, ".amazonaws.com", starts_with(settings.region, "cn-") ? ".cn" : "");
   }
-  std::optional<bool> ignore_configured = env_bool(env, "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS");
-  if (!ignore_configured) {
-    if (const std::string value = get_value(config.values, "ignore_configured_endpoint_urls"); !value.empty()) {
-      ignore_configured = parse_bool(value);
-      if (!ignore_configured) {
-        throw ReadError(
-            concat(config_source, ": ignore_configured_endpoint_urls = '", value, "' is neither true nor false"));
-      }
+  const Context context{env, credentials_file, config_file, settings.region, sts_endpoint, ignore_configured};
+
+  // Anonymous: the option, else AWS_NO_SIGN_REQUEST.
+  std::optional<bool> anonymous = options.anonymous;
+  std::string anonymous_because = "the anonymous option is true";
+  if (!anonymous) {
+    anonymous = env_bool(env, "AWS_NO_SIGN_REQUEST");
+    anonymous_because = "AWS_NO_SIGN_REQUEST is true in the environment";
+  }
+
+  // Credentials from the environment, unless the options name a profile (as botocore's session with a
+  // profile, and `aws --profile`, skip them).
+  std::vector<std::string> searched;
+  std::optional<Found> found;
+  if (anonymous != true && options.profile.empty()) {
+    if (std::optional<AwsCredentials> keys = environment_credentials(env)) {
+      found = Found{*keys, {}};
+    } else {
+      searched.push_back("the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)");
     }
   }
-  if (ignore_configured == true) return settings;
-  for (const char* variable : {"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"}) {
-    if (const std::optional<std::string> url = get(env, variable)) {
-      settings.endpoint_url = checked_endpoint(*url, variable);
-      return settings;
+
+  // A profile somebody named must exist, unless nothing is wanted from it but credentials
+  // and those came from the environment.
+  if (!named_by.empty() && !profile_files(context, profile).found() && !found) {
+    throw InvalidArgument(concat("AWS profile '", profile, "' (named by ", named_by, ") is in neither ",
+                                 credentials_file.name, credentials_file.missing(), " nor ", config_file.name,
+                                 config_file.missing()));
+  }
+
+  // Then the profile's, then the machine's.
+  if (anonymous != true && !found) {
+    std::vector<std::string> chain;
+    found = profile_credentials(context, profile, searched, chain, true);
+  }
+  if (anonymous != true && !found &&
+      (get(env, "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") || get(env, "AWS_CONTAINER_CREDENTIALS_FULL_URI"))) {
+    found = container_found(env);
+  }
+  if (anonymous != true && !found) {
+    try {
+      found = instance_found(env);
+    } catch (const NotFound& why) {
+      searched.push_back(why.what());
     }
   }
-  std::vector<std::pair<std::string, std::string>> configured;  // (value, where)
-  if (const std::string services = get_value(config.values, "services"); !services.empty()) {
-    std::string label;
-    if (const Values* section = services_section(config_file, services, &label)) {
-      configured.emplace_back(get_value(*section, "s3.endpoint_url"),
-                              concat(config_file.name, " [", label, "] s3.endpoint_url"));
-    }
+  if (found) {
+    settings.credentials = std::move(found->credentials);
+    if (settings.credentials.expiration) settings.refresh = std::move(found->refresh);
+    searched.push_back(settings.credentials.source);
   }
-  configured.emplace_back(get_value(config.values, "s3.endpoint_url"), config_source + " s3.endpoint_url");
-  configured.emplace_back(get_value(config.values, "endpoint_url"), config_source + " endpoint_url");
-  for (const auto& [url, where] : configured) {
-    if (!url.empty()) {
-      settings.endpoint_url = checked_endpoint(url, where);
-      break;
+
+  if (anonymous == true) {
+    settings.anonymous = true;
+    settings.searched = "nowhere: " + anonymous_because;
+  } else if (settings.credentials.empty()) {
+    if (anonymous == false) {
+      throw InvalidArgument(concat("no AWS credentials found (and the anonymous option is false) for profile '",
+                                   profile, "'; looked in: ", join(searched, "; ")));
     }
+    settings.anonymous = true;  // unsigned requests, as for a public bucket
+    settings.searched = join(searched, "; ");
+  } else {
+    settings.searched = join(searched, "; ");
   }
   return settings;
 }

@@ -1,19 +1,32 @@
 // The settings and credentials an S3 client uses, resolved the way the AWS CLI
-// v2 and boto3 resolve them, from the environment, the two shared files and a
-// profile's credential_process (credential_process.h) only (no network: no
-// instance metadata, no SSO, no assume-role):
+// v2 and boto3 resolve them: from the environment, the two shared files, a
+// profile's credential_process (credential_process.h), a role assumed through
+// STS (sts_credentials.h), an SSO login (sso_credentials.h) and the
+// container's or instance's metadata service (metadata_credentials.h).
 //
 //   profile      options.profile, AWS_PROFILE, "default"
 //   files        AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials ([NAME] sections),
 //                AWS_CONFIG_FILE or ~/.aws/config ([default], [profile NAME], also [NAME]);
 //                a file that does not exist is as good as an empty one
-//   credentials  none when anonymous; else AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY
-//                (+ AWS_SESSION_TOKEN); else aws_access_key_id / aws_secret_access_key
-//                (/ aws_session_token) of the profile in the credentials file; else what the
-//                profile's credential_process prints (credentials file, then config file);
-//                else the config file's keys; none found: anonymous, unless
-//                options.anonymous is false. A credential_process's credentials with an
-//                Expiration are fetched again before it (refreshing_credentials.h)
+//   credentials  none when anonymous; else, the first found of
+//                - AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN), unless
+//                  options.profile names a profile (botocore skips them for a session's profile);
+//                - the profile's role (role_arn, in the config file or the credentials file),
+//                  assumed with the credentials of its source_profile (resolved as a profile
+//                  is, roles chained up to 8 deep), of its credential_source (Environment,
+//                  Ec2InstanceMetadata, EcsContainer), or with its web_identity_token_file;
+//                - AWS_ROLE_ARN + AWS_WEB_IDENTITY_TOKEN_FILE (+ AWS_ROLE_SESSION_NAME);
+//                - the profile's SSO role (sso_session or sso_start_url, with sso_account_id
+//                  and sso_role_name), with the token of the CLI's `aws sso login`;
+//                - aws_access_key_id / aws_secret_access_key (/ aws_session_token) of the
+//                  profile in the credentials file; what the profile's credential_process
+//                  prints (credentials file, then config file); the config file's keys;
+//                - the container's credentials (AWS_CONTAINER_CREDENTIALS_*_URI);
+//                - the instance's (EC2 instance metadata);
+//                none found: anonymous, unless options.anonymous is false. Credentials with
+//                an Expiration (a program's, a role's, a metadata service's) are fetched
+//                once per process until they are due, and again before they expire
+//                (refreshing_credentials.h)
 //   anonymous    options.anonymous, else AWS_NO_SIGN_REQUEST (true/1, false/0)
 //   region       options.region, AWS_REGION, AWS_DEFAULT_REGION, the profile's region,
 //                "us-east-1"
@@ -45,8 +58,8 @@ struct AwsOptions {
 
 struct AwsCredentials {
   std::string access_key_id, secret_access_key, session_token;
-  // When they stop being valid (seconds since the epoch), if their source says: a credential_process's
-  // Expiration.
+  // When they stop being valid (seconds since the epoch), if their source says: a credential_process's,
+  // a role's or a metadata service's Expiration.
   std::optional<int64_t> expiration;
   // Where they came from, for messages: "environment", "/home/u/.aws/credentials [prod]",
   // "/home/u/.aws/config [profile prod]".
@@ -60,7 +73,7 @@ struct AwsSettings {
   std::string endpoint_url;    // "" = AWS itself; else http(s)://host[:port][/path], no trailing '/'
   bool anonymous = false;      // requests go unsigned
   AwsCredentials credentials;  // empty when anonymous
-  // Fetches them again (a credential_process run anew); empty when they cannot expire.
+  // Fetches them again (a credential_process run anew, a role assumed again); empty when they cannot expire.
   std::function<AwsCredentials()> refresh;
   // Where credentials were looked for (the places in order, ending with the
   // one they came from), or why they were not ("nowhere: ..."), for a 403's
@@ -70,6 +83,11 @@ struct AwsSettings {
 
 // The value of an environment variable; nullopt when unset.
 using Environment = std::function<std::optional<std::string>(const std::string&)>;
+
+// A variable's value; nullopt when unset or "".
+std::optional<std::string> env_value(const Environment& env, const std::string& name);
+// A true / false (1 / 0, any case) variable; nullopt when unset; InvalidArgument naming it otherwise.
+std::optional<bool> env_flag(const Environment& env, const std::string& name);
 
 // getenv; HOME falls back to the user's home directory in the password database.
 Environment process_environment();

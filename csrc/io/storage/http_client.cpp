@@ -213,14 +213,22 @@ void HttpClient::perform(const std::vector<HttpRequest>& requests, std::vector<H
       range = concat(request.offset, "-", request.offset + request.size - 1);
       lib.easy_setopt(easy, CURLOPT_RANGE, range.c_str());  // copied by libcurl
     }
+    if (!request.body.empty() || request.method == "POST") {
+      lib.easy_setopt(easy, CURLOPT_POSTFIELDSIZE, static_cast<long>(request.body.size()));
+      lib.easy_setopt(easy, CURLOPT_POSTFIELDS, request.body.c_str());  // the request outlives the transfer
+    }
+    if (!request.method.empty()) lib.easy_setopt(easy, CURLOPT_CUSTOMREQUEST, request.method.c_str());
     curl_slist* headers = nullptr;
     for (const std::string& header : request.headers) headers = lib.slist_append(headers, header.c_str());
     if (!signing.sigv4.empty()) {
       lib.easy_setopt(easy, CURLOPT_AWS_SIGV4, signing.sigv4.c_str());
       lib.easy_setopt(easy, CURLOPT_USERPWD, signing.user_password.c_str());
-      // The hash of the (empty) payload, which S3 requires as a header and which libcurl signs either way.
-      headers = lib.slist_append(
-          headers, "x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+      // The hash of the (empty) payload, which S3 requires as a header and which libcurl signs either way
+      // (a body's hash libcurl works out itself).
+      if (request.body.empty()) {
+        headers = lib.slist_append(
+            headers, "x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+      }
       if (!signing.session_token.empty()) {
         headers = lib.slist_append(headers, ("x-amz-security-token: " + signing.session_token).c_str());
       }

@@ -39,6 +39,8 @@ struct HttpRequest {
   // range), e.g. written to a file; false aborts the request with errno's reason.
   std::function<bool(int64_t at, const uint8_t* data, size_t size)> sink;
   std::vector<std::string> headers;  // "Name: value", e.g. If-Match
+  std::string method;                // "" = GET (HEAD when head); else sent as is ("PUT", "POST")
+  std::string body;                  // sent as the request's body (with method "POST" or "PUT")
 };
 
 struct HttpResponse {

@@ -1,0 +1,130 @@
+#include "io/storage/sso_credentials.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <system_error>
+
+#include "core/errors.h"
+#include "io/storage/credential_process.h"
+#include "io/storage/http_client.h"
+#include "io/storage/refreshing_credentials.h"
+#include "io/storage/url.h"
+
+namespace torch_shards::io::storage {
+
+using core::concat;
+using core::ReadError;
+
+namespace {
+
+constexpr uintmax_t kMaxCacheFileBytes = 1 << 20;
+
+struct Token {
+  std::string access_token;
+  int64_t expires = 0;  // seconds since the epoch
+  std::string path;
+};
+
+// An expiresAt as the CLI writes it: ISO 8601 with "Z" (v2) or "UTC" (v1).
+std::optional<int64_t> parse_expires_at(std::string text) {
+  if (text.size() > 3 && text.compare(text.size() - 3, 3, "UTC") == 0) text.replace(text.size() - 3, 3, "Z");
+  return parse_iso8601(text);
+}
+
+// The cache's token for the start URL: the unexpired one that lasts longest, else the expired one that lasted
+// longest (for the message), nullopt when none is there.
+std::optional<Token> cached_token(const std::string& cache_dir, const std::string& start_url) {
+  std::optional<Token> best;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(cache_dir, error)) {
+    if (entry.path().extension() != ".json") continue;
+    std::error_code size_error;
+    if (!entry.is_regular_file(size_error) || entry.file_size(size_error) > kMaxCacheFileBytes) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    const nlohmann::json file = nlohmann::json::parse(text.str(), nullptr, false);
+    if (!file.is_object()) continue;  // not a token file (the cache holds client registrations too)
+    const auto url = file.find("startUrl"), token = file.find("accessToken"), expires = file.find("expiresAt");
+    if (url == file.end() || !url->is_string() || token == file.end() || !token->is_string() || expires == file.end() ||
+        !expires->is_string()) {
+      continue;
+    }
+    std::string found_url = url->get<std::string>();
+    while (!found_url.empty() && found_url.back() == '/') found_url.pop_back();
+    if (found_url != start_url) continue;
+    const std::optional<int64_t> until = parse_expires_at(expires->get<std::string>());
+    if (!until || token->get<std::string>().empty()) continue;
+    if (!best || *until > best->expires) best = Token{token->get<std::string>(), *until, entry.path().string()};
+  }
+  return best;
+}
+
+std::string field(const nlohmann::json& object, const char* key, const std::string& what) {
+  const auto found = object.find(key);
+  if (found == object.end() || !found->is_string() || found->get<std::string>().empty()) {
+    throw ReadError(concat(what, ": the portal answered without ", key));
+  }
+  return found->get<std::string>();
+}
+
+}  // namespace
+
+AwsCredentials sso_role_credentials(const SsoRequest& request) {
+  std::string start_url = request.start_url;
+  while (!start_url.empty() && start_url.back() == '/') start_url.pop_back();
+  const std::string login = concat("run `aws sso login --profile ", request.profile, "`");
+  const std::string what =
+      concat("cannot fetch the SSO credentials of AWS profile '", request.profile, "' (", request.where, ")");
+  const std::optional<Token> token = cached_token(request.cache_dir, start_url);
+  if (!token) {
+    throw ReadError(concat(what, ": no SSO login for ", start_url, " in ", request.cache_dir, "; ", login));
+  }
+  if (token->expires <= seconds_now()) {
+    throw ReadError(concat(what, ": the SSO login for ", start_url, " (", token->path, ") has expired; ", login));
+  }
+  HttpRequest get;
+  get.url = concat(request.endpoint, "/federation/credentials?account_id=", percent_encode(request.account_id, false),
+                   "&role_name=", percent_encode(request.role_name, false));
+  get.headers = {"x-amz-sso_bearer_token: " + token->access_token, "Accept: application/json"};
+  ClientSettings settings;
+  settings.timeout_s = 30;
+  settings.connect_timeout_s = 5;
+  settings.retries = 3;
+  const HttpResponse response = HttpClient(settings, Signing{}).perform(get);
+  const std::string at = concat(" at ", request.endpoint);
+  if (response.status == 0) throw ReadError(concat(what, at, ": no answer: ", response.error));
+  if (response.status == 401) {
+    throw ReadError(concat(what, at, ": the SSO login was refused (HTTP 401: expired or signed out?); ", login));
+  }
+  if (response.status == 403) {
+    throw ReadError(concat(what, at, ": HTTP 403: the login may not use role ", request.role_name, " of account ",
+                           request.account_id));
+  }
+  if (response.status != 200) {
+    const std::string detail = describe_error_body(response.body);
+    throw ReadError(concat(what, at, ": HTTP ", response.status, detail.empty() ? "" : " (" + detail + ")"));
+  }
+  const nlohmann::json answer =
+      nlohmann::json::parse(std::string(response.body.begin(), response.body.end()), nullptr, false);
+  const auto role = answer.is_object() ? answer.find("roleCredentials") : answer.end();
+  if (!answer.is_object() || role == answer.end() || !role->is_object()) {
+    throw ReadError(concat(what, at, ": the portal answered no roleCredentials"));
+  }
+  AwsCredentials credentials;
+  credentials.access_key_id = field(*role, "accessKeyId", what);
+  credentials.secret_access_key = field(*role, "secretAccessKey", what);
+  credentials.session_token = field(*role, "sessionToken", what);
+  const auto expiration = role->find("expiration");
+  if (expiration == role->end() || !expiration->is_number()) {
+    throw ReadError(concat(what, at, ": the portal answered without an expiration"));
+  }
+  credentials.expiration = expiration->get<int64_t>() / 1000;  // milliseconds since the epoch
+  credentials.source = concat(request.where, " (SSO role ", request.role_name, " of account ", request.account_id, ")");
+  return credentials;
+}
+
+}  // namespace torch_shards::io::storage

@@ -1,0 +1,104 @@
+#include "io/storage/sts_credentials.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "core/errors.h"
+#include "io/storage/credential_process.h"
+#include "io/storage/http_client.h"
+#include "io/storage/refreshing_credentials.h"
+#include "io/storage/url.h"
+#include "io/storage/xml_text.h"
+
+namespace torch_shards::io::storage {
+
+using core::concat;
+using core::ReadError;
+
+namespace {
+
+constexpr size_t kMaxTokenBytes = 64 << 10;
+
+std::string read_token(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw ReadError(concat(what, ": cannot read the web identity token file ", path, ": ", std::strerror(errno)));
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::string token = text.str();
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  if (token.empty()) throw ReadError(concat(what, ": the web identity token file ", path, " is empty"));
+  if (token.size() > kMaxTokenBytes) {
+    throw ReadError(
+        concat(what, ": the web identity token file ", path, " holds more than ", kMaxTokenBytes, " bytes"));
+  }
+  return token;
+}
+
+// The one value of <tag> in STS's answer; ReadError when missing.
+std::string answer_value(const std::string& xml, const char* tag, const std::string& what) {
+  const std::vector<std::string> values = xml_values(xml, tag);
+  if (values.size() != 1 || values[0].empty()) throw ReadError(concat(what, ": STS answered without one ", tag));
+  return values[0];
+}
+
+}  // namespace
+
+AwsCredentials assume_role(const RoleRequest& request, const std::string& endpoint, const std::string& region,
+                           const AwsCredentials& source) {
+  const bool web_identity = !request.web_identity_token_file.empty();
+  const std::string action = web_identity ? "AssumeRoleWithWebIdentity" : "AssumeRole";
+  const std::string what =
+      concat("cannot assume the role ", request.role_arn, " (", request.where, ") with ", action, " at ", endpoint);
+  const std::string session_name =
+      request.session_name.empty() ? concat("torch-shards-", seconds_now()) : request.session_name;
+
+  std::vector<std::pair<std::string, std::string>> form = {
+      {"Action", action}, {"Version", "2011-06-15"}, {"RoleArn", request.role_arn}, {"RoleSessionName", session_name}};
+  if (request.duration_s > 0) form.emplace_back("DurationSeconds", std::to_string(request.duration_s));
+  if (!request.external_id.empty() && !web_identity) form.emplace_back("ExternalId", request.external_id);
+  if (web_identity) form.emplace_back("WebIdentityToken", read_token(request.web_identity_token_file, what));
+
+  HttpRequest post;
+  post.url = endpoint + "/";
+  post.method = "POST";
+  for (const auto& [key, value] : form) {
+    post.body += concat(post.body.empty() ? "" : "&", key, "=", percent_encode(value, false));
+  }
+  post.headers = {"Content-Type: application/x-www-form-urlencoded; charset=utf-8", "Accept: application/xml"};
+
+  ClientSettings settings;
+  settings.timeout_s = 30;
+  settings.connect_timeout_s = 5;
+  settings.retries = 3;
+  Signing signing;
+  if (!web_identity) {
+    signing.sigv4 = concat("aws:amz:", region, ":sts");
+    signing.user_password = source.access_key_id + ":" + source.secret_access_key;
+    signing.session_token = source.session_token;
+  }
+  const HttpResponse response = HttpClient(settings, signing).perform(post);
+  if (response.status == 0) throw ReadError(concat(what, ": no answer: ", response.error));
+  const std::string xml(response.body.begin(), response.body.end());
+  if (response.status != 200) {
+    const std::string detail = describe_error_body(response.body);
+    throw ReadError(concat(what, ": HTTP ", response.status, detail.empty() ? "" : " (" + detail + ")",
+                           web_identity ? "" : concat("; signed with the credentials from ", source.source)));
+  }
+  AwsCredentials credentials;
+  credentials.access_key_id = answer_value(xml, "AccessKeyId", what);
+  credentials.secret_access_key = answer_value(xml, "SecretAccessKey", what);
+  credentials.session_token = answer_value(xml, "SessionToken", what);
+  const std::string expiration = answer_value(xml, "Expiration", what);
+  credentials.expiration = parse_iso8601(expiration);
+  if (!credentials.expiration) {
+    throw ReadError(concat(what, ": STS answered an Expiration that is not an ISO 8601 time: '", expiration, "'"));
+  }
+  credentials.source = concat(request.where, " (role ", request.role_arn, ", ", action, ")");
+  return credentials;
+}
+
+}  // namespace torch_shards::io::storage
