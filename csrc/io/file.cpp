@@ -21,6 +21,7 @@
 #include "core/random.h"
 #include "core/stable_hash.h"
 #include "core/streaming_copy.h"
+#include "io/storage/remote_pages.h"
 #include "io/storage/remote_paths.h"
 
 namespace torch_shards::io {
@@ -231,11 +232,12 @@ std::mutex& first_use_mutex() {
 }
 
 File::File(std::string path, Access access)
-    : path_(std::move(path)), map_(access == Access::kMapped && mapping_enabled()) {
+    : path_(std::move(path)), map_(access != Access::kRead && mapping_enabled()) {
   if (storage::is_url(path_)) {
     std::optional<storage::RemoteObject> object = storage::open_remote(path_);
     if (!object) throw core::FileNotFound(path_);
     map_ = false;
+    paged_ = access == Access::kMetadata;
     remote_ = std::make_shared<const storage::RemoteObject>(std::move(*object));
     stamp_ = stamp_of_object(remote_->stamp);
     size_ = stamp_.size;
@@ -244,14 +246,14 @@ File::File(std::string path, Access access)
   take_stamp(descriptor());
 }
 
-File::File(std::string path, std::shared_ptr<const storage::RemoteObject> remote)
-    : path_(std::move(path)), remote_(std::move(remote)) {
+File::File(std::string path, std::shared_ptr<const storage::RemoteObject> remote, Access access)
+    : path_(std::move(path)), remote_(std::move(remote)), paged_(access == Access::kMetadata) {
   stamp_ = stamp_of_object(remote_->stamp);
   size_ = stamp_.size;
 }
 
 File::File(std::string path, Access access, int fd)
-    : path_(std::move(path)), map_(access == Access::kMapped && mapping_enabled()) {
+    : path_(std::move(path)), map_(access != Access::kRead && mapping_enabled()) {
   fd_.store(fd);
   owner_pid_.store(current_process_id());
   take_stamp(fd);
@@ -269,7 +271,7 @@ std::shared_ptr<const File> File::open_if_exists(const std::string& path, Access
     std::optional<storage::RemoteObject> object = storage::open_remote(path);
     if (!object) return nullptr;
     return std::shared_ptr<const File>(
-        new File(path, std::make_shared<const storage::RemoteObject>(std::move(*object))));
+        new File(path, std::make_shared<const storage::RemoteObject>(std::move(*object)), access));
   }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0 && errno == ENOENT) return nullptr;
@@ -392,7 +394,12 @@ void File::read_at(int64_t offset, size_t bytes, void* out, core::FunctionRef<st
   if (!contains(offset, bytes)) check_range(offset, bytes, what());  // raises
   note_use();
   if (remote_ && remote_mapping(what) == nullptr) {
-    read_remote({Range{offset, bytes, out}}, what);
+    if (paged_ && bytes <= kPagedReadBytes) {
+      storage::read_remote_paged(*remote_, offset, static_cast<int64_t>(bytes), static_cast<uint8_t*>(out),
+                                 [&] { return what(); });
+    } else {
+      read_remote({Range{offset, bytes, out}}, what);
+    }
     return;
   }
   if (const uint8_t* mapped = mapping()) {

@@ -69,7 +69,11 @@ int64_t use_clock();
 
 class File {
  public:
-  enum class Access { kRead, kMapped };
+  // kMapped: a local file is read from a mapping of it. kMetadata: the same, and an object behind a URL
+  // serves reads of at most kPagedReadBytes from pages of it kept per process (storage/remote_pages.h):
+  // for a format's metadata, read in many small, repeated pieces.
+  enum class Access { kRead, kMapped, kMetadata };
+  static constexpr size_t kPagedReadBytes = 64 << 10;
   // Opens path for reading; throws ReadError naming the file if it cannot.
   explicit File(std::string path, Access access = Access::kRead);
   // The file at `path`, or null when there is none (ENOENT): one system call
@@ -132,7 +136,7 @@ class File {
   const uint8_t* mapping() const;                     // the mapping (made on first use), or null to use pread
   void note_use() const;                              // last_use_ = now (never moved back)
 
-  File(std::string path, std::shared_ptr<const storage::RemoteObject> remote);
+  File(std::string path, std::shared_ptr<const storage::RemoteObject> remote, Access access);
   void read_remote(const std::vector<Range>& ranges, core::FunctionRef<std::string()> what) const;
   // The object's whole cache entry, mapped (fetched at the first call), or null: not held whole.
   const uint8_t* remote_mapping(core::FunctionRef<std::string()> what) const;
@@ -141,6 +145,7 @@ class File {
   int64_t size_ = 0;
   bool map_ = false;
   std::shared_ptr<const storage::RemoteObject> remote_;  // set for an object behind a URL
+  bool paged_ = false;                                   // its small reads go through pages (kMetadata)
   // Its whole cache entry once mapped (inherited through a fork: read-only, still valid), or
   // whole_missing_ once the cache said it does not hold it whole.
   mutable std::shared_ptr<const storage::MappedEntry> whole_;

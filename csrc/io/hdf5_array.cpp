@@ -585,7 +585,7 @@ ArrayInfo array_info(const std::string& file, const std::string& path, const Hdf
 
 Hdf5NativeFile open_hdf5_native(const std::string& path) {
   Hdf5NativeFile native;
-  native.file = std::make_shared<const File>(path, File::Access::kMapped);
+  native.file = std::make_shared<const File>(path, File::Access::kMetadata);
   try {
     native.format = hdf5::read_format_info(*native.file);
   } catch (const std::runtime_error& error) {

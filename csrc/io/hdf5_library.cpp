@@ -102,7 +102,7 @@ bool is_hdf5_signature(const std::string& path) {
   if (storage::is_url(path)) {
     // HDF5's own check reads through its default driver: the signature is looked for here instead.
     try {
-      (void)hdf5::read_format_info(File(path));
+      (void)hdf5::read_format_info(File(path, File::Access::kMetadata));
       return true;
     } catch (const core::FileNotFound&) {
       throw;

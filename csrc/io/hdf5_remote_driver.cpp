@@ -15,30 +15,10 @@ namespace torch_shards::io {
 
 namespace {
 
-constexpr int64_t kPageBytes = 64 << 10;
-constexpr int64_t kMaxPageBytes = int64_t{256} << 20;  // held per process in all; dropped whole past it
-
-// An object opened once per process (its stamp: every later read carries
-// its ETag) and the pages of it read so far. Touched only under hdf5_lock().
-struct RemoteFile {
-  std::shared_ptr<const File> file;
-  std::map<int64_t, std::vector<uint8_t>> pages;
-};
-
-std::map<std::string, std::shared_ptr<RemoteFile>>& remote_files() {
-  static auto* files = new std::map<std::string, std::shared_ptr<RemoteFile>>();  // never destroyed
-  return *files;
-}
-
-int64_t& held_page_bytes() {
-  static int64_t held = 0;
-  return held;
-}
-
 // What HDF5 holds per open file: its public part first, as the library requires.
 struct DriverFile {
   H5FD_t pub;
-  std::shared_ptr<RemoteFile> remote;
+  std::shared_ptr<const File> file;  // small reads served from pages kept per process (File::Access::kMetadata)
   haddr_t eoa = 0;
   std::string url;
 };
@@ -54,19 +34,13 @@ H5FD_t* driver_open(const char* name, unsigned flags, hid_t /*fapl*/, haddr_t /*
     return nullptr;
   }
   try {
-    std::shared_ptr<RemoteFile>& remote = remote_files()[name];
-    if (!remote) {
-      auto opened = std::make_shared<RemoteFile>();
-      opened->file = std::make_shared<const File>(name);
-      remote = std::move(opened);
-    }
+    auto opened = std::make_shared<const File>(name, File::Access::kMetadata);
     auto* file = new DriverFile();
     std::memset(&file->pub, 0, sizeof(file->pub));
-    file->remote = remote;
+    file->file = std::move(opened);
     file->url = name;
     return &file->pub;
   } catch (const std::exception& error) {
-    remote_files().erase(name);
     push_error(error.what());
     return nullptr;
   }
@@ -94,56 +68,23 @@ herr_t driver_set_eoa(H5FD_t* pub, H5FD_mem_t /*type*/, haddr_t address) {
 }
 
 haddr_t driver_get_eof(const H5FD_t* pub, H5FD_mem_t /*type*/) {
-  return static_cast<haddr_t>(reinterpret_cast<const DriverFile*>(pub)->remote->file->size());
+  return static_cast<haddr_t>(reinterpret_cast<const DriverFile*>(pub)->file->size());
 }
 
 herr_t driver_read(H5FD_t* pub, H5FD_mem_t /*type*/, hid_t /*dxpl*/, haddr_t address, size_t size, void* buffer) {
-  auto* file = reinterpret_cast<DriverFile*>(pub);
-  RemoteFile& remote = *file->remote;
-  const int64_t file_size = remote.file->size();
+  const File& file = *reinterpret_cast<DriverFile*>(pub)->file;
   const int64_t begin = static_cast<int64_t>(address), end = begin + static_cast<int64_t>(size);
   auto* out = static_cast<uint8_t*>(buffer);
   // HDF5 reads past the end of the file as zeros (the sec2 driver does the same).
-  const int64_t readable_end = std::min(end, file_size);
+  const int64_t readable_end = std::min(end, file.size());
   if (readable_end < end)
     std::memset(out + std::max<int64_t>(0, readable_end - begin), 0,
                 static_cast<size_t>(end - std::max(begin, readable_end)));
   if (begin >= readable_end) return 0;
   try {
-    std::vector<File::Range> missing;
-    std::vector<int64_t> missing_pages;
-    for (int64_t page = begin / kPageBytes; page * kPageBytes < readable_end; ++page) {
-      if (remote.pages.count(page) != 0) continue;
-      const int64_t page_begin = page * kPageBytes;
-      std::vector<uint8_t>& bytes = remote.pages[page];
-      bytes.resize(static_cast<size_t>(std::min(kPageBytes, file_size - page_begin)));
-      missing.push_back({page_begin, bytes.size(), bytes.data()});
-      missing_pages.push_back(page);
-    }
-    if (!missing.empty()) {
-      try {
-        remote.file->read_ranges(missing, [] { return std::string("HDF5 metadata"); });
-      } catch (...) {
-        for (int64_t page : missing_pages) remote.pages.erase(page);
-        throw;
-      }
-      for (const File::Range& range : missing) held_page_bytes() += static_cast<int64_t>(range.bytes);
-    }
-    for (int64_t page = begin / kPageBytes; page * kPageBytes < readable_end; ++page) {
-      const std::vector<uint8_t>& bytes = remote.pages.at(page);
-      const int64_t page_begin = page * kPageBytes;
-      const int64_t from = std::max(begin, page_begin),
-                    to = std::min(readable_end, page_begin + static_cast<int64_t>(bytes.size()));
-      std::memcpy(out + (from - begin), bytes.data() + (from - page_begin), static_cast<size_t>(to - from));
-    }
-    if (held_page_bytes() > kMaxPageBytes) {
-      for (auto& [url, held] : remote_files()) held->pages.clear();
-      held_page_bytes() = 0;
-    }
+    file.read_at(begin, static_cast<size_t>(readable_end - begin), out, "HDF5 metadata");
     return 0;
   } catch (const std::exception& error) {
-    // Opened again next time (a replaced object is stamped anew, and refused by the reads stamped before).
-    remote_files().erase(file->url);
     push_error(error.what());
     return -1;
   }

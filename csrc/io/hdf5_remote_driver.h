@@ -2,9 +2,10 @@
 // library reads an object's bytes with ranged requests (File, storage/), so
 // that groups, attributes and the datasets HDF5 itself reads work as they do
 // for local files. Its reads are metadata, small and repeated (each HDF5 call
-// opens the file anew): they go through pages kept per process, so a
-// dataset's open costs a few round trips. Chunk and contiguous data are read
-// by torch_shards' own readers, not through here.
+// opens the file anew): they go through pages kept per process
+// (File::Access::kMetadata, storage/remote_pages.h), so a dataset's open costs
+// a few round trips. Chunk and contiguous data are read by torch_shards' own
+// readers, not through here.
 #pragma once
 
 #include <hdf5.h>

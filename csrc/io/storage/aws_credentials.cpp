@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "io/file.h"
 #include "io/storage/credential_process.h"
 #include "io/storage/metadata_credentials.h"
 #include "io/storage/refreshing_credentials.h"
@@ -235,17 +236,22 @@ std::optional<AwsCredentials> section_credentials(const Values& values, const st
 AwsCredentials fetched_once(const std::string& key, const std::function<AwsCredentials()>& fetch) {
   // One entry per key, each with its own lock: a role's fetch asks for its source's credentials (another
   // key) while its own entry is held.
+  // Per process (per_process): a child forked while a thread of its parent fetched would otherwise find that
+  // entry locked for ever.
   struct Fetched {
     std::mutex mutex;
     AwsCredentials credentials;
     int64_t due = 0;  // 0: never fetched
   };
-  static std::mutex mutex;
-  static std::map<std::string, std::shared_ptr<Fetched>> fetched;
+  struct Table {
+    std::mutex mutex;
+    std::map<std::string, std::shared_ptr<Fetched>> by_key;
+  };
+  Table& table = per_process<Table>();
   std::shared_ptr<Fetched> entry;
   {
-    std::lock_guard<std::mutex> lock(mutex);
-    std::shared_ptr<Fetched>& slot = fetched[key];
+    std::lock_guard<std::mutex> lock(table.mutex);
+    std::shared_ptr<Fetched>& slot = table.by_key[key];
     if (!slot) slot = std::make_shared<Fetched>();
     entry = slot;
   }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "io/file.h"
 #include "io/storage/credential_process.h"
 #include "io/storage/http_client.h"
 #include "io/storage/refreshing_credentials.h"
@@ -183,12 +184,15 @@ std::optional<AwsCredentials> instance_credentials(const Environment& env, std::
   const bool v1_disabled = env_flag(env, "AWS_EC2_METADATA_V1_DISABLED") == true;
 
   // Not on EC2, the service never answers: remembered for a while, per endpoint.
-  static std::mutex mutex;
-  static std::map<std::string, int64_t> silent_until;
+  struct Silences {
+    std::mutex mutex;
+    std::map<std::string, int64_t> until;  // endpoint -> not asked again before
+  };
+  Silences& silences = per_process<Silences>();
   {
-    std::lock_guard<std::mutex> lock(mutex);
-    const auto found = silent_until.find(endpoint);
-    if (found != silent_until.end() && seconds_now() < found->second) {
+    std::lock_guard<std::mutex> lock(silences.mutex);
+    const auto found = silences.until.find(endpoint);
+    if (found != silences.until.end() && seconds_now() < found->second) {
       *why_not = concat("instance metadata (", endpoint, " did not answer in the last minute)");
       return std::nullopt;
     }
@@ -205,8 +209,8 @@ std::optional<AwsCredentials> instance_credentials(const Environment& env, std::
     return std::nullopt;
   };
   const auto silent = [&](const HttpResponse& response) -> std::optional<AwsCredentials> {
-    std::lock_guard<std::mutex> lock(mutex);
-    silent_until[endpoint] = seconds_now() + kRememberSilenceSeconds;
+    std::lock_guard<std::mutex> lock(silences.mutex);
+    silences.until[endpoint] = seconds_now() + kRememberSilenceSeconds;
     *why_not = concat("instance metadata (no answer from ", endpoint, ": ", response.error, ")");
     return std::nullopt;
   };
