@@ -160,13 +160,15 @@ TORCH_SHARDS_API std::string probe(const std::string& path);
 // these options in this process from now on (set them before the source is
 // made; the longest registered URL wins). Unset fields come from the
 // environment: the AWS variables and files (AWS_PROFILE, AWS_REGION,
-// AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ~/.aws/credentials ...),
-// TORCH_SHARDS_CACHE_DIR, TORCH_SHARDS_CACHE_BYTES, TORCH_SHARDS_CACHE_WHOLE_BYTES,
+// AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ~/.aws/credentials ...; a profile's
+// role, SSO login or credential_process, a web identity, the container's and
+// the EC2 instance's credentials, fetched as boto3 fetches them: docs/guide/
+// sources.md), TORCH_SHARDS_CACHE_DIR, TORCH_SHARDS_CACHE_BYTES, TORCH_SHARDS_CACHE_WHOLE_BYTES,
 // TORCH_SHARDS_MAX_REQUESTS.
 struct StorageOptions {
   std::string endpoint_url;         // an S3-compatible server ("http://127.0.0.1:9000"); "": AWS
   std::string region;               // "": AWS_REGION, the profile's, or us-east-1
-  std::string profile;              // "": AWS_PROFILE or "default"
+  std::string profile;              // "": AWS_PROFILE or "default"; named: used over AWS_ACCESS_KEY_ID
   std::optional<bool> anonymous{};  // true: unsigned requests (public buckets); unset: when no credentials
   int max_requests = 0;             // requests in flight per reading thread; 0: 64
   double timeout = 0;               // seconds per request attempt; 0: 60

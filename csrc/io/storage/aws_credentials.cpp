@@ -767,6 +767,20 @@ std::string configured_endpoint(const Environment& env, const SharedFile& config
 
 }  // namespace
 
+AwsCredentials answered_credentials(std::string access_key_id, std::string secret_access_key, std::string session_token,
+                                    const std::string& expiration, const std::string& what, std::string source) {
+  AwsCredentials credentials;
+  credentials.access_key_id = std::move(access_key_id);
+  credentials.secret_access_key = std::move(secret_access_key);
+  credentials.session_token = std::move(session_token);
+  credentials.expiration = parse_iso8601(expiration);
+  if (!credentials.expiration) {
+    throw ReadError(concat(what, ": the answer's Expiration is not an ISO 8601 time: '", expiration, "'"));
+  }
+  credentials.source = std::move(source);
+  return credentials;
+}
+
 std::optional<std::string> env_value(const Environment& env, const std::string& name) { return get(env, name); }
 
 std::optional<bool> env_flag(const Environment& env, const std::string& name) { return env_bool(env, name); }

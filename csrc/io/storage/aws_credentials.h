@@ -67,6 +67,11 @@ struct AwsCredentials {
   bool empty() const { return access_key_id.empty(); }
 };
 
+// Credentials a service answered: its key pair, session token and Expiration (an ISO 8601 time: a
+// ReadError saying "<what>: ... not an ISO 8601 time" otherwise), from `source`.
+AwsCredentials answered_credentials(std::string access_key_id, std::string secret_access_key, std::string session_token,
+                                    const std::string& expiration, const std::string& what, std::string source);
+
 struct AwsSettings {
   std::string profile;         // the profile used ("default" when none was named)
   std::string region;          // never empty: "us-east-1" when nothing says otherwise

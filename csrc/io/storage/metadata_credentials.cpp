@@ -12,7 +12,6 @@
 
 #include "core/errors.h"
 #include "io/file.h"
-#include "io/storage/credential_process.h"
 #include "io/storage/http_client.h"
 #include "io/storage/refreshing_credentials.h"
 
@@ -49,17 +48,8 @@ AwsCredentials credentials_from(const HttpResponse& response, const std::string&
   if (answer.contains("Code") && answer["Code"].is_string() && answer["Code"].get<std::string>() != "Success") {
     throw ReadError(concat(what, ": the service answered Code ", answer["Code"].get<std::string>()));
   }
-  AwsCredentials credentials;
-  credentials.access_key_id = field(answer, "AccessKeyId", what);
-  credentials.secret_access_key = field(answer, "SecretAccessKey", what);
-  credentials.session_token = field(answer, "Token", what);
-  const std::string expiration = field(answer, "Expiration", what);
-  credentials.expiration = parse_iso8601(expiration);
-  if (!credentials.expiration) {
-    throw ReadError(concat(what, ": the answer's Expiration is not an ISO 8601 time: '", expiration, "'"));
-  }
-  credentials.source = source;
-  return credentials;
+  return answered_credentials(field(answer, "AccessKeyId", what), field(answer, "SecretAccessKey", what),
+                              field(answer, "Token", what), field(answer, "Expiration", what), what, source);
 }
 
 std::string lower(std::string text) {

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "core/errors.h"
-#include "io/storage/credential_process.h"
 #include "io/storage/http_client.h"
 #include "io/storage/refreshing_credentials.h"
 #include "io/storage/url.h"
@@ -88,17 +87,9 @@ AwsCredentials assume_role(const RoleRequest& request, const std::string& endpoi
     throw ReadError(concat(what, ": HTTP ", response.status, detail.empty() ? "" : " (" + detail + ")",
                            web_identity ? "" : concat("; signed with the credentials from ", source.source)));
   }
-  AwsCredentials credentials;
-  credentials.access_key_id = answer_value(xml, "AccessKeyId", what);
-  credentials.secret_access_key = answer_value(xml, "SecretAccessKey", what);
-  credentials.session_token = answer_value(xml, "SessionToken", what);
-  const std::string expiration = answer_value(xml, "Expiration", what);
-  credentials.expiration = parse_iso8601(expiration);
-  if (!credentials.expiration) {
-    throw ReadError(concat(what, ": STS answered an Expiration that is not an ISO 8601 time: '", expiration, "'"));
-  }
-  credentials.source = concat(request.where, " (role ", request.role_arn, ", ", action, ")");
-  return credentials;
+  return answered_credentials(answer_value(xml, "AccessKeyId", what), answer_value(xml, "SecretAccessKey", what),
+                              answer_value(xml, "SessionToken", what), answer_value(xml, "Expiration", what), what,
+                              concat(request.where, " (role ", request.role_arn, ", ", action, ")"));
 }
 
 }  // namespace torch_shards::io::storage
