@@ -136,6 +136,7 @@ bench-smoke: setup $(if $(filter $(ANNBATCH_VENV)/%,$(ANNBATCH_PYTHON)),$(ANNBAT
 		--out $(BENCH_SMOKE_OUT)
 	$(PY) -m benchmarks.remote --rows 20000 --rounds 1 --seconds 0.5 --latency 0.001 \
 		--annbatch-python $(ANNBATCH_PYTHON) --out $(BENCH_SMOKE_OUT)
+	$(PY) -m benchmarks.remote_open --rows 2000 --rounds 1 --latency 0.001 --out $(BENCH_SMOKE_OUT)
 
 # The GPU check (benchmarks/gpu_check.py): on a machine with a CUDA GPU, it builds the extension
 # (incrementally, in build/native), runs every GPU test, the GPU benchmarks and the host path benchmark on

@@ -874,3 +874,35 @@ def test_an_h5ad_opens_over_http_in_a_few_requests_none_repeated(tmp_path):
         again = ts.open(url, obs=["cell_type", "batch"], max_requests=5)
         local = ts.open(tmp_path / "paged.h5ad", obs=["cell_type", "batch"])
         same_batches(local.read(rows), again.read(rows))
+
+
+class ConcurrencyServer(RangeHTTPServer):
+    """A RangeHTTPServer (with latency) counting the requests it holds at once: `most` is the largest count."""
+
+    def __init__(self, root, latency):
+        super().__init__(root, latency=latency)
+        self.in_flight, self.most, self.counting = 0, 0, threading.Lock()
+
+    def wait(self, seconds):
+        with self.counting:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        try:
+            super().wait(seconds)
+        finally:
+            with self.counting:
+                self.in_flight -= 1
+
+
+def test_an_hdf5_chunk_index_is_fetched_a_level_at_a_time(tmp_path):
+    # libhdf5 walks a chunked dataset's index (a B-tree whose nodes lie between the chunks) one node after
+    # another: behind a URL each node would cost a round trip. Its nodes are fetched ahead, each level's
+    # together, so the server holds many at once.
+    values = np.random.default_rng(0).standard_normal(1_000_000).astype(np.float32)
+    with h5py.File(tmp_path / "chunked.h5", "w") as f:
+        f.create_dataset("X", data=values, chunks=(1000,))  # 1,000 chunks of 4 KB: 16+ index leaves, 64+ KB apart
+    with ConcurrencyServer(tmp_path, latency=0.02) as server:
+        remote = ts.open(f"{server.url}/chunked.h5", dataset="/X")
+        assert server.most >= 8, server.most
+        rows = torch.tensor([0, 999_999, 123_456, 77])
+        assert torch.equal(remote.read(rows)["X"], torch.from_numpy(values[rows.numpy()]))

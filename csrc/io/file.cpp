@@ -449,6 +449,11 @@ void File::read_ranges(const std::vector<Range>& ranges, core::FunctionRef<std::
   read_remote(ranges, what);
 }
 
+void File::hold_pages(const std::vector<std::pair<int64_t, int64_t>>& ranges) const {
+  if (!remote_ || !paged_ || whole_data_.load(std::memory_order_acquire) != nullptr) return;
+  storage::hold_remote_pages(*remote_, ranges, [] { return std::string("metadata read ahead"); });
+}
+
 void File::read_remote(const std::vector<Range>& ranges, core::FunctionRef<std::string()> what) const {
   std::vector<storage::RangeRead> reads;
   reads.reserve(ranges.size());

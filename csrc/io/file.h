@@ -30,6 +30,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/function_ref.h"
@@ -102,6 +103,9 @@ class File {
     void* out = nullptr;
   };
   void read_ranges(const std::vector<Range>& ranges, core::FunctionRef<std::string()> what) const;
+  // An object behind a URL opened with kMetadata: the pages holding each (offset, bytes) range are fetched
+  // together now (one round trip), for the small reads about to be made of them. Nothing otherwise.
+  void hold_pages(const std::vector<std::pair<int64_t, int64_t>>& ranges) const;
   // Whether the file is an object behind a URL.
   bool remote() const { return remote_ != nullptr; }
   // Runs use(bytes) on [offset, offset + bytes) of the mapping itself, no copy

@@ -714,6 +714,8 @@ std::shared_ptr<const Array> open_hdf5_array(hid_t file_id, const std::string& f
   }
   if (header.layout.kind == hdf5::Layout::kChunked) {
     const std::vector<hdf5::Filter>& filters = header.filters;
+    // Behind a URL, the chunk index's nodes fetched a level at a time before libhdf5 walks them.
+    hdf5::read_ahead_chunk_btree(*native.file, native.format, header.layout.address, header.space.dims.size() + 1);
     Hid dataset(H5Dopen2(file_id, path.c_str(), H5P_DEFAULT), H5Dclose);
     if (!dataset.valid()) throw ReadError(concat(where, ": cannot open dataset: ", hdf5_error_detail()));
     Hdf5DatasetHeader chunked = header;
@@ -801,6 +803,7 @@ std::vector<uint8_t> read_hdf5_elements(hid_t file_id, const Hdf5NativeFile& nat
                                    "deflate, lzf, blosc, zstd): rewrite it with gzip, lzf, blosc or zstd"));
   }
   const ChunkGeometry geometry = chunk_geometry(header, where);
+  hdf5::read_ahead_chunk_btree(*native.file, native.format, header.layout.address, header.space.dims.size() + 1);
   Hid dataset(H5Dopen2(file_id, path.c_str(), H5P_DEFAULT), H5Dclose);
   if (!dataset.valid()) throw ReadError(concat(where, ": cannot open dataset: ", hdf5_error_detail()));
   const ChunkTable table =

@@ -750,3 +750,52 @@ std::vector<std::string> read_fixed_strings(const uint8_t* data, size_t count, s
 }
 
 }  // namespace torch_shards::io::hdf5
+
+namespace torch_shards::io::hdf5 {
+
+void read_ahead_chunk_btree(const File& file, const FormatInfo& format, uint64_t root, size_t dimensionality) {
+  if (!file.remote() || root == kUndefinedAddress) return;
+  constexpr int kMaxLevels = 16;
+  constexpr size_t kMaxNodes = 1 << 14;
+  constexpr int64_t kNodeReadBytes = 4 << 10;  // a node's start: pages are 64 KiB, nodes a few KB
+  const size_t address_size = static_cast<size_t>(format.address_size);
+  const size_t header_bytes = 8 + 2 * address_size;  // "TREE", type, level, entries, siblings
+  const size_t key_bytes = 8 + 8 * dimensionality;   // chunk size, filter mask, offsets
+  const int64_t file_size = file.size();
+  std::vector<uint64_t> level = {root};
+  size_t visited = 0;
+  try {
+    for (int depth = 0; depth < kMaxLevels && !level.empty() && visited < kMaxNodes; ++depth) {
+      std::vector<std::pair<int64_t, int64_t>> ranges;
+      for (uint64_t address : level) ranges.emplace_back(format.base + static_cast<int64_t>(address), kNodeReadBytes);
+      file.hold_pages(ranges);  // this level's nodes in one round trip
+      std::vector<uint64_t> next;
+      for (uint64_t address : level) {
+        ++visited;
+        const int64_t at = format.base + static_cast<int64_t>(address);
+        if (at < 0 || at + static_cast<int64_t>(header_bytes) > file_size) return;
+        const std::vector<uint8_t> header = file.read_at(at, header_bytes, "a chunk index node");
+        Reader reader(header, "a chunk index node");
+        if (std::memcmp(reader.take(4), "TREE", 4) != 0 || reader.u8() != 1) return;  // not a chunk B-tree node
+        const uint8_t node_level = reader.u8();
+        const uint64_t entries = reader.integer(2);
+        if (node_level == 0) continue;  // a leaf: its children are chunks
+        const int64_t node_bytes =
+            static_cast<int64_t>(header_bytes + entries * (key_bytes + address_size) + key_bytes);
+        if (at + node_bytes > file_size) return;
+        const std::vector<uint8_t> node = file.read_at(at, static_cast<size_t>(node_bytes), "a chunk index node");
+        Reader children(node, "a chunk index node");
+        children.seek(header_bytes);
+        for (uint64_t i = 0; i < entries && next.size() < kMaxNodes; ++i) {
+          children.skip(key_bytes);
+          next.push_back(read_address(children, format));
+        }
+      }
+      level = std::move(next);
+    }
+  } catch (const std::runtime_error&) {
+    // A read ahead only: what it could not make sense of, HDF5 reads (and judges) itself.
+  }
+}
+
+}  // namespace torch_shards::io::hdf5

@@ -121,6 +121,12 @@ struct Layout {
 };
 Layout decode_layout(const std::vector<uint8_t>& message, const FormatInfo& format);
 
+// For a file behind a URL: fetches the nodes of the version 1 B-tree of a chunked dataset's chunk index
+// (root at `root`; `dimensionality`: the dataset's rank + 1) into the file's pages a level at a time, each
+// level in one round trip, before libhdf5 walks them one node after another. A read ahead only: it
+// stops, saying nothing, at whatever it does not recognise (libhdf5 reads and judges the index itself).
+void read_ahead_chunk_btree(const File& file, const FormatInfo& format, uint64_t root, size_t dimensionality);
+
 // Bytes of the fill value defined by a fill value message (old or new), or
 // nullopt-like empty vector when none is defined.
 std::vector<uint8_t> decode_fill_value(const Message& message);

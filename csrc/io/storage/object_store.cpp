@@ -338,7 +338,8 @@ std::shared_ptr<const MappedEntry> ObjectStore::whole(const Url& url, const Obje
 }
 
 void ObjectStore::read(const Url& url, const ObjectStamp& stamp, std::vector<RangeRead>& ranges,
-                       const std::function<std::string()>& what) const {
+                       const std::function<std::string()>& what, int64_t coalesce_gap) const {
+  if (coalesce_gap < 0) coalesce_gap = kCoalesceGap;
   for (const RangeRead& range : ranges) {
     if (range.size > 0 && (range.offset < 0 || range.offset + range.size > stamp.size)) {
       throw ReadError(concat(url.text, ": ", what(), ": bytes [", range.offset, ", ", range.offset + range.size,
@@ -380,7 +381,7 @@ void ObjectStore::read(const Url& url, const ObjectStamp& stamp, std::vector<Ran
     if (!groups.empty()) {
       Group& group = groups.back();
       const int64_t end = std::max(group.end, range.offset + range.size);
-      if (range.offset <= group.end + kCoalesceGap && end - group.offset <= kCoalesceLimit) {
+      if (range.offset <= group.end + coalesce_gap && end - group.offset <= kCoalesceLimit) {
         group.last = i;
         group.end = end;
         continue;

@@ -79,10 +79,11 @@ class ObjectStore {
   std::vector<std::optional<std::vector<uint8_t>>> get(const std::vector<Url>& urls,
                                                        std::vector<std::string>* etags = nullptr) const;
   // Reads every range of the object stamped `stamp`, all requested
-  // together (near ranges coalesced into one request), from the cache where
-  // it holds them. what() names the bytes in messages.
+  // together (ranges less than coalesce_gap bytes apart coalesced into one
+  // request; -1: 1 MiB), from the cache where it holds them. what() names the
+  // bytes in messages.
   void read(const Url& url, const ObjectStamp& stamp, std::vector<RangeRead>& ranges,
-            const std::function<std::string()>& what) const;
+            const std::function<std::string()>& what, int64_t coalesce_gap = -1) const;
   // The object's whole cache entry, mapped (fetched first when missing), or null (not cacheable whole,
   // the cache cannot store it, or another's fetch took too long).
   std::shared_ptr<const MappedEntry> whole(const Url& url, const ObjectStamp& stamp,

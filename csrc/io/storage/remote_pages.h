@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "io/storage/remote_paths.h"
 
@@ -24,6 +26,11 @@ constexpr int64_t kRemotePageBytes = 64 << 10;
 // Copies [offset, offset + bytes) of `object` (inside it) to `out`, fetching the pages not held yet
 // together. what() names the bytes in messages.
 void read_remote_paged(const RemoteObject& object, int64_t offset, int64_t bytes, uint8_t* out,
+                       const std::function<std::string()>& what);
+
+// Fetches together the pages holding each (offset, bytes) range (clipped to the object) not held yet: what
+// a parser about to walk a structure (a B-tree's level) asks for ahead, in one round trip.
+void hold_remote_pages(const RemoteObject& object, const std::vector<std::pair<int64_t, int64_t>>& ranges,
                        const std::function<std::string()>& what);
 
 }  // namespace torch_shards::io::storage

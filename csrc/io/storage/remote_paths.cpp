@@ -207,8 +207,9 @@ std::optional<RemoteObject> open_remote(const std::string& text) {
   return RemoteObject{url, *stamp};
 }
 
-void read_remote(const RemoteObject& object, std::vector<RangeRead>& ranges, const std::function<std::string()>& what) {
-  ObjectStore::of(object.url)->read(object.url, object.stamp, ranges, what);
+void read_remote(const RemoteObject& object, std::vector<RangeRead>& ranges, const std::function<std::string()>& what,
+                 int64_t coalesce_gap) {
+  ObjectStore::of(object.url)->read(object.url, object.stamp, ranges, what, coalesce_gap);
 }
 
 std::shared_ptr<const MappedEntry> map_remote(const RemoteObject& object, const std::function<std::string()>& what) {

@@ -44,8 +44,9 @@ struct RemoteObject {
 
 // The object at `url` stamped now, or nullopt when there is none.
 std::optional<RemoteObject> open_remote(const std::string& url);
-// Reads ranges of an opened object (ObjectStore::read).
-void read_remote(const RemoteObject& object, std::vector<RangeRead>& ranges, const std::function<std::string()>& what);
+// Reads ranges of an opened object (ObjectStore::read; coalesce_gap: -1 for its default).
+void read_remote(const RemoteObject& object, std::vector<RangeRead>& ranges, const std::function<std::string()>& what,
+                 int64_t coalesce_gap = -1);
 // The object's whole cache entry, mapped (fetched first when missing), or null when the cache does
 // not hold it whole (ObjectStore::whole).
 std::shared_ptr<const MappedEntry> map_remote(const RemoteObject& object, const std::function<std::string()>& what);
