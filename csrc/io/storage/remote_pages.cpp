@@ -30,7 +30,7 @@ struct Pages {
 
 namespace {
 
-// The pages [first, last] of the object, those not held yet fetched together (outside the lock: other
+// The object's pages numbered `wanted`, those not held yet fetched together (outside the lock: other
 // threads' pages are served meanwhile).
 std::vector<Page> pages_of(const RemoteObject& object, const std::string& key, const std::vector<int64_t>& wanted,
                            const std::function<std::string()>& what) {
