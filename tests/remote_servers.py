@@ -758,6 +758,9 @@ class _CredentialsHandler(_Handler):
     def do_GET(self):
         self.server.owner.answer(self)
 
+    def do_POST(self):
+        self.server.owner.answer(self)
+
 
 class CredentialsServer(_HTTPService):
     """The two services that hand a machine its AWS credentials, as they answer:
@@ -771,7 +774,9 @@ class CredentialsServer(_HTTPService):
       unless the Authorization header is `authorization`;
     - IAM Identity Center's portal (SSO): GET /federation/credentials?account_id=&role_name=, refused 401
       unless the x-amz-sso_bearer_token header is `sso_token`, 403 for another account or role than
-      `sso_role` (account id, role name).
+      `sso_role` (account id, role name); and its SSO-OIDC token service: POST /token with grantType
+      refresh_token, clientId `client`, clientSecret `client-secret` and refreshToken `refresh_token`
+      answers `sso_token` for `lifetime` seconds and a new refresh token (400 otherwise).
 
     All hand out `credentials` (AccessKeyId, SecretAccessKey, Token; replace it at any time) with an
     Expiration `lifetime` seconds after the request."""
@@ -799,6 +804,7 @@ class CredentialsServer(_HTTPService):
         self.tokens = tokens
         self.sso_token = sso_token
         self.sso_role = sso_role
+        self.refresh_token = "refresh-1"
         self._session_token = "imds-session-token-" + os.urandom(8).hex()
 
     def _answer_credentials(self, handler):
@@ -822,9 +828,25 @@ class CredentialsServer(_HTTPService):
             200, json.dumps({"roleCredentials": role}).encode(), [("Content-Type", "application/json")]
         )
 
+    def _answer_oidc(self, handler):
+        body = json.loads(handler.rfile.read(int(handler.headers.get("Content-Length", 0))) or b"{}")
+        expected = {
+            "grantType": "refresh_token",
+            "clientId": "client",
+            "clientSecret": "client-secret",
+            "refreshToken": self.refresh_token,
+        }
+        if body != expected:
+            return handler.send_complete(400, b'{"error": "invalid_grant"}')
+        self.refresh_token = "refresh-" + str(int(self.refresh_token.split("-")[1]) + 1)
+        answer = {"accessToken": self.sso_token, "expiresIn": int(self.lifetime), "refreshToken": self.refresh_token}
+        handler.send_complete(200, json.dumps(answer).encode(), [("Content-Type", "application/json")])
+
     def answer(self, handler):
         path = handler.path
         self.record(handler.command, path, None)
+        if handler.command == "POST":
+            return self._answer_oidc(handler) if path == "/token" else handler.send_complete(404)
         if handler.command == "PUT":
             if path != "/latest/api/token":
                 return handler.send_complete(404)

@@ -241,13 +241,20 @@ def test_an_instance_without_a_role_leaves_the_requests_unsigned_saying_why(stor
             open_remote(server)
 
 
-def write_sso_login(home, start_url, token, expires_in):
-    """What `aws sso login` leaves in the CLI's token cache (the file's name is a hash: any name is read)."""
+def write_sso_login(home, start_url, token, expires_in, refresh_token=None):
+    """What `aws sso login` leaves in the CLI's token cache (the file's name is a hash: any name is read);
+    with refresh_token, an sso-session's login with its client registration. Returns the file's path."""
     cache = home / ".aws" / "sso" / "cache"
     cache.mkdir(parents=True, exist_ok=True)
     expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + expires_in))
     login = {"startUrl": start_url, "region": "eu-west-1", "accessToken": token, "expiresAt": expires}
-    (cache / f"{abs(hash((start_url, token))):x}.json").write_text(json.dumps(login))
+    if refresh_token:
+        registered = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 86400))
+        login |= {"refreshToken": refresh_token, "clientId": "client", "clientSecret": "client-secret"}
+        login |= {"registrationExpiresAt": registered}
+    path = cache / f"{abs(hash((start_url, token))):x}.json"
+    path.write_text(json.dumps(login))
+    return path
     (cache / "botocore-client-id-eu-west-1.json").write_text('{"clientId": "x", "clientSecret": "y"}')
 
 
@@ -267,7 +274,7 @@ def test_an_sso_profiles_role_credentials_sign_the_requests(store, server, clean
         with pytest.raises(RuntimeError, match=r"AWS profile 'dev'.*no SSO login for .*aws sso login --profile dev"):
             open_remote(server, profile="dev")
         write_sso_login(clean_env, start, "old-login", -60)
-        with pytest.raises(RuntimeError, match=r"profile 'dev'.*has expired; run `aws sso login --profile dev`"):
+        with pytest.raises(RuntimeError, match=r"profile 'dev'.*has expired.*; run `aws sso login --profile dev`"):
             open_remote(server, profile="dev")
         write_sso_login(clean_env, start, "current-login", 3600)  # the unexpired login is the one used
         reads_as_local(store, open_remote(server, profile="dev"))
@@ -280,3 +287,37 @@ def test_an_sso_profiles_role_credentials_sign_the_requests(store, server, clean
         assert "current-login" not in str(error.value)
         with pytest.raises(ValueError, match=r"names sso_session 'nowhere', which has no \[sso-session nowhere\]"):
             open_remote(server, profile="broken")
+
+
+def test_an_expired_sso_session_login_is_refreshed_and_written_back(store, server, clean_env, monkeypatch):
+    # As the CLI does for an sso-session: SSO-OIDC's CreateToken with the login's refresh token; the new token
+    # and refresh token go back to the cache file. The older form (sso_start_url in the profile) has no
+    # refresh: its expired login asks for `aws sso login`.
+    start = "https://refresh.awsapps.com/start"
+    with CredentialsServer(role_credentials(server), sso_token="refreshed-login") as portal:
+        monkeypatch.setenv("HOME", str(clean_env))
+        monkeypatch.setenv("AWS_ENDPOINT_URL_SSO", portal.url)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_SSO_OIDC", portal.url)
+        (clean_env / "config").write_text(
+            "[profile dev]\nsso_session = corp\nsso_account_id = 111122223333\nsso_role_name = Reader\n"
+            "[profile dev2]\nsso_session = corp\nsso_account_id = 111122223333\nsso_role_name = Reader\n"
+            f"[sso-session corp]\nsso_start_url = {start}\nsso_region = eu-west-1\n"
+            f"[profile legacy]\nsso_start_url = {start}\nsso_region = eu-west-1\n"
+            "sso_account_id = 111122223333\nsso_role_name = Reader\n"
+        )
+        login = write_sso_login(clean_env, start, "stale-login", -60, refresh_token="refresh-1")
+        with pytest.raises(RuntimeError, match=r"profile 'legacy'.*has expired; run `aws sso login --profile legacy`"):
+            open_remote(server, profile="legacy")
+        assert portal.count("POST") == 0
+        reads_as_local(store, open_remote(server, profile="dev"))
+        assert portal.count("POST", "/token") == 1
+        written = json.loads(login.read_text())
+        assert written["accessToken"] == "refreshed-login" and written["refreshToken"] == "refresh-2"
+        assert time.mktime(time.strptime(written["expiresAt"], "%Y-%m-%dT%H:%M:%SZ")) > time.mktime(time.gmtime())
+        # A refresh the service refuses (a revoked refresh token) names why, and what to run (another
+        # profile: dev's credentials are kept by this process until they are due).
+        write_sso_login(clean_env, start, "stale-again", -30, refresh_token="revoked")
+        login.unlink()
+        expected = r"has expired and could not be refreshed \(CreateToken at .* HTTP 400\); run `aws sso login"
+        with pytest.raises(RuntimeError, match=expected):
+            open_remote(server, profile="dev2")

@@ -563,6 +563,13 @@ std::optional<Found> sso_found(const Context& context, const std::string& profil
           ? std::string()
           : configured_endpoint(context.env, context.config_file, files.config, files.config_source, "sso");
   if (request.endpoint.empty()) request.endpoint = concat("https://portal.sso.", region, ".amazonaws.com");
+  if (!session.empty()) {  // an sso-session's login can be refreshed (the older form's cannot)
+    request.oidc_endpoint =
+        context.ignore_configured_endpoints
+            ? std::string()
+            : configured_endpoint(context.env, context.config_file, files.config, files.config_source, "sso_oidc");
+    if (request.oidc_endpoint.empty()) request.oidc_endpoint = concat("https://oidc.", region, ".amazonaws.com");
+  }
   const std::optional<std::string> home = get(context.env, "HOME");
   if (!home)
     throw InvalidArgument(concat(files.config_source, ": AWS profile '", profile,
@@ -738,9 +745,9 @@ bool ignore_configured_endpoints(const Environment& env, const ConfigProfile& co
   return *ignore;
 }
 
-// The endpoint configured for an AWS service ("s3", "sts"): AWS_ENDPOINT_URL_<SERVICE>, AWS_ENDPOINT_URL,
-// the profile's services section's `<service>.endpoint_url`, the profile's `<service>.endpoint_url`, its
-// `endpoint_url`; "" when none.
+// The endpoint configured for an AWS service ("s3", "sts", "sso", "sso_oidc"): AWS_ENDPOINT_URL_<SERVICE>,
+// AWS_ENDPOINT_URL, the profile's services section's `<service>.endpoint_url`, the profile's `<service>.endpoint_url`,
+// its `endpoint_url`; "" when none.
 std::string configured_endpoint(const Environment& env, const SharedFile& config_file, const ConfigProfile& config,
                                 const std::string& config_source, const std::string& service) {
   std::string upper = service;

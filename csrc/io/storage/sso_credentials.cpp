@@ -1,13 +1,16 @@
 #include "io/storage/sso_credentials.h"
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <system_error>
+#include <variant>
 
 #include "core/errors.h"
+#include "io/file.h"
 #include "io/storage/credential_process.h"
 #include "io/storage/http_client.h"
 #include "io/storage/refreshing_credentials.h"
@@ -22,10 +25,13 @@ namespace {
 
 constexpr uintmax_t kMaxCacheFileBytes = 1 << 20;
 
+constexpr int64_t kRefreshAheadSeconds = 300;
+
 struct Token {
   std::string access_token;
   int64_t expires = 0;  // seconds since the epoch
   std::string path;
+  nlohmann::json file;  // the cache file as read
 };
 
 // An expiresAt as the CLI writes it: ISO 8601 with "Z" (v2) or "UTC" (v1).
@@ -58,7 +64,7 @@ std::optional<Token> cached_token(const std::string& cache_dir, const std::strin
     if (found_url != start_url) continue;
     const std::optional<int64_t> until = parse_expires_at(expires->get<std::string>());
     if (!until || token->get<std::string>().empty()) continue;
-    if (!best || *until > best->expires) best = Token{token->get<std::string>(), *until, entry.path().string()};
+    if (!best || *until > best->expires) best = Token{token->get<std::string>(), *until, entry.path().string(), file};
   }
   return best;
 }
@@ -71,6 +77,73 @@ std::string field(const nlohmann::json& object, const char* key, const std::stri
   return found->get<std::string>();
 }
 
+std::string string_of(const nlohmann::json& object, const char* key) {
+  const auto found = object.find(key);
+  return found != object.end() && found->is_string() ? found->get<std::string>() : std::string();
+}
+
+std::string iso8601(int64_t seconds) {
+  const std::time_t time = static_cast<std::time_t>(seconds);
+  std::tm utc{};
+  gmtime_r(&time, &utc);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+// The login refreshed through SSO-OIDC (CreateToken, grant type refresh_token) and written back to its
+// file; why not, when it cannot be.
+std::variant<Token, std::string> refreshed(const SsoRequest& request, const Token& token) {
+  const std::string client_id = string_of(token.file, "clientId"), secret = string_of(token.file, "clientSecret");
+  const std::string refresh_token = string_of(token.file, "refreshToken");
+  if (client_id.empty() || secret.empty() || refresh_token.empty()) return std::string("it holds no refresh token");
+  const std::optional<int64_t> registered = parse_expires_at(string_of(token.file, "registrationExpiresAt"));
+  if (registered && *registered <= seconds_now()) return std::string("its client registration has expired");
+  HttpRequest post;
+  post.url = request.oidc_endpoint + "/token";
+  post.method = "POST";
+  post.body = nlohmann::json{{"grantType", "refresh_token"},
+                             {"clientId", client_id},
+                             {"clientSecret", secret},
+                             {"refreshToken", refresh_token}}
+                  .dump();
+  post.headers = {"Content-Type: application/json", "Accept: application/json"};
+  ClientSettings settings;
+  settings.timeout_s = 30;
+  settings.connect_timeout_s = 5;
+  settings.retries = 3;
+  const HttpResponse response = HttpClient(settings, Signing{}).perform(post);
+  if (response.status != 200) {
+    return concat("CreateToken at ", request.oidc_endpoint, " answered ",
+                  response.status == 0 ? response.error : concat("HTTP ", response.status));
+  }
+  const nlohmann::json answer =
+      nlohmann::json::parse(std::string(response.body.begin(), response.body.end()), nullptr, false);
+  const std::string access = answer.is_object() ? string_of(answer, "accessToken") : std::string();
+  const auto lifetime = answer.is_object() ? answer.find("expiresIn") : answer.end();
+  if (access.empty() || lifetime == answer.end() || !lifetime->is_number_integer()) {
+    return concat("CreateToken at ", request.oidc_endpoint, " answered no accessToken and expiresIn");
+  }
+  Token fresh = token;
+  fresh.access_token = access;
+  fresh.expires = seconds_now() + lifetime->get<int64_t>();
+  fresh.file["accessToken"] = access;
+  fresh.file["expiresAt"] = iso8601(fresh.expires);
+  if (const std::string renewed = string_of(answer, "refreshToken"); !renewed.empty())
+    fresh.file["refreshToken"] = renewed;
+  // Written back as the CLI writes it (another file, renamed over it): the next process, and `aws`, use it.
+  const std::string temporary = concat(token.path, ".", current_process_id(), ".tmp");
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out << fresh.file.dump();
+    out.close();
+    std::error_code error;
+    if (!out || (std::filesystem::rename(temporary, token.path, error), error))
+      std::filesystem::remove(temporary, error);
+  }
+  return fresh;
+}
+
 }  // namespace
 
 AwsCredentials sso_role_credentials(const SsoRequest& request) {
@@ -79,12 +152,22 @@ AwsCredentials sso_role_credentials(const SsoRequest& request) {
   const std::string login = concat("run `aws sso login --profile ", request.profile, "`");
   const std::string what =
       concat("cannot fetch the SSO credentials of AWS profile '", request.profile, "' (", request.where, ")");
-  const std::optional<Token> token = cached_token(request.cache_dir, start_url);
+  std::optional<Token> token = cached_token(request.cache_dir, start_url);
   if (!token) {
     throw ReadError(concat(what, ": no SSO login for ", start_url, " in ", request.cache_dir, "; ", login));
   }
+  std::string not_refreshed;
+  if (!request.oidc_endpoint.empty() && token->expires <= seconds_now() + kRefreshAheadSeconds) {
+    std::variant<Token, std::string> fresh = refreshed(request, *token);
+    if (Token* renewed = std::get_if<Token>(&fresh)) {
+      token = std::move(*renewed);
+    } else {
+      not_refreshed = concat(" and could not be refreshed (", std::get<std::string>(fresh), ")");
+    }
+  }
   if (token->expires <= seconds_now()) {
-    throw ReadError(concat(what, ": the SSO login for ", start_url, " (", token->path, ") has expired; ", login));
+    throw ReadError(concat(what, ": the SSO login for ", start_url, " (", token->path, ") has expired", not_refreshed,
+                           "; ", login));
   }
   HttpRequest get;
   get.url = concat(request.endpoint, "/federation/credentials?account_id=", percent_encode(request.account_id, false),
