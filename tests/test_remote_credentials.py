@@ -6,6 +6,7 @@ small servers of the tests' own (remote_servers.CredentialsServer). Everything l
 
 import json
 import os
+import stat
 import time
 
 import boto3
@@ -313,6 +314,7 @@ def test_an_expired_sso_session_login_is_refreshed_and_written_back(store, serve
         assert portal.count("POST", "/token") == 1
         written = json.loads(login.read_text())
         assert written["accessToken"] == "refreshed-login" and written["refreshToken"] == "refresh-2"
+        assert stat.S_IMODE(login.stat().st_mode) == 0o600  # it holds tokens: its owner's only
         assert time.mktime(time.strptime(written["expiresAt"], "%Y-%m-%dT%H:%M:%SZ")) > time.mktime(time.gmtime())
         # A refresh the service refuses (a revoked refresh token) names why, and what to run (another
         # profile: dev's credentials are kept by this process until they are due).

@@ -1,5 +1,9 @@
 #include "io/storage/sso_credentials.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -132,14 +136,23 @@ std::variant<Token, std::string> refreshed(const SsoRequest& request, const Toke
   if (const std::string renewed = string_of(answer, "refreshToken"); !renewed.empty())
     fresh.file["refreshToken"] = renewed;
   // Written back as the CLI writes it (another file, renamed over it): the next process, and `aws`, use it.
+  // Readable by its owner only, from its creation on: it holds the tokens.
   const std::string temporary = concat(token.path, ".", current_process_id(), ".tmp");
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << fresh.file.dump();
-    out.close();
+  const std::string text = fresh.file.dump();
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    bool written = true;
+    for (size_t at = 0; written && at < text.size();) {
+      const ssize_t count = ::write(fd, text.data() + at, text.size() - at);
+      if (count < 0 && errno == EINTR) continue;
+      written = count > 0;
+      if (written) at += static_cast<size_t>(count);
+    }
+    written = ::close(fd) == 0 && written;
     std::error_code error;
-    if (!out || (std::filesystem::rename(temporary, token.path, error), error))
-      std::filesystem::remove(temporary, error);
+    if (!written || (std::filesystem::rename(temporary, token.path, error), error)) {
+      std::filesystem::remove(temporary, error);  // kept in memory only: the next fetch refreshes again
+    }
   }
   return fresh;
 }
