@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 #include <memory>
-#include <vector>
 
 #include "core/errors.h"
 #include "io/file.h"

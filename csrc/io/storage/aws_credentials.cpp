@@ -558,18 +558,16 @@ std::optional<Found> sso_found(const Context& context, const std::string& profil
     }
   }
   checked_region(region, settings_where + " sso_region");
-  request.endpoint =
-      context.ignore_configured_endpoints
-          ? std::string()
-          : configured_endpoint(context.env, context.config_file, files.config, files.config_source, "sso");
-  if (request.endpoint.empty()) request.endpoint = concat("https://portal.sso.", region, ".amazonaws.com");
-  if (!session.empty()) {  // an sso-session's login can be refreshed (the older form's cannot)
-    request.oidc_endpoint =
+  // The service's configured endpoint (unless configured ones are ignored), else AWS's.
+  const auto endpoint = [&](const std::string& service, const std::string& aws) {
+    const std::string configured =
         context.ignore_configured_endpoints
             ? std::string()
-            : configured_endpoint(context.env, context.config_file, files.config, files.config_source, "sso_oidc");
-    if (request.oidc_endpoint.empty()) request.oidc_endpoint = concat("https://oidc.", region, ".amazonaws.com");
-  }
+            : configured_endpoint(context.env, context.config_file, files.config, files.config_source, service);
+    return configured.empty() ? concat("https://", aws, ".", region, ".amazonaws.com") : configured;
+  };
+  request.endpoint = endpoint("sso", "portal.sso");
+  if (!session.empty()) request.oidc_endpoint = endpoint("sso_oidc", "oidc");  // the older form has no refresh
   const std::optional<std::string> home = get(context.env, "HOME");
   if (!home)
     throw InvalidArgument(concat(files.config_source, ": AWS profile '", profile,
@@ -610,20 +608,18 @@ std::optional<Found> role_credentials(const Context& context, const std::string&
   if (!request.web_identity_token_file.empty()) return role_found(context, request, Found{});
 
   Found source;
-  if (!source_profile.empty()) {
-    if (std::find(chain.begin(), chain.end(), source_profile) != chain.end() || source_profile == profile) {
-      // A profile that is its own source holds the keys the role is assumed with (as botocore reads it).
-      if (source_profile == profile) {
-        std::optional<AwsCredentials> keys;
-        if (files.credentials) keys = section_credentials(*files.credentials, files.credentials_source, profile);
-        if (!keys && files.config.found) keys = section_credentials(files.config.values, files.config_source, profile);
-        if (!keys) {
-          throw ReadError(
-              concat(where, ": AWS profile '", profile, "' is its own source_profile but holds no aws_access_key_id"));
-        }
-        source.credentials = *keys;
-        return role_found(context, request, source);
-      }
+  if (source_profile == profile) {
+    // A profile that is its own source holds the keys the role is assumed with (as botocore reads it).
+    std::optional<AwsCredentials> keys;
+    if (files.credentials) keys = section_credentials(*files.credentials, files.credentials_source, profile);
+    if (!keys && files.config.found) keys = section_credentials(files.config.values, files.config_source, profile);
+    if (!keys) {
+      throw ReadError(
+          concat(where, ": AWS profile '", profile, "' is its own source_profile but holds no aws_access_key_id"));
+    }
+    source.credentials = *keys;
+  } else if (!source_profile.empty()) {
+    if (std::find(chain.begin(), chain.end(), source_profile) != chain.end()) {
       throw InvalidArgument(concat(where, ": the source_profile of AWS profile '", profile, "' leads back to '",
                                    source_profile, "' (", join(chain, " -> "), " -> ", profile, ")"));
     }
@@ -786,6 +782,21 @@ AwsCredentials answered_credentials(std::string access_key_id, std::string secre
   }
   credentials.source = std::move(source);
   return credentials;
+}
+
+std::string read_token_file(const std::string& path, const std::string& name) {
+  constexpr std::streamsize kMaxTokenBytes = 64 << 10;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ReadError(concat("cannot read ", name, " ", path, ": ", std::strerror(errno)));
+  std::string token(static_cast<size_t>(kMaxTokenBytes) + 1, '\0');
+  in.read(token.data(), kMaxTokenBytes + 1);
+  if (in.bad()) throw ReadError(concat("cannot read ", name, " ", path, ": ", std::strerror(errno)));
+  token.resize(static_cast<size_t>(in.gcount()));
+  if (token.size() > static_cast<size_t>(kMaxTokenBytes)) {
+    throw ReadError(concat(name, " ", path, " holds more than ", kMaxTokenBytes, " bytes"));
+  }
+  while (!token.empty() && is_space(token.back())) token.pop_back();
+  return token;
 }
 
 std::optional<std::string> env_value(const Environment& env, const std::string& name) { return get(env, name); }

@@ -89,6 +89,11 @@ struct AwsSettings {
 // The value of an environment variable; nullopt when unset.
 using Environment = std::function<std::optional<std::string>(const std::string&)>;
 
+// The token a small file holds (a web identity's, a container's authorization token), read anew at each
+// call (they are rotated), trailing whitespace dropped. ReadError "cannot read <name> <path>: reason", or
+// naming a file of more than 64 KiB; nothing of its contents in any message.
+std::string read_token_file(const std::string& path, const std::string& name);
+
 // A variable's value; nullopt when unset or "".
 std::optional<std::string> env_value(const Environment& env, const std::string& name);
 // A true / false (1 / 0, any case) variable; nullopt when unset; InvalidArgument naming it otherwise.

@@ -1,13 +1,9 @@
 #include "io/storage/metadata_credentials.h"
 
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <vector>
 
 #include "core/errors.h"
@@ -71,18 +67,6 @@ bool allowed_http_host(const std::string& host) {
          host == "169.254.170.23" || host == "fd00:ec2::23";
 }
 
-std::string read_token_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw ReadError(concat("cannot read AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE ", path, ": ", std::strerror(errno)));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  std::string token = text.str();
-  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) token.pop_back();
-  return token;
-}
-
 double positive_seconds(const Environment& env, const char* name, double otherwise) {
   const std::optional<std::string> text = env_value(env, name);
   if (!text) return otherwise;
@@ -131,7 +115,7 @@ std::optional<AwsCredentials> container_credentials(const Environment& env) {
   get.headers = {"Accept: application/json"};
   std::string token;
   if (const std::optional<std::string> file = env_value(env, "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE")) {
-    token = read_token_file(*file);
+    token = read_token_file(*file, "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE");
   } else if (const std::optional<std::string> value = env_value(env, "AWS_CONTAINER_AUTHORIZATION_TOKEN")) {
     token = *value;
   }

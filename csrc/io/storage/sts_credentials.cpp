@@ -1,9 +1,5 @@
 #include "io/storage/sts_credentials.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "core/errors.h"
@@ -18,24 +14,6 @@ using core::concat;
 using core::ReadError;
 
 namespace {
-
-constexpr size_t kMaxTokenBytes = 64 << 10;
-
-std::string read_token(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw ReadError(concat(what, ": cannot read the web identity token file ", path, ": ", std::strerror(errno)));
-  std::ostringstream text;
-  text << in.rdbuf();
-  std::string token = text.str();
-  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) token.pop_back();
-  if (token.empty()) throw ReadError(concat(what, ": the web identity token file ", path, " is empty"));
-  if (token.size() > kMaxTokenBytes) {
-    throw ReadError(
-        concat(what, ": the web identity token file ", path, " holds more than ", kMaxTokenBytes, " bytes"));
-  }
-  return token;
-}
 
 // The one value of <tag> in STS's answer; ReadError when missing.
 std::string answer_value(const std::string& xml, const char* tag, const std::string& what) {
@@ -59,7 +37,18 @@ AwsCredentials assume_role(const RoleRequest& request, const std::string& endpoi
       {"Action", action}, {"Version", "2011-06-15"}, {"RoleArn", request.role_arn}, {"RoleSessionName", session_name}};
   if (request.duration_s > 0) form.emplace_back("DurationSeconds", std::to_string(request.duration_s));
   if (!request.external_id.empty() && !web_identity) form.emplace_back("ExternalId", request.external_id);
-  if (web_identity) form.emplace_back("WebIdentityToken", read_token(request.web_identity_token_file, what));
+  if (web_identity) {
+    std::string token;
+    try {
+      token = read_token_file(request.web_identity_token_file, "the web identity token file");
+    } catch (const ReadError& error) {
+      throw ReadError(concat(what, ": ", error.what()));
+    }
+    if (token.empty()) {
+      throw ReadError(concat(what, ": the web identity token file ", request.web_identity_token_file, " is empty"));
+    }
+    form.emplace_back("WebIdentityToken", token);
+  }
 
   HttpRequest post;
   post.url = endpoint + "/";
