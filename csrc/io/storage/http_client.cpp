@@ -11,6 +11,7 @@
 #include "core/errors.h"
 #include "io/file.h"
 #include "io/storage/curl_library.h"
+#include "io/storage/xml_text.h"
 
 namespace torch_shards::io::storage {
 
@@ -346,12 +347,9 @@ void HttpClient::perform(const std::vector<HttpRequest>& requests, std::vector<H
 
 std::string describe_error_body(const std::vector<uint8_t>& body) {
   const std::string text(body.begin(), body.end());
-  const auto tag = [&](const char* name) -> std::string {
-    const std::string open = concat("<", name, ">"), close = concat("</", name, ">");
-    const size_t start = text.find(open);
-    if (start == std::string::npos) return "";
-    const size_t end = text.find(close, start);
-    return end == std::string::npos ? "" : text.substr(start + open.size(), end - start - open.size());
+  const auto tag = [&](const char* name) {
+    const std::vector<std::string> values = xml_values(text, name);
+    return values.empty() ? std::string() : values.front();
   };
   const std::string code = tag("Code"), message = tag("Message");
   if (!code.empty()) return concat(code, message.empty() ? "" : ": ", message);
