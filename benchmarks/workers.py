@@ -28,8 +28,8 @@ worker processes. rows/s are the median over the rounds, after a warm-up epoch; 
 ratio of medians, "vs floor" the ratio to the queue floor at the same k.
 
 Memory (one more epoch of each worker row, sampled every 10 ms): the bytes of the slabs that exist
-(held by the workers, /proc/<pid>/fd, or mapped by the training process, /proc/self/maps; each
-counted once), at most, against prefetch_bytes per worker; the slabs made (distinct files) per 1,000
+(held by the row's workers, /proc/<pid>/fd, or mapped by the training process, /proc/self/maps,
+among those workers' slabs; each counted once), at most, against prefetch_bytes per worker; the slabs made (distinct files) per 1,000
 batches after the warm-up epoch (0: none made per batch; all recycled); and /dev/shm's growth (slabs
 never appear there). A last table does the same for 2 persistent workers with prefetch_bytes of 4, 16
 and 64 MB.
@@ -127,11 +127,13 @@ def memory_epoch(loader, batches):
 
     def sample():
         while not done.is_set():
-            slabs = mapped_here()
+            slabs = {}
             for pid in pids:
                 files = slab_files(pid)
                 seen.update(files)
                 slabs.update(files)
+            # Mapped here and made by these workers (other loaders' persistent workers stay mapped too).
+            slabs.update({inode: size for inode, size in mapped_here().items() if inode in seen | seen_before})
             peak[0] = max(peak[0], sum(slabs.values()))
             shm_peak[0] = max(shm_peak[0], dev_shm_bytes() - shm_start)
             time.sleep(0.01)

@@ -12,23 +12,29 @@ num_workers=0, behave as with torch's DataLoader."""
 import collections
 import inspect
 import warnings
+import weakref
 
 import torch.utils.data
 from torch.utils.data import get_worker_info
 
 from .dataset import ShardedDataset
-from .transfer import Unit
+from .transfer import Unit, forget_dead_workers
 
 
 class _WholeUnits:
     """worker_init_fn: tells the worker's copy of the dataset to send whole
-    units, then runs the user's worker_init_fn (picklable for spawn)."""
+    units, and whether the worker is persistent (it then keeps its slabs
+    mapped here between epochs), then runs the user's worker_init_fn
+    (picklable for spawn)."""
 
-    def __init__(self, user_fn):
+    def __init__(self, user_fn, persistent):
         self.user_fn = user_fn
+        self.persistent = persistent
 
     def __call__(self, worker_id):
-        get_worker_info().dataset._whole_units = True
+        dataset = get_worker_info().dataset
+        dataset._whole_units = True
+        dataset._persistent_worker = self.persistent
         if self.user_fn is not None:
             self.user_fn(worker_id)
 
@@ -147,6 +153,7 @@ class DataLoader(torch.utils.data.DataLoader):
     """
 
     __signature__ = _TORCH_SIGNATURE
+    _kept_workers = None  # a weak reference to torch's iterator of persistent workers, once finalized
 
     def __init__(self, *args, **kwargs):
         bound = _TORCH_SIGNATURE.bind(None, *args, **kwargs)
@@ -168,7 +175,9 @@ class DataLoader(torch.utils.data.DataLoader):
             and dataset.worker_transport == "handles"
         )
         if self._whole_units:
-            arguments["worker_init_fn"] = _WholeUnits(arguments.get("worker_init_fn"))
+            arguments["worker_init_fn"] = _WholeUnits(
+                arguments.get("worker_init_fn"), bool(arguments.get("persistent_workers", False))
+            )
             if not arguments.get("in_order", True):
                 warnings.warn(
                     "ts.DataLoader: in_order=False is not applied to a ShardedDataset: its batches come in torch's "
@@ -184,4 +193,10 @@ class DataLoader(torch.utils.data.DataLoader):
         length = None if self.dataset.cycle else len(self)
         # Until a worker claims the new epoch, a checkpoint is its start (not the last epoch's, long finished).
         self.dataset.native.workers_starting()
-        return _Batches(super().__iter__(), self.num_workers, length)
+        items = super().__iter__()
+        if self.persistent_workers and (self._kept_workers is None or self._kept_workers() is not items):
+            # Persistent workers keep their slabs mapped here between epochs: let go of them once torch's
+            # iterator is gone (it stops its workers first).
+            weakref.finalize(items, forget_dead_workers)
+            self._kept_workers = weakref.ref(items)
+        return _Batches(items, self.num_workers, length)

@@ -132,7 +132,7 @@ def mapped_slabs():
 
 def forget_dead_workers():
     """Unmaps the slabs of DataLoader workers that have exited (done by itself the next time a worker's slab
-    is first mapped; ts.DataLoader does it when its iteration ends)."""
+    is first mapped, and by ts.DataLoader once its persistent workers are gone)."""
     direct.forget_dead_workers()
 
 

@@ -338,7 +338,7 @@ Unpacked unpack_batches(const std::vector<int64_t>& description, const std::vect
     for (sources::Batch& batch : cut_unit(cut)) out.batches.push_back(std::move(batch));
   }
   core::check_argument(reader.done(), "unpack: the description has words left over");
-  // The worker's iteration sends nothing more: its slabs stay mapped only as long as these batches' views.
+  // The worker sends nothing more: its slabs stay mapped only as long as these batches' views.
   if (last) forget_slab_owner(owner.nonce);
   return out;
 }

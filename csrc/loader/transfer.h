@@ -50,9 +50,10 @@ struct Packed {
 // each with how it is cut into batches) as views of the slabs and other
 // storages they use, taking one lease on each slab. `worker` and
 // `worker_batches` (the batches each worker of the iteration delivers; -1
-// and empty when not known) travel along; `last` says that this worker's
-// iteration sends nothing after it (the main process may then let go of its
-// slabs once their batches are gone). The slabs this process freed since
+// and empty when not known) travel along; `last` says that this worker
+// sends nothing after it (the main process may then let go of its slabs once
+// their batches are gone; a persistent worker, whose next epoch reuses them,
+// does not say it, so they stay mapped). The slabs this process freed since
 // the last call travel along too.
 TORCH_SHARDS_API Packed pack(const std::vector<UnitCut>& units, int64_t worker,
                              const std::vector<int64_t>& worker_batches, bool last);

@@ -16,8 +16,10 @@
 //   pack(batches, worker, worker_batches, last)
 //       (description bytes, field names, other storages as uint8 tensors), or
 //       None if a value is not a CPU tensor (dense or sparse CSR)
-//   poll_packed(handle, timeout_ms, max_bytes, endless)
-//       BatchIterator.take_units' units, packed as pack() does, or None
+//   poll_packed(handle, timeout_ms, max_bytes, sends_again)
+//       BatchIterator.take_units' units, packed as pack() does, or None; sends_again: the worker sends
+//       more after this iteration (an endless stream, or a persistent worker's next epoch), so its last
+//       units are not marked last
 //   unpack(description, names, others)
 //       (list of batch dicts, worker, worker_batches)
 //   unpack_lazy(description, names, others)
@@ -235,7 +237,7 @@ PyObject* pack_batches(PyObject* /*module*/, PyObject* const* args, Py_ssize_t n
 PyObject* poll_packed(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   if (nargs != 4) {
-    PyErr_Format(PyExc_TypeError, "poll_packed(handle, timeout_ms, max_bytes, endless) takes 4 arguments, got %zd",
+    PyErr_Format(PyExc_TypeError, "poll_packed(handle, timeout_ms, max_bytes, sends_again) takes 4 arguments, got %zd",
                  nargs);
     return nullptr;
   }
@@ -244,15 +246,15 @@ PyObject* poll_packed(PyObject* /*module*/, PyObject* const* args, Py_ssize_t na
   if (timeout_ms == -1 && PyErr_Occurred()) return nullptr;
   const long long max_bytes = PyLong_AsLongLong(args[2]);
   if (max_bytes == -1 && PyErr_Occurred()) return nullptr;
-  const int endless = PyObject_IsTrue(args[3]);
-  if (endless < 0) return nullptr;
+  const int sends_again = PyObject_IsTrue(args[3]);
+  if (sends_again < 0) return nullptr;
   std::vector<torch_shards::UnitCut> units;
   {
     pybind11::gil_scoped_release no_gil;  // as poll()
     units = torch_shards::DatasetDoor::take_units(*impl, timeout_ms, max_bytes);
   }
   if (units.empty()) Py_RETURN_NONE;
-  const bool last = endless == 0 && impl->batches_delivered() == impl->num_batches();
+  const bool last = sends_again == 0 && impl->batches_delivered() == impl->num_batches();
   return packed_tuple(torch_shards::pack(units, torch_shards::DatasetDoor::iteration(*impl).worker,
                                          torch_shards::DatasetDoor::worker_batches(*impl), last));
   END_HANDLE_TH_ERRORS
@@ -397,7 +399,7 @@ PyMethodDef methods[] = {
     {"pack", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pack_batches)), METH_FASTCALL,
      "pack(batches, worker, worker_batches, last): batches as they cross from a DataLoader worker, or None"},
     {"poll_packed", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(poll_packed)), METH_FASTCALL,
-     "poll_packed(handle, timeout_ms, max_bytes, endless): BatchIterator.take_units' units, packed, or None"},
+     "poll_packed(handle, timeout_ms, max_bytes, sends_again): BatchIterator.take_units' units, packed, or None"},
     {"unpack_lazy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(unpack_lazy)), METH_FASTCALL,
      "unpack_lazy(description, names, others): (batches for take(), worker, worker_batches)"},
     {"take", take_batch, METH_O, "take(batches): unpack_lazy's next batch as a dict, or None after the last"},
