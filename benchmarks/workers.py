@@ -31,8 +31,8 @@ Memory (one more epoch of each worker row, sampled every 10 ms): the bytes of th
 (held by the row's workers, /proc/<pid>/fd, or mapped by the training process, /proc/self/maps,
 among those workers' slabs; each counted once), at most, against prefetch_bytes per worker; the slabs
 made (distinct files) per 1,000 batches after the warm-up epoch (0: none made per batch; all
-recycled); and /dev/shm's growth (slabs never appear there). A last table does the same for 2 persistent workers with prefetch_bytes of 4, 16
-and 64 MB.
+recycled); and /dev/shm's growth (slabs never appear there). A last table does the same for 2
+persistent workers with prefetch_bytes of 4, 16 and 64 MB.
 
 Writes benchmarks/results/workers.txt and .json (--out names another prefix), and with matplotlib
 workers.png: rows/s against the number of workers, a panel per source and batch size (persistent
