@@ -524,8 +524,31 @@ def test_a_warm_cache_is_read_by_the_cpus_share_of_threads(http, tmp_path):
     for number, _ in enumerate(dataset):
         if number == len(dataset) - 5:
             stats = dataset.reader_stats()[0]
-    units = [stats[f"thread{k}_units"] for k in range(stats["threads"])]
+    units = [stats[key] for key in stats if key.startswith("thread") and key.endswith("_units")]
     assert len(units) >= 32 and sum(units[cpus:]) <= 0.1 * sum(units), units
+    # The fill epoch's last reads waited on no request: this one started the CPUs' share of threads alone.
+    assert stats["threads"] == cpus, stats
+
+
+def test_an_epoch_started_on_the_cpus_share_starts_the_other_threads_once_reads_wait(data_dir, http, tmp_path):
+    # An epoch whose last read waited on no request has the next one start the CPUs' share of threads alone
+    # (starting 32 threads and 31 helpers each epoch cost an epoch of a cached collection 4%). Here the
+    # collection's second part is held whole in the cache and read last (Streaming, one unit at a time), its
+    # first part (zarr v2 chunks, no cache) read first: each later epoch starts on the CPUs' share, its first
+    # read waits on requests and starts the others. Every row once, every epoch.
+    cpus = len(os.sched_getaffinity(0))
+    if cpus >= 16:
+        pytest.skip(f"{cpus} CPUs: the default reader threads for URLs are hardly more than the CPUs")
+    waiting = source_of(http.url, "chunks_v2.zarr")
+    whole = source_of(http.url, "sharded.zarr", cache_dir=tmp_path / "cache")
+    dataset = ts.ShardedDataset(ts.Collection([waiting, whole]), ts.Streaming(), batch_size=8, prefetch=1)
+    for epoch in range(3):
+        rows, stats = [], None
+        for batch in dataset:
+            rows += batch["index"].tolist()
+            stats = dataset.reader_stats()[0]
+        assert rows == list(range(2 * ROWS)), epoch
+        assert stats["threads"] >= 32, (epoch, stats)  # all started: at the first read that waited
 
 
 def test_the_cache_never_serves_a_replaced_object(data_dir, tmp_path):

@@ -751,7 +751,10 @@ class ShardedDataset(IterableDataset, NativeBacked):
         Returns:
             list[dict[str, int]]: one dict per unfinished iteration: units, rows
             and bytes delivered, queue_depth, in_flight, wait_us (time the loop
-            waited for data), read_us, threads and thread<k>_units, among others.
+            waited for data), read_us, threads (started so far: an epoch after
+            one whose reads ended waiting on no request starts the CPUs' share,
+            and the others once a read waits) and thread<k>_units (each thread
+            of the iteration), among others.
         """
         return [dict(stats) for stats in self.native.reader_stats()]
 

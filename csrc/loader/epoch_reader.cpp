@@ -49,6 +49,7 @@ EpochReader::EpochReader(std::shared_ptr<const sources::Source> source, core::Un
       options_(options),
       num_units_(cursor_.num_units() - cursor_.position()),
       tensors_(options.memory, options.buffers),
+      reads_wait_(options.reads_wait == nullptr || options.reads_wait->load(std::memory_order_relaxed)),
       owner_pid_(io::current_process_id()) {
   core::check_argument(options.num_threads >= 1, "num_threads must be >= 1, got ", options.num_threads);
   core::check_argument(options.prefetch >= 0, "prefetch must be >= 0, got ", options.prefetch);
@@ -91,6 +92,7 @@ void EpochReader::close() {
   for (auto& thread : threads_) thread->join();
   threads_.clear();
   helpers_.reset();  // joins the helper threads
+  local_helpers_.reset();
 }
 
 bool EpochReader::closed() const {
@@ -192,9 +194,13 @@ EpochReader::Unit EpochReader::read_piece(const Piece& piece, core::ThreadPool& 
   unit.batch =
       planned->fill_checked(std::vector<at::Tensor>(tensors.begin(), tensors.begin() + num_outputs), context, since);
   const bool waits = planned->waits_on_requests();
-  if (reads_wait_.exchange(waits, std::memory_order_relaxed) != waits && waits) {
-    std::lock_guard<std::mutex> lock(mutex_);  // a thread about to sit out sees the flag, or is notified
-    sitting_out_.notify_all();
+  if (reads_wait_.exchange(waits, std::memory_order_relaxed) != waits) {
+    if (options_.reads_wait) options_.reads_wait->store(waits, std::memory_order_relaxed);
+    if (waits) {
+      std::lock_guard<std::mutex> lock(mutex_);  // a thread about to sit out sees the flag, or is notified
+      start_waiting_threads_locked();
+      sitting_out_.notify_all();
+    }
   }
   at::Tensor indexes = tensors[num_outputs];
   if (count > 0) std::memcpy(indexes.data_ptr<int64_t>(), rows.data(), rows.size() * sizeof(int64_t));
@@ -211,11 +217,25 @@ EpochReader::Unit EpochReader::read_piece(const Piece& piece, core::ThreadPool& 
   return unit;
 }
 
-void EpochReader::start_threads() {
+void EpochReader::start_threads_locked() {
   started_ = true;
-  if (options_.num_threads > 1)
+  const bool local = options_.local_threads > 0 && options_.local_threads < options_.num_threads;
+  if (local && options_.local_threads > 1)
+    local_helpers_ = std::make_unique<core::ThreadPool>(static_cast<int>(options_.local_threads - 1));
+  if (local && !reads_wait_.load(std::memory_order_relaxed)) {
+    for (int64_t t = 0; t < options_.local_threads; ++t) {
+      threads_.push_back(std::make_unique<std::thread>([this, t] { reader_loop(static_cast<size_t>(t)); }));
+    }
+    return;  // the others at the first read that waits
+  }
+  start_waiting_threads_locked();
+}
+
+void EpochReader::start_waiting_threads_locked() {
+  if (stopping_ || !started_ || static_cast<int64_t>(threads_.size()) == options_.num_threads) return;
+  if (options_.num_threads > 1 && !helpers_)
     helpers_ = std::make_unique<core::ThreadPool>(static_cast<int>(options_.num_threads - 1));
-  for (int64_t t = 0; t < options_.num_threads; ++t) {
+  for (int64_t t = static_cast<int64_t>(threads_.size()); t < options_.num_threads; ++t) {
     threads_.push_back(std::make_unique<std::thread>([this, t] { reader_loop(static_cast<size_t>(t)); }));
   }
 }
@@ -225,6 +245,7 @@ void EpochReader::reader_loop(size_t thread) {
   const int64_t ahead = options_.prefetch;
   for (;;) {
     Piece piece;
+    core::ThreadPool* helpers = nullptr;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       // A piece starts while fewer than `prefetch` are out and their bytes are
@@ -246,6 +267,13 @@ void EpochReader::reader_loop(size_t thread) {
                (out < limit && (out_bytes_ < options_.prefetch_bytes || out == 0));
       });
       if (stopping_ || failed_ || !more_pieces()) return;
+      // The helpers of this piece's large copies (made under this lock): while reads wait on no
+      // request, as many as the threads that read then (none for one: it reads alone).
+      helpers = helpers_.get();
+      if (options_.local_threads > 0 && options_.local_threads < options_.num_threads &&
+          !reads_wait_.load(std::memory_order_relaxed)) {
+        helpers = local_helpers_.get();
+      }
       piece = claim();
       slots_.emplace_back();
       out_bytes_ += piece.estimate;
@@ -257,7 +285,7 @@ void EpochReader::reader_loop(size_t thread) {
     const auto start = Clock::now();
     if (!result.error) {
       try {
-        core::ThreadPool& pool = helpers_ && piece.estimate >= kParallelBytes ? *helpers_ : inline_pool;
+        core::ThreadPool& pool = helpers != nullptr && piece.estimate >= kParallelBytes ? *helpers : inline_pool;
         result.unit = read_piece(piece, pool);
         result.bytes = batch_bytes(result.unit->batch);
       } catch (...) {
@@ -324,7 +352,7 @@ std::optional<EpochReader::Unit> EpochReader::next() {
   }
   const auto start = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!started_) start_threads();
+  if (!started_) start_threads_locked();
   const auto ready = [&] {
     return stopping_ || (failed_ && slots_.empty()) || (!slots_.empty() && slots_.front().ready);
   };
@@ -340,7 +368,7 @@ bool EpochReader::wait(int64_t timeout_ms) {
   if (options_.prefetch == 0 || units_delivered_ >= num_units_) return true;
   const auto start = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!started_) start_threads();
+  if (!started_) start_threads_locked();
   const bool ready = unit_ready_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0)), [&] {
     return stopping_ || (failed_ && slots_.empty()) || (!slots_.empty() && slots_.front().ready);
   });

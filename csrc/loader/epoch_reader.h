@@ -68,6 +68,12 @@ struct ReaderOptions {
   // CPUs and push the units out of the CPU's caches before they are taken. 0: as always.
   int64_t local_threads = 0;
   int64_t local_prefetch = 0;
+  // Whether reads wait on requests, carried from one epoch's reader to the next (null: assumed at first).
+  // A reader whose last predecessor ended reading with no wait starts its local_threads only (and their
+  // helpers): the other threads, and their helpers, start at the first read that waits. Starting 32
+  // threads and 31 helpers each epoch cost an epoch of a cached collection on 2 CPUs 1.5 ms before its
+  // first batch and 6-9% of its rows/s (benchmarks/remote.py's, 34 ms).
+  std::shared_ptr<std::atomic<bool>> reads_wait;
 };
 
 class EpochReader {
@@ -132,7 +138,7 @@ class EpochReader {
   Piece claim();  // under mutex_
   Unit read_piece(const Piece& piece, core::ThreadPool& pool);
   int64_t estimate_bytes(int64_t rows) const;
-  void start_threads();
+  void start_threads_locked();  // under mutex_
   void reader_loop(size_t thread);
   Unit take(Slot& slot);
 
@@ -154,6 +160,11 @@ class EpochReader {
   std::atomic<int64_t> units_delivered_{0};      // the cursor's units, as num_units_
   std::unique_ptr<core::ThreadPool> main_pool_;  // prefetch == 0: the calling thread's helpers
   std::unique_ptr<core::ThreadPool> helpers_;    // prefetch > 0: shared by the reader threads for large pieces
+  // local_threads > 1 (and < num_threads): the helpers while reads wait on no request, as many as the
+  // threads that read then (not the 31 of 32 URL threads, which would take turns on the CPUs)
+  std::unique_ptr<core::ThreadPool> local_helpers_;
+  // Starts the reader threads not started yet (and the helpers they share); under mutex_.
+  void start_waiting_threads_locked();
 
   // prefetch > 0
   mutable std::mutex mutex_;

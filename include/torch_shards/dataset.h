@@ -18,6 +18,7 @@
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <iterator>
 #include <memory>
@@ -268,6 +269,8 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   std::shared_ptr<const Iteration> worker_resume_;
   // Output memory recycled across this process's iterations (a copy rebuilt in a worker makes its own).
   std::shared_ptr<BufferPool> buffers_;
+  // Whether the reads of this process's last iteration waited on requests when it ended (ReaderOptions).
+  std::shared_ptr<std::atomic<bool>> reads_wait_ = std::make_shared<std::atomic<bool>>(true);
 };
 
 // torch.classes.torch_shards.BatchIterator: one epoch of one rank's (or
