@@ -133,7 +133,8 @@ def memory_epoch(loader, batches):
                 seen.update(files)
                 slabs.update(files)
             # Mapped here and made by these workers (other loaders' persistent workers stay mapped too).
-            slabs.update({inode: size for inode, size in mapped_here().items() if inode in seen | seen_before})
+            ours = seen | seen_before
+            slabs.update({inode: size for inode, size in mapped_here().items() if inode in ours})
             peak[0] = max(peak[0], sum(slabs.values()))
             shm_peak[0] = max(shm_peak[0], dev_shm_bytes() - shm_start)
             time.sleep(0.01)

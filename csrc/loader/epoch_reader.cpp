@@ -21,6 +21,11 @@ using Clock = std::chrono::steady_clock;
 // threads already read several pieces at once.
 constexpr int64_t kParallelBytes = int64_t{4} << 20;
 
+// Whether the reader has fewer threads for reads that wait on no request than for those that wait.
+bool reads_locally_on_fewer(const ReaderOptions& options) {
+  return options.local_threads > 0 && options.local_threads < options.num_threads;
+}
+
 int64_t tensor_bytes(const at::Tensor& tensor) {
   if (tensor.layout() == at::kSparseCsr) {
     return tensor_bytes(tensor.crow_indices()) + tensor_bytes(tensor.col_indices()) + tensor_bytes(tensor.values());
@@ -219,7 +224,7 @@ EpochReader::Unit EpochReader::read_piece(const Piece& piece, core::ThreadPool& 
 
 void EpochReader::start_threads_locked() {
   started_ = true;
-  const bool local = options_.local_threads > 0 && options_.local_threads < options_.num_threads;
+  const bool local = reads_locally_on_fewer(options_);
   if (local && options_.local_threads > 1)
     local_helpers_ = std::make_unique<core::ThreadPool>(static_cast<int>(options_.local_threads - 1));
   if (local && !reads_wait_.load(std::memory_order_relaxed)) {
@@ -270,8 +275,7 @@ void EpochReader::reader_loop(size_t thread) {
       // The helpers of this piece's large copies (made under this lock): while reads wait on no
       // request, as many as the threads that read then (none for one: it reads alone).
       helpers = helpers_.get();
-      if (options_.local_threads > 0 && options_.local_threads < options_.num_threads &&
-          !reads_wait_.load(std::memory_order_relaxed)) {
+      if (reads_locally_on_fewer(options_) && !reads_wait_.load(std::memory_order_relaxed)) {
         helpers = local_helpers_.get();
       }
       piece = claim();
