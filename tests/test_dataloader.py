@@ -316,6 +316,16 @@ def test_a_unit_whose_row_offsets_reach_past_its_values_is_refused_before_it_is_
     batches, _, _ = direct.unpack(unit(0, 0, 4, 8, 1, 4, 1), ["X"], [storage])
     assert [batch["X"].to_dense().tolist() for batch in batches] == [[[1.5, 0, 0, 0]], [[0, 0, 0, 2.5]]]
     assert longs[8:12].tolist() == [0, 1, 0, 1]  # rebased in place
+    # ts.DataLoader's way: the unit is cut where each batch is taken, checked all the same.
+    longs[8:12] = -1
+    with pytest.raises(ValueError, match="offsets set aside for 'X' do not fit 2 batches of 2 rows"):
+        direct.unpack_lazy(unit(0, 0, 4, 8, 1, 3, 1), ["X"], [storage])
+    pending, _, _ = direct.unpack_lazy(unit(0, 0, 4, 8, 1, 4, 1), ["X"], [storage])
+    first = direct.take(pending)
+    assert first["X"].to_dense().tolist() == [[1.5, 0, 0, 0]] and longs[8:12].tolist() == [0, 1, -1, -1]
+    assert direct.take(pending)["X"].to_dense().tolist() == [[0, 0, 0, 2.5]]
+    assert longs[8:12].tolist() == [0, 1, 0, 1]
+    assert direct.take(pending) is None and direct.take(pending) is None
 
 
 def test_a_slab_handle_that_names_no_slab_is_refused_naming_the_process_and_the_way_out():

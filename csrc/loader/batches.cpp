@@ -65,33 +65,19 @@ at::Tensor rows_view(const at::Tensor& base, int64_t first, int64_t count) {
   return at::Tensor(std::move(impl));
 }
 
-// The batches of a unit's sparse CSR tensor: views of its columns and values,
-// with row offsets rebased for every batch in `rebased` (or a new tensor).
+// Batch b of a unit's sparse CSR field (rows [first_row, first_row + count)): views of its columns and
+// values, with its row offsets rebased into `rebased` (rows + batches entries: batch b's count + 1 from
+// first_row + b).
 template <typename Index>
-std::vector<at::Tensor> split_csr(const at::Tensor& tensor, int64_t batch_size, at::Tensor rebased) {
-  const at::Tensor offsets = tensor.crow_indices();
-  const int64_t rows = tensor.size(0);
-  const int64_t batches = (rows + batch_size - 1) / batch_size;
-  if (!rebased.defined()) rebased = at::empty({rows + batches}, offsets.options());
-  TORCH_INTERNAL_ASSERT(rebased.numel() == rows + batches && rebased.scalar_type() == offsets.scalar_type() &&
-                        rebased.is_contiguous());
-  const Index* source = offsets.data_ptr<Index>();
-  Index* dest = rebased.data_ptr<Index>();
-  // Each accessor of a sparse tensor's parts makes a new view (an allocation and a dispatch): once, not per batch.
-  const at::Tensor columns = tensor.col_indices(), values = tensor.values();
-  const at::TensorOptions options = values.options().layout(at::kSparseCsr);
-  std::vector<at::Tensor> out;
-  out.reserve(static_cast<size_t>(batches));
-  for (int64_t b = 0, first_row = 0; b < batches; ++b, first_row += batch_size) {
-    const int64_t count = std::min(batch_size, rows - first_row);
-    const Index first = source[first_row], last = source[first_row + count];
-    Index* slot = dest + first_row + b;  // batch b's count + 1 offsets
-    for (int64_t r = 0; r <= count; ++r) slot[r] = source[first_row + r] - first;
-    out.push_back(at::_sparse_csr_tensor_unsafe(
-        rows_view(rebased, first_row + b, count + 1), rows_view(columns, first, last - first),
-        rows_view(values, first, last - first), {count, tensor.size(1)}, options));
-  }
-  return out;
+at::Tensor csr_batch(const at::Tensor& tensor, const at::Tensor& offsets, const at::Tensor& columns,
+                     const at::Tensor& values, const at::Tensor& rebased, int64_t b, int64_t first_row, int64_t count) {
+  const Index* source = offsets.const_data_ptr<Index>() + first_row;
+  Index* slot = rebased.mutable_data_ptr<Index>() + first_row + b;
+  const Index first = source[0], last = source[count];
+  for (int64_t r = 0; r <= count; ++r) slot[r] = source[r] - first;
+  return at::_sparse_csr_tensor_unsafe(rows_view(rebased, first_row + b, count + 1),
+                                       rows_view(columns, first, last - first), rows_view(values, first, last - first),
+                                       {count, tensor.size(1)}, values.options().layout(at::kSparseCsr));
 }
 
 }  // namespace
@@ -114,25 +100,62 @@ int64_t rows_of(const sources::Batch& batch, const std::string& who) {
   return rows;
 }
 
+UnitBatches::UnitBatches(const UnitCut& cut) : batch_size_(cut.batch_size) {
+  for (const auto& item : cut.unit) {
+    names_.push_back(item.key());
+    fields_.push_back(Field{item.value(), {}, {}, {}, {}});
+  }
+  if (batch_size_ == 0) return;  // one batch, as it is
+  rows_ = rows_of(cut.unit, "split_into_batches");
+  batches_ = (rows_ + batch_size_ - 1) / batch_size_;
+  whole_ = batches_ == 1;
+  if (whole_) return;
+  for (size_t f = 0; f < fields_.size(); ++f) {
+    Field& field = fields_[f];
+    const at::Tensor& tensor = field.tensor;
+    if (tensor.layout() != at::kSparseCsr) continue;
+    field.offsets = tensor.crow_indices();
+    field.columns = tensor.col_indices();
+    field.values = tensor.values();
+    const auto given = cut.offsets.find(names_[f]);
+    field.rebased =
+        given != cut.offsets.end() ? given->value() : at::empty({rows_ + batches_}, field.offsets.options());
+    TORCH_INTERNAL_ASSERT(field.rebased.numel() == rows_ + batches_ &&
+                          field.rebased.scalar_type() == field.offsets.scalar_type() && field.rebased.is_contiguous());
+  }
+}
+
+void UnitBatches::cut(int64_t b, std::vector<at::Tensor>& out) const {
+  TORCH_INTERNAL_ASSERT(b >= 0 && b < batches_);
+  if (whole_) {
+    for (const Field& field : fields_) out.push_back(field.tensor);
+    return;
+  }
+  const int64_t first_row = b * batch_size_, count = std::min(batch_size_, rows_ - first_row);
+  for (const Field& field : fields_) {
+    if (!field.offsets.defined()) {
+      out.push_back(rows_view(field.tensor, first_row, count));
+    } else if (field.offsets.scalar_type() == at::kInt) {
+      out.push_back(csr_batch<int32_t>(field.tensor, field.offsets, field.columns, field.values, field.rebased, b,
+                                       first_row, count));
+    } else {
+      out.push_back(csr_batch<int64_t>(field.tensor, field.offsets, field.columns, field.values, field.rebased, b,
+                                       first_row, count));
+    }
+  }
+}
+
 std::vector<sources::Batch> split_into_batches(const sources::Batch& unit, int64_t batch_size,
                                                const sources::Batch& offsets) {
-  const int64_t rows = rows_of(unit, "split_into_batches");
-  const int64_t batches = (rows + batch_size - 1) / batch_size;
-  if (batches == 1) return {unit};
-  std::vector<sources::Batch> out(static_cast<size_t>(batches));
-  for (const auto& item : unit) {
-    const at::Tensor& tensor = item.value();
-    if (tensor.layout() == at::kSparseCsr) {
-      const at::Tensor rebased = offsets.contains(item.key()) ? offsets.at(item.key()) : at::Tensor();
-      std::vector<at::Tensor> parts = tensor.crow_indices().scalar_type() == at::kInt
-                                          ? split_csr<int32_t>(tensor, batch_size, rebased)
-                                          : split_csr<int64_t>(tensor, batch_size, rebased);
-      for (int64_t b = 0; b < batches; ++b) out[b].insert(item.key(), parts[b]);
-      continue;
-    }
-    for (int64_t b = 0; b < batches; ++b) {
-      out[b].insert(item.key(), rows_view(tensor, b * batch_size, std::min(batch_size, rows - b * batch_size)));
-    }
+  const UnitBatches batches(UnitCut{unit, batch_size, offsets});
+  if (batches.size() == 1) return {unit};
+  std::vector<sources::Batch> out(static_cast<size_t>(batches.size()));
+  std::vector<at::Tensor> fields;
+  const std::vector<std::string>& names = batches.names();
+  for (int64_t b = 0; b < batches.size(); ++b) {
+    fields.clear();
+    batches.cut(b, fields);
+    for (size_t f = 0; f < names.size(); ++f) out[b].insert(names[f], std::move(fields[f]));
   }
   return out;
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <torch_shards/export.h>
 #include "loader/sources/source.h"
 
 namespace torch_shards {
@@ -26,14 +27,6 @@ int64_t batch_bytes(const sources::Batch& batch);
 // tensors where no field has the bit.
 sources::Batch with_views_resolved(const sources::Batch& batch);
 
-// Batches of batch_size rows (the last may be short): views of the unit's
-// tensors. CSR tensors become views of their columns and values, with row
-// offsets rebased for every batch into `offsets[field]` when given (rows +
-// batches entries of the field's index dtype: the reader carves it from the
-// unit's own storage), else into one new tensor per field.
-std::vector<sources::Batch> split_into_batches(const sources::Batch& unit, int64_t batch_size,
-                                               const sources::Batch& offsets = sources::Batch());
-
 // A unit and how it is cut into batches: what crosses from a DataLoader
 // worker (transfer.h), cut only where the batches are taken.
 struct UnitCut {
@@ -42,6 +35,40 @@ struct UnitCut {
   int64_t batch_size = 0;
   sources::Batch offsets;  // split_into_batches' offsets for the unit's CSR fields (may be empty)
 };
+
+// The batches of one unit, cut one at a time where they are taken: batches
+// of batch_size rows (the last may be short), views of the unit's tensors.
+// CSR tensors become views of their columns and values, with row offsets
+// rebased for each batch into `offsets[field]` when given (rows + batches
+// entries of the field's index dtype: the reader carves it from the unit's
+// own storage), else into one new tensor per field. A unit of one batch (or
+// batch size 0) is that batch, its tensors as they are. Throws
+// InvalidArgument (rows_of) if the unit's fields disagree on their rows.
+class TORCH_SHARDS_API UnitBatches {
+ public:
+  explicit UnitBatches(const UnitCut& cut);
+
+  int64_t size() const { return batches_; }
+  // The fields' names, in the unit's order.
+  const std::vector<std::string>& names() const { return names_; }
+  // Batch b's tensors (b in [0, size())), in names()' order, appended to `out`.
+  void cut(int64_t b, std::vector<at::Tensor>& out) const;
+
+ private:
+  struct Field {
+    at::Tensor tensor;  // the unit's
+    // A CSR field's parts (each accessor of a sparse tensor makes a new view: taken once, not per batch).
+    at::Tensor offsets, columns, values, rebased;
+  };
+  std::vector<std::string> names_;
+  std::vector<Field> fields_;
+  int64_t rows_ = 0, batch_size_ = 0, batches_ = 1;
+  bool whole_ = true;  // one batch: the unit itself
+};
+
+// Every batch of a unit at once (UnitBatches), as dicts.
+std::vector<sources::Batch> split_into_batches(const sources::Batch& unit, int64_t batch_size,
+                                               const sources::Batch& offsets = sources::Batch());
 
 // The unit's batches: split_into_batches(unit, batch_size, offsets), or the unit itself for batch_size 0.
 std::vector<sources::Batch> cut_unit(const UnitCut& cut);

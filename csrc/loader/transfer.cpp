@@ -270,8 +270,14 @@ void check_cut(const UnitCut& cut) {
   }
 }
 
-Unpacked unpack_batches(const std::vector<int64_t>& description, const std::vector<std::string>& names,
-                        const std::vector<c10::Storage>& others) {
+struct Received {
+  std::vector<UnitCut> units;  // checked: each can be cut as it says
+  int64_t worker = -1;
+  std::vector<int64_t> worker_batches;
+};
+
+Received receive(const std::vector<int64_t>& description, const std::vector<std::string>& names,
+                 const std::vector<c10::Storage>& others) {
   Reader reader(description);
   core::check_argument(reader.next() == kVersion, "unpack: the description comes from another torch_shards version");
   SlabOwner owner;
@@ -295,7 +301,7 @@ Unpacked unpack_batches(const std::vector<int64_t>& description, const std::vect
   const int64_t num_others = reader.count("storage");
   core::check_argument(num_others == static_cast<int64_t>(others.size()), "unpack: the description names ", num_others,
                        " storages besides its slabs, got ", others.size());
-  Unpacked out;
+  Received out;
   const int64_t num_units = reader.count("unit");
   out.worker = reader.next();
   out.worker_batches.resize(static_cast<size_t>(reader.count("worker")));
@@ -335,7 +341,7 @@ Unpacked unpack_batches(const std::vector<int64_t>& description, const std::vect
       cut.offsets.insert(key, reader.tensor(storages));
     }
     if (cut.batch_size > 0) check_cut(cut);
-    for (sources::Batch& batch : cut_unit(cut)) out.batches.push_back(std::move(batch));
+    out.units.push_back(std::move(cut));
   }
   core::check_argument(reader.done(), "unpack: the description has words left over");
   // The worker sends nothing more: its slabs stay mapped only as long as these batches' views.
@@ -359,7 +365,24 @@ Packed pack(const std::vector<UnitCut>& units, int64_t worker, const std::vector
 
 Unpacked unpack(const std::vector<int64_t>& description, const std::vector<std::string>& names,
                 const std::vector<c10::Storage>& others) {
-  return translate_errors([&] { return unpack_batches(description, names, others); });
+  return translate_errors([&] {
+    Received received = receive(description, names, others);
+    Unpacked out{{}, received.worker, std::move(received.worker_batches)};
+    for (const UnitCut& cut : received.units) {
+      for (sources::Batch& batch : cut_unit(cut)) out.batches.push_back(std::move(batch));
+    }
+    return out;
+  });
+}
+
+UnpackedUnits unpack_units(const std::vector<int64_t>& description, const std::vector<std::string>& names,
+                           const std::vector<c10::Storage>& others) {
+  return translate_errors([&] {
+    Received received = receive(description, names, others);
+    UnpackedUnits out{{}, received.worker, std::move(received.worker_batches)};
+    for (const UnitCut& cut : received.units) out.units.emplace_back(cut);
+    return out;
+  });
 }
 
 }  // namespace torch_shards

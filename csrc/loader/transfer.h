@@ -76,4 +76,15 @@ struct Unpacked {
 TORCH_SHARDS_API Unpacked unpack(const std::vector<int64_t>& description, const std::vector<std::string>& names,
                                  const std::vector<c10::Storage>& others);
 
+struct UnpackedUnits {
+  std::vector<UnitBatches> units;
+  int64_t worker = -1;
+  std::vector<int64_t> worker_batches;
+};
+
+// unpack(), its units left whole, to be cut batch by batch where they are taken.
+TORCH_SHARDS_API UnpackedUnits unpack_units(const std::vector<int64_t>& description,
+                                            const std::vector<std::string>& names,
+                                            const std::vector<c10::Storage>& others);
+
 }  // namespace torch_shards

@@ -37,9 +37,12 @@
 #include <torch/custom_class.h>
 
 #include <cstring>
+#include <optional>
+#include <type_traits>
 #include <unordered_map>
 
 #include <torch_shards/dataset.h>
+#include "loader/batches.h"
 #include "loader/dataset_door.h"
 #include "loader/iteration.h"
 #include "loader/transfer.h"
@@ -260,8 +263,10 @@ PyObject* poll_packed(PyObject* /*module*/, PyObject* const* args, Py_ssize_t na
   END_HANDLE_TH_ERRORS
 }
 
-// unpack()'s and unpack_lazy()'s arguments, unpacked natively; false with a Python error set.
-bool unpack_arguments(const char* who, PyObject* const* args, Py_ssize_t nargs, torch_shards::Unpacked& unpacked) {
+// unpack()'s and unpack_lazy()'s arguments, unpacked natively (torch_shards::unpack or unpack_units into
+// `unpacked`); false with a Python error set.
+template <typename Unpacked>
+bool unpack_arguments(const char* who, PyObject* const* args, Py_ssize_t nargs, Unpacked& unpacked) {
   if (nargs != 3) {
     PyErr_Format(PyExc_TypeError, "%s(description, names, others) takes 3 arguments, got %zd", who, nargs);
     return false;
@@ -296,12 +301,17 @@ bool unpack_arguments(const char* who, PyObject* const* args, Py_ssize_t nargs, 
     others.push_back(THPVariable_Unpack(item).storage());
   }
   pybind11::gil_scoped_release no_gil;  // mapping a slab the first time may take a while
-  unpacked = torch_shards::unpack(description, names, others);
+  if constexpr (std::is_same_v<Unpacked, torch_shards::UnpackedUnits>) {
+    unpacked = torch_shards::unpack_units(description, names, others);
+  } else {
+    unpacked = torch_shards::unpack(description, names, others);
+  }
   return true;
 }
 
 // (worker, worker_batches) of an unpacked description as Python objects; nullptr with a Python error set.
-PyObject* sender(const torch_shards::Unpacked& unpacked, PyObject* batches) {
+template <typename Unpacked>
+PyObject* sender(const Unpacked& unpacked, PyObject* batches) {
   THPObjectPtr counts(PyList_New(static_cast<Py_ssize_t>(unpacked.worker_batches.size())));
   THPObjectPtr worker(PyLong_FromLongLong(unpacked.worker));
   if (!counts || !worker) return nullptr;
@@ -329,15 +339,19 @@ PyObject* unpack_batches(PyObject* /*module*/, PyObject* const* args, Py_ssize_t
   END_HANDLE_TH_ERRORS
 }
 
-// unpack_lazy's batches, made into dicts one at a time by take(): a unit of many batches then makes no more
-// Python objects than the batch in the loop (a list of them all outlived the cyclic collector's youngest
-// generation and made a full collection, ~0.1 s beside torch, due every few epochs).
+// unpack_lazy's units, each batch cut and made into a dict only when take() takes it: a unit of many batches
+// then makes no more Python objects than the batch in the loop (a list of them all outlived the cyclic
+// collector's youngest generation and made a full collection, ~0.1 s beside torch, due every few epochs), and
+// no intermediate dict of tensors is made per batch.
 constexpr const char* kPendingName = "torch_shards.PendingBatches";
 
 struct PendingBatches {
-  std::vector<torch_shards::Batch> batches;
-  size_t next = 0;
+  std::vector<std::optional<torch_shards::UnitBatches>> units;  // each let go of after its last batch
+  std::vector<std::vector<PyObject*>> names;                    // each unit's field names (owned by keys)
+  size_t unit = 0;                                              // the unit under way
+  int64_t next = 0;                                             // its next batch
   Keys keys;
+  std::vector<at::Tensor> fields;  // the batch being made
 };
 
 void release_pending(PyObject* capsule) {
@@ -346,10 +360,17 @@ void release_pending(PyObject* capsule) {
 
 PyObject* unpack_lazy(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  torch_shards::Unpacked unpacked;
+  torch_shards::UnpackedUnits unpacked;
   if (!unpack_arguments("unpack_lazy", args, nargs, unpacked)) return nullptr;
   auto pending = std::make_unique<PendingBatches>();
-  pending->batches = std::move(unpacked.batches);
+  for (torch_shards::UnitBatches& unit : unpacked.units) {
+    pending->units.emplace_back(std::move(unit));
+    std::vector<PyObject*>& names = pending->names.emplace_back();
+    for (const std::string& name : pending->units.back()->names()) {
+      names.push_back(pending->keys.get(name));
+      if (names.back() == nullptr) return nullptr;
+    }
+  }
   THPObjectPtr capsule(PyCapsule_New(pending.get(), kPendingName, release_pending));
   if (!capsule) return nullptr;
   pending.release();  // the capsule owns it
@@ -365,13 +386,28 @@ PyObject* take_batch(PyObject* /*module*/, PyObject* capsule) {
     return nullptr;
   }
   auto* pending = static_cast<PendingBatches*>(PyCapsule_GetPointer(capsule, kPendingName));
-  if (pending->next == pending->batches.size()) Py_RETURN_NONE;
-  torch_shards::Batch& batch = pending->batches[pending->next];
-  PyObject* dict = batch_dict(batch, /*typed=*/false, pending->keys);
-  if (dict == nullptr) return nullptr;
-  batch = torch_shards::Batch();  // the dict's tensors alone hold the slab now
-  ++pending->next;
-  return dict;
+  while (pending->unit < pending->units.size() && pending->next == pending->units[pending->unit]->size()) {
+    pending->units[pending->unit++].reset();  // a unit of no batch
+    pending->next = 0;
+  }
+  if (pending->unit == pending->units.size()) Py_RETURN_NONE;
+  const std::vector<PyObject*>& names = pending->names[pending->unit];
+  std::optional<torch_shards::UnitBatches>& unit = pending->units[pending->unit];
+  std::vector<at::Tensor>& fields = pending->fields;
+  fields.clear();
+  unit->cut(pending->next++, fields);
+  if (pending->next == unit->size()) {  // its last batch: the batches' tensors alone hold the slab now
+    unit.reset();
+    ++pending->unit;
+    pending->next = 0;
+  }
+  THPObjectPtr dict(PyDict_New());
+  if (!dict) return nullptr;
+  for (size_t f = 0; f < fields.size(); ++f) {
+    THPObjectPtr value(THPVariable_Wrap(std::move(fields[f])));
+    if (!value || PyDict_SetItem(dict.get(), names[f], value.get()) != 0) return nullptr;
+  }
+  return dict.release();
   END_HANDLE_TH_ERRORS
 }
 
