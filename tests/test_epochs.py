@@ -248,73 +248,37 @@ def test_dataset_pickles_and_keeps_its_epoch_state():
     assert order(clone) == order(dataset)
 
 
-def _mark_read_ahead(batch):
-    """batch_transform (in a DataLoader worker): each row tagged with whether its iteration was read ahead."""
-    stats = torch.utils.data.get_worker_info().dataset.reader_stats()
-    assert len(stats) == 1, stats  # the iteration under way alone: one read ahead and not taken is closed
-    batch["read_ahead"] = torch.full_like(batch["index"], stats[0]["read_ahead"])
-    return batch
-
-
-def _plan_function(num_rows, seed, epoch):
-    return torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed * 1000 + epoch))[: num_rows // 2]
-
-
-def _epoch_batches(dataset, epoch):
-    """Epoch `epoch` of `dataset`'s arguments read in this process: its batches, as sets of rows."""
-    dataset.set_epoch(epoch)
-    return sorted(tuple(b["index"].tolist()) for b in dataset)
-
-
 @pytest.mark.parametrize(
     "loader_class,context", [(DataLoader, "fork"), (ts.DataLoader, "fork"), (ts.DataLoader, "spawn")]
 )
-def test_persistent_workers_read_their_next_epoch_ahead_and_deliver_the_epoch_claimed(loader_class, context):
-    def make(**kwargs):
-        return ts.ShardedDataset(rows_source(96), ts.BlockShuffling(2), batch_size=4, fetch_factor=2, seed=3, **kwargs)
+def test_persistent_workers_follow_set_epoch_and_a_checkpoint_loaded_between_epochs(loader_class, context):
+    def make():
+        return ts.ShardedDataset(rows_source(96), ts.BlockShuffling(2), batch_size=4, fetch_factor=2, seed=3)
 
-    dataset, reference = make(batch_transform=_mark_read_ahead), make()
+    def batches(dataset, epoch=None):
+        if epoch is not None:
+            dataset.set_epoch(epoch)
+        return [tuple(b["index"].tolist()) for b in (dataset if epoch is not None else loader)]
+
+    dataset, reference = make(), make()
     loader = loader_class(
         dataset, batch_size=None, num_workers=2, multiprocessing_context=context, persistent_workers=True
     )
-
-    def epoch(expected_epoch, read_ahead):
-        batches = list(loader)
-        assert dataset.epoch == expected_epoch
-        assert sorted(tuple(b["index"].tolist()) for b in batches) == _epoch_batches(reference, expected_epoch)
-        assert {int(b["read_ahead"][0]) for b in batches} == {int(read_ahead)}
-
-    epoch(0, False)
-    # ts.DataLoader tells its workers they are persistent; torch's learn it when they iterate again.
-    epoch(1, loader_class is ts.DataLoader)
-    epoch(2, True)
-    dataset.set_epoch(3)  # the epoch it would claim anyway (as DistributedSampler's users do): the one read ahead
-    epoch(3, True)
-    dataset.set_epoch(7)  # another one: what was read ahead (epoch 4) is dropped, 7 is read
-    epoch(7, False)
-    epoch(8, True)
-    # A checkpoint of epoch 8 after 5 batches, loaded once epoch 9 is read ahead: epoch 8's rest comes.
+    for expected in (0, 1, 2):
+        assert sorted(batches(dataset)) == sorted(batches(reference, expected)) and dataset.epoch == expected
+    dataset.set_epoch(7)
+    assert sorted(batches(dataset)) == sorted(batches(reference, 7)) and dataset.epoch == 7
+    # A checkpoint of epoch 7 after 5 batches, loaded once epoch 8 ran: the rest of epoch 7 comes, once.
     state = dataset.state_dict(consumed_batches=5)
-    epoch(9, True)
-    dataset.set_epoch(8)
-    consumed = [tuple(b["index"].tolist()) for b in list(loader)[:5]]
+    assert sorted(batches(dataset)) == sorted(batches(reference, 8))
+    dataset.set_epoch(7)
+    consumed = batches(dataset)[:5]
     dataset.load_state_dict(state)
-    rest = list(loader)
-    assert {int(b["read_ahead"][0]) for b in rest} == {0}
-    assert sorted(consumed + [tuple(b["index"].tolist()) for b in rest]) == _epoch_batches(reference, 8)
-
-
-def test_a_plan_python_provides_each_epoch_is_not_read_ahead():
-    dataset = ts.ShardedDataset(
-        rows_source(64),
-        ts.CustomStrategy(_plan_function),
-        batch_size=4,
-        fetch_factor=2,
-        seed=5,
-        batch_transform=_mark_read_ahead,
-    )
-    loader = ts.DataLoader(dataset, num_workers=2, persistent_workers=True, multiprocessing_context="fork")
-    for epoch in range(3):
-        batches = list(loader)
-        assert sorted(int(i) for b in batches for i in b["index"]) == sorted(_plan_function(64, 5, epoch).tolist())
-        assert {int(b["read_ahead"][0]) for b in batches} == {0}
+    rest = batches(dataset)
+    assert sorted(consumed + rest) == sorted(batches(reference, 7)) and len(rest) == len(reference) - 5
+    assert sorted(batches(dataset)) == sorted(batches(reference, 8)) and dataset.epoch == 8
+    workers = list(loader._iterator._workers)
+    del loader
+    for worker in workers:
+        worker.join(30)
+    assert [worker.exitcode for worker in workers] == [0, 0]

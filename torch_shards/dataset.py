@@ -633,14 +633,12 @@ class ShardedDataset(IterableDataset, NativeBacked):
         # prefetch_bytes, beside the reader's own read-ahead.
         item_bytes = 0 if fetch_transform is not None else min(_ITEM_BYTES, self.prefetch_bytes // 4)
         ramp = _FIRST_ITEM_BYTES
-        ended = False
         try:
             while True:
                 if fetch_transform is not None and iterator.pending() == 0:
                     _wait(iterator)
                     unit = iterator.next_unit()
                     if unit is None:
-                        ended = True
                         return
                     iterator.push_unit(_as_unit(fetch_transform(unit)))
                 if whole:
@@ -649,7 +647,6 @@ class ShardedDataset(IterableDataset, NativeBacked):
                     packed = direct.poll_packed(handle, _POLL_MS, min(ramp, item_bytes), sends_again)
                     if packed is None:
                         if iterator.finished():
-                            ended = True
                             return
                         continue
                     ramp *= 2
@@ -659,7 +656,6 @@ class ShardedDataset(IterableDataset, NativeBacked):
                 batch = poll(handle, _POLL_MS)
                 if batch is None:
                     if iterator.finished():
-                        ended = True
                         return
                     continue
                 if crossing is None:
@@ -679,10 +675,6 @@ class ShardedDataset(IterableDataset, NativeBacked):
         finally:
             # Ended, broken out of, deleted or interrupted: stop the reader threads now.
             close()
-            if ended and sends_again and not endless:
-                # A persistent worker: its next iteration is read from now, while the main process takes
-                # this one's last batches (taken over if it is the iteration claimed next).
-                self.native.read_next_epoch_ahead()
 
     def state_dict(self, consumed_batches=None):
         """A checkpoint of this rank's position: a small dict of ints (epoch,
@@ -761,9 +753,8 @@ class ShardedDataset(IterableDataset, NativeBacked):
             and bytes delivered, queue_depth, in_flight, wait_us (time the loop
             waited for data), read_us, threads (started so far: an epoch after
             one whose reads ended waiting on no request starts the CPUs' share,
-            and the others once a read waits), thread<k>_units (each thread
-            of the iteration) and read_ahead (1: a persistent DataLoader
-            worker began reading it as its previous epoch ended), among others.
+            and the others once a read waits) and thread<k>_units (each thread
+            of the iteration), among others.
         """
         return [dict(stats) for stats in self.native.reader_stats()]
 

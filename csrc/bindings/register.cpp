@@ -178,8 +178,6 @@ TORCH_LIBRARY(torch_shards, m) {
            "",
            {torch::arg("worker"), torch::arg("num_workers"), torch::arg("generation_seed"), torch::arg("shared_memory"),
             torch::arg("recycled") = false, torch::arg("stream_start") = torch::arg::none()})
-      .def("read_next_epoch_ahead",
-           [](const c10::intrusive_ptr<ShardedDatasetImpl>& self) { DatasetDoor::read_next_epoch_ahead(*self); })
       .def("iter_epoch", &ShardedDatasetImpl::iter_epoch, "",
            {torch::arg("epoch"), torch::arg("worker") = 0, torch::arg("num_workers") = 1})
       .def("set_epoch", &ShardedDatasetImpl::set_epoch)

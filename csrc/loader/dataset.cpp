@@ -160,19 +160,6 @@ void ShardedDatasetImpl::check_agreed() const {
       "seed= on every rank");
 }
 
-struct ShardedDatasetImpl::ReadAhead {
-  // The last iter_worker() call, as read_next_epoch_ahead() makes the next one.
-  struct Call {
-    int64_t worker = 0, num_workers = 1;
-    sources::Memory memory = sources::Memory::kPageable;
-  };
-  std::optional<Call> last_call;  // none after an endless loop's or a restored iteration
-  // The iteration started ahead, the seed it was planned with and the memory it reads into.
-  c10::intrusive_ptr<BatchIteratorImpl> iterator;
-  int64_t seed = 0;
-  sources::Memory memory = sources::Memory::kPageable;
-};
-
 ShardedDatasetImpl::~ShardedDatasetImpl() = default;
 
 c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter() {
@@ -199,7 +186,6 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_worker(int64_t wo
                     ": worker must be in [0, num_workers=", num_workers, "), got ", worker);
   check_agreed();
   Iteration iteration;
-  const bool restored = worker_resume_ != nullptr;
   if (worker_resume_) {
     // This worker's own state, restored in it (StatefulDataLoader): the same epoch, after what it delivered.
     TORCH_CHECK_VALUE(worker_resume_->worker == worker && worker_resume_->num_workers == num_workers, kWho,
@@ -230,61 +216,7 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_worker(int64_t wo
   const sources::Memory memory = !shared_memory ? sources::Memory::kPageable
                                  : recycled     ? sources::Memory::kSharedPooled
                                                 : sources::Memory::kShared;
-  if (!read_ahead_) read_ahead_ = std::make_unique<ReadAhead>();
-  read_ahead_->last_call.reset();
-  if (!restored && !stream_start) read_ahead_->last_call = ReadAhead::Call{worker, num_workers, memory};
-  if (!restored) {
-    if (c10::intrusive_ptr<BatchIteratorImpl> ahead = take_read_ahead(iteration, memory)) return ahead;
-  } else if (read_ahead_->iterator) {
-    std::exchange(read_ahead_->iterator, {})->close();
-  }
   return start(std::move(iteration), worker, memory);
-}
-
-void ShardedDatasetImpl::read_next_epoch_ahead() {
-  if (!read_ahead_ || !read_ahead_->last_call || read_ahead_->iterator || worker_resume_ ||
-      strategy_->provided_each_epoch()) {
-    return;
-  }
-  const ReadAhead::Call call = *read_ahead_->last_call;
-  Iteration iteration;
-  iteration.epoch = translate_errors([&] { return core::epoch_state_next(words(shared_state_)); });
-  if (!prior_segments(iteration.epoch).empty()) return;  // a checkpoint of that epoch is resumed
-  iteration.worker = call.worker;
-  iteration.num_workers = call.num_workers;
-  iteration.in_worker = true;
-  const int64_t seed = this->seed();
-  c10::intrusive_ptr<BatchIteratorImpl> iterator;
-  try {
-    iterator = start(std::move(iteration), call.worker, call.memory, /*current=*/false);
-    iterator->read_ahead_ = true;
-    iterator->wait(0);  // its reader threads start now
-  } catch (const std::exception&) {
-    // Not started: the next iteration, started then, meets the same error and raises it.
-    if (iterator) iterator->close();
-    return;
-  }
-  read_ahead_->iterator = std::move(iterator);
-  read_ahead_->seed = seed;
-  read_ahead_->memory = call.memory;
-}
-
-c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::take_read_ahead(const Iteration& iteration,
-                                                                          sources::Memory memory) {
-  c10::intrusive_ptr<BatchIteratorImpl> ahead = std::exchange(read_ahead_->iterator, {});
-  if (!ahead) return ahead;
-  const Iteration& read = ahead->iteration();
-  // Everything the iteration's plan and memory depend on besides the dataset's own arguments.
-  const bool same = read.epoch == iteration.epoch && read.prior.empty() && iteration.prior.empty() &&
-                    iteration.consumed_before == 0 && !iteration.stream_start && read.worker == iteration.worker &&
-                    read.num_workers == iteration.num_workers && read_ahead_->seed == seed() &&
-                    read_ahead_->memory == memory;
-  if (!same) {
-    ahead->close();
-    return {};
-  }
-  current_ = ahead->progress_;
-  return ahead;
 }
 
 c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_epoch(int64_t epoch, int64_t worker,
@@ -318,7 +250,7 @@ bool reads_urls(const sources::Source& source) {
 }  // namespace
 
 c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iteration, int64_t slot,
-                                                                sources::Memory memory, bool current) {
+                                                                sources::Memory memory) {
   const int64_t epoch = iteration.epoch, worker = iteration.worker, num_workers = iteration.num_workers;
   TORCH_CHECK_VALUE(epoch >= 0, kWho, ": epoch must be >= 0, got ", epoch);
   TORCH_CHECK_VALUE(num_workers >= 1 && worker >= 0 && worker < num_workers, kWho,
@@ -381,7 +313,7 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
                             num_workers, skip);
     auto progress = std::make_shared<IterationProgress>();
     progress->iteration = std::make_shared<const Iteration>(std::move(iteration));
-    if (slot != kNoSlot && current) current_ = progress;
+    if (slot != kNoSlot) current_ = progress;
     return c10::make_intrusive<BatchIteratorImpl>(
         std::make_unique<EpochReader>(source_->get(), std::move(cursor), reader), std::move(progress),
         options_.batch_size, batches, shared_state_, slot);
@@ -962,7 +894,6 @@ c10::Dict<std::string, int64_t> BatchIteratorImpl::stats() const {
   out.insert("batches", delivered_);
   out.insert("batches_total", num_batches_);
   out.insert("epoch", epoch_);
-  out.insert("read_ahead", read_ahead_ ? 1 : 0);
   return out;
 }
 

@@ -40,7 +40,6 @@ struct DatasetDoor {
                                                            std::optional<int64_t> stream_start = std::nullopt) {
     return dataset.iter_worker(worker, num_workers, generation_seed, shared_memory, recycled, stream_start);
   }
-  static void read_next_epoch_ahead(ShardedDatasetImpl& dataset) { dataset.read_next_epoch_ahead(); }
   static const std::string& device_warning(const ShardedDatasetImpl& dataset) { return dataset.device_warning(); }
   static void synchronize(ShardedDatasetImpl& dataset, const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
     dataset.synchronize(group);

@@ -205,11 +205,6 @@ void StrategyImpl::provide(int64_t epoch, const at::Tensor& rows, int64_t num_ro
   translate_errors([&] { custom->provide(epoch, std::move(values), num_rows); });
 }
 
-bool StrategyImpl::provided_each_epoch() const {
-  const auto* custom = dynamic_cast<const core::CustomStrategy*>(strategy_.get());
-  return custom != nullptr && !custom->fixed();
-}
-
 std::shared_ptr<const core::SamplingPlan> StrategyImpl::bind(int64_t num_rows) const {
   TORCH_CHECK_VALUE(strategy_, kind(), "(label_key=...) reads its labels from a dataset's source: give it to a ",
                     "ShardedDataset (or pass labels=)");

@@ -206,16 +206,6 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   c10::intrusive_ptr<BatchIteratorImpl> iter_worker(int64_t worker, int64_t num_workers, int64_t generation_seed,
                                                     bool shared_memory, bool recycled = false,
                                                     std::optional<int64_t> stream_start = std::nullopt);
-  // In a persistent DataLoader worker whose iteration has just ended: starts reading its share of the
-  // iteration the next iter_worker() most likely claims (the epoch the shared state numbers next, from
-  // its start, as the last iter_worker() was called), so that its first batches are read while the main
-  // process still takes the last ones and torch's DataLoader starts its next iteration (on 10-15 ms
-  // epochs, a worker's first batch came 1.2 ms after the training process's own). The next
-  // iter_worker() takes it over if it claims exactly that iteration, else closes it (set_epoch to
-  // another epoch, a checkpoint loaded, another seed): nothing is claimed, counted or delivered before.
-  // Does nothing after an endless loop's or a worker's restored iteration, or for a CustomStrategy whose
-  // plans Python provides epoch by epoch.
-  void read_next_epoch_ahead();
   // The LOCAL_RANK cross-check's warning for that device, or empty: each door warns its own way.
   const std::string& device_warning() const { return device_warning_; }
   // Every process of the group says which rank it reads (of which world size) and what; the
@@ -245,12 +235,7 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   // A dataset rebuilt from a State (without a process group).
   static c10::intrusive_ptr<ShardedDatasetImpl> from_state(const State& state);
 
-  // current: the iteration state_dict() counts from now (read_next_epoch_ahead's, only once taken over).
-  c10::intrusive_ptr<BatchIteratorImpl> start(Iteration iteration, int64_t slot, sources::Memory memory,
-                                              bool current = true);
-  // The iteration read_next_epoch_ahead() started, if it is `iteration` (a fresh epoch) read into `memory`:
-  // it is then the current one. Else null, and it is closed.
-  c10::intrusive_ptr<BatchIteratorImpl> take_read_ahead(const Iteration& iteration, sources::Memory memory);
+  c10::intrusive_ptr<BatchIteratorImpl> start(Iteration iteration, int64_t slot, sources::Memory memory);
   // Throws c10::ValueError unless the ranks agree on the seed (a single rank always does).
   void check_agreed() const;
   // The segments `epoch` ran before, if the shared resume record is for it (and its seed, taken on).
@@ -286,10 +271,6 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   std::shared_ptr<BufferPool> buffers_;
   // Whether the reads of this process's last iteration waited on requests when it ended (ReaderOptions).
   std::shared_ptr<std::atomic<bool>> reads_wait_ = std::make_shared<std::atomic<bool>>(true);
-  // A DataLoader worker's last iter_worker() call and the iteration read_next_epoch_ahead() started
-  // (dataset.cpp).
-  struct ReadAhead;
-  std::unique_ptr<ReadAhead> read_ahead_;
 };
 
 // torch.classes.torch_shards.BatchIterator: one epoch of one rank's (or
@@ -337,14 +318,12 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   bool last_was_padding() const { return last_padding_; }
   // Whether close() ran: later reads raise.
   bool closed() const;
-  // units, rows and bytes delivered, queue_depth, in_flight, wait_us, read_us, threads, thread<k>_units,
-  // read_ahead (1: a persistent DataLoader worker started it before its iteration began).
+  // units, rows and bytes delivered, queue_depth, in_flight, wait_us, read_us, threads, thread<k>_units.
   c10::Dict<std::string, int64_t> stats() const;
 
  private:
   // The Python and TorchScript doors' plumbing, reached through DatasetDoor (loader/dataset_door.h).
   friend struct DatasetDoor;
-  friend class ShardedDatasetImpl;  // starts an iteration's reading ahead, then hands it over
   // Waits at most timeout_ms; true once next() will not block (a batch, the end, or an error is ready).
   bool wait(int64_t timeout_ms);
   // The next batch if one is ready within timeout_ms, else nullopt: the end
@@ -393,7 +372,6 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   int64_t delivered_ = 0;
   bool last_padding_ = false;
   bool finished_ = false;
-  bool read_ahead_ = false;                    // started by ShardedDatasetImpl::read_next_epoch_ahead()
   std::exception_ptr deferred_error_;          // met by take_units() after its first unit
   std::unique_ptr<DeviceStage> device_stage_;  // null: batches stay on the host
 };

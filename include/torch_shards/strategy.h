@@ -88,8 +88,6 @@ class TORCH_SHARDS_API StrategyImpl : public torch::CustomClassHolder {
   c10::intrusive_ptr<StrategyImpl> resolved_for(const SourceImpl& source) const;
   // CustomStrategy with a function: the plan of one epoch, before that epoch is read.
   void provide(int64_t epoch, const at::Tensor& rows, int64_t num_rows) const;
-  // Whether each epoch's plan must be provided before it is read (a CustomStrategy with a function).
-  bool provided_each_epoch() const;
 
  private:
   StrategyState state_;
