@@ -255,28 +255,30 @@ def test_persistent_workers_follow_set_epoch_and_a_checkpoint_loaded_between_epo
     def make():
         return ts.ShardedDataset(rows_source(96), ts.BlockShuffling(2), batch_size=4, fetch_factor=2, seed=3)
 
-    def batches(dataset, epoch=None):
-        if epoch is not None:
-            dataset.set_epoch(epoch)
-        return [tuple(b["index"].tolist()) for b in (dataset if epoch is not None else loader)]
+    def batches(iterable):
+        return [tuple(b["index"].tolist()) for b in iterable]
+
+    def epoch_of_reference(epoch):
+        reference.set_epoch(epoch)
+        return sorted(batches(reference))
 
     dataset, reference = make(), make()
     loader = loader_class(
         dataset, batch_size=None, num_workers=2, multiprocessing_context=context, persistent_workers=True
     )
     for expected in (0, 1, 2):
-        assert sorted(batches(dataset)) == sorted(batches(reference, expected)) and dataset.epoch == expected
+        assert sorted(batches(loader)) == epoch_of_reference(expected) and dataset.epoch == expected
     dataset.set_epoch(7)
-    assert sorted(batches(dataset)) == sorted(batches(reference, 7)) and dataset.epoch == 7
+    assert sorted(batches(loader)) == epoch_of_reference(7) and dataset.epoch == 7
     # A checkpoint of epoch 7 after 5 batches, loaded once epoch 8 ran: the rest of epoch 7 comes, once.
     state = dataset.state_dict(consumed_batches=5)
-    assert sorted(batches(dataset)) == sorted(batches(reference, 8))
+    assert sorted(batches(loader)) == epoch_of_reference(8)
     dataset.set_epoch(7)
-    consumed = batches(dataset)[:5]
+    consumed = batches(loader)[:5]
     dataset.load_state_dict(state)
-    rest = batches(dataset)
-    assert sorted(consumed + rest) == sorted(batches(reference, 7)) and len(rest) == len(reference) - 5
-    assert sorted(batches(dataset)) == sorted(batches(reference, 8)) and dataset.epoch == 8
+    rest = batches(loader)
+    assert sorted(consumed + rest) == epoch_of_reference(7) and len(rest) == len(reference) - 5
+    assert sorted(batches(loader)) == epoch_of_reference(8) and dataset.epoch == 8
     workers = list(loader._iterator._workers)
     del loader
     for worker in workers:
