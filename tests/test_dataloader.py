@@ -326,6 +326,13 @@ def test_a_unit_whose_row_offsets_reach_past_its_values_is_refused_before_it_is_
     assert direct.take(pending)["X"].to_dense().tolist() == [[0, 0, 0, 2.5]]
     assert longs[8:12].tolist() == [0, 1, 0, 1]
     assert direct.take(pending) is None and direct.take(pending) is None
+    # Offsets written over after the unit was checked (only a worker breaking the leases would): the batch
+    # taken then is refused, never cut into views reaching past the values.
+    pending, _, _ = direct.unpack_lazy(unit(0, 0, 4, 8, 1, 4, 1), ["X"], [storage])
+    longs[0:3] = torch.tensor([0, 1, 5])
+    assert direct.take(pending)["X"].to_dense().tolist() == [[1.5, 0, 0, 0]]
+    with pytest.raises(ValueError, match="rows 1-2 are out of order or past its 2 stored values"):
+        direct.take(pending)
 
 
 def test_a_slab_handle_that_names_no_slab_is_refused_naming_the_process_and_the_way_out():

@@ -67,13 +67,20 @@ at::Tensor rows_view(const at::Tensor& base, int64_t first, int64_t count) {
 
 // Batch b of a unit's sparse CSR field (rows [first_row, first_row + count)): views of its columns and
 // values, with its row offsets rebased into `rebased` (rows + batches entries: batch b's count + 1 from
-// first_row + b).
+// first_row + b). The offsets are checked as they are read (ordered, within the stored values): a unit
+// received from a DataLoader worker is cut when the loop takes each batch, after it was checked whole,
+// and views reaching outside its values must never be made, whatever wrote its memory since.
 template <typename Index>
 at::Tensor csr_batch(const at::Tensor& tensor, const at::Tensor& offsets, const at::Tensor& columns,
                      const at::Tensor& values, const at::Tensor& rebased, int64_t b, int64_t first_row, int64_t count) {
   const Index* source = offsets.const_data_ptr<Index>() + first_row;
   Index* slot = rebased.mutable_data_ptr<Index>() + first_row + b;
   const Index first = source[0], last = source[count];
+  const int64_t stored = std::min(columns.size(0), values.size(0));
+  bool ordered = first >= 0 && last <= stored;
+  for (int64_t r = 0; r < count; ++r) ordered &= source[r] <= source[r + 1];
+  TORCH_CHECK_VALUE(ordered, "split_into_batches: the row offsets of a CSR field's rows ", first_row, "-",
+                    first_row + count, " are out of order or past its ", stored, " stored values");
   for (int64_t r = 0; r <= count; ++r) slot[r] = source[r] - first;
   return at::_sparse_csr_tensor_unsafe(rows_view(rebased, first_row + b, count + 1),
                                        rows_view(columns, first, last - first), rows_view(values, first, last - first),
