@@ -180,6 +180,38 @@ def test_the_same_s3_url_at_two_endpoints_is_two_objects(tmp_path):
             assert torch.equal(source.read(torch.arange(rows))["X"], torch.full((rows, 3), float(rows)))
 
 
+def test_the_cache_keeps_the_same_s3_url_at_two_endpoints_apart(tmp_path):
+    # One node-local cache, s3://public/a.zarr at two endpoints whose objects carry the same ETags (here one
+    # directory served twice, its shard rewritten in place between the reads: same size, inode and mtime, so
+    # the same ETag): what the first endpoint's bytes filled is never served for the second's.
+    def sharded(root, value):
+        array = zarr.create_array(
+            root / "a.zarr", shape=(16, 3), chunks=(8, 3), shards=(16, 3), dtype="float32", compressors=None
+        )
+        array[:] = np.full((16, 3), value, np.float32)
+        (shard,) = [path for path in (root / "a.zarr" / "c").rglob("*") if path.is_file()]
+        return shard
+
+    (tmp_path / "public").mkdir()
+    shard = sharded(tmp_path / "public", 1)
+    cache = tmp_path / "cache"
+    with (
+        RangeHTTPServer(tmp_path, s3_listing=True) as one,
+        RangeHTTPServer(tmp_path, s3_listing=True) as two,
+    ):
+        first = ts.open("s3://public/a.zarr", endpoint_url=one.url, anonymous=True, cache_dir=cache)
+        assert torch.equal(first.read(torch.arange(16))["X"], torch.ones(16, 3))
+        twos = sharded(tmp_path / "elsewhere", 2).read_bytes()
+        before = shard.stat()
+        assert len(twos) == before.st_size
+        with open(shard, "r+b") as file:  # the same file, the same size
+            file.write(twos)
+        os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert (shard.stat().st_ino, shard.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+        second = ts.open("s3://public/a.zarr", endpoint_url=two.url, anonymous=True, cache_dir=cache)
+        assert torch.equal(second.read(torch.arange(16))["X"], torch.full((16, 3), 2.0))
+
+
 def test_a_store_rewritten_and_opened_again_at_once_is_read_as_it_is_now(tmp_path):
     # What opening learns of objects (zarr.json's bytes, stamps) is reused within that opening only: a store
     # rewritten and opened again a moment later in the same process (before, within the 10 s such things

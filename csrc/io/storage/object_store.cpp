@@ -34,12 +34,15 @@ struct Stores {
   std::map<std::string, std::shared_ptr<const ObjectStore>> by_key;
 };
 
-std::string cache_key(const Url& url, const ObjectStamp& stamp, int64_t offset, int64_t size) {
-  return concat(url.text, '\n', stamp.etag, '\n', stamp.size, '\n', offset, '+', size);
+// Cache entries are keyed by the URL the bytes are requested from (an s3:// URL's endpoint, bucket and
+// key: the same s3:// URL on two S3-compatible servers is two objects, whatever their ETags), the
+// object's ETag and size, and the range.
+std::string cache_key(const std::string& source, const ObjectStamp& stamp, int64_t offset, int64_t size) {
+  return concat(source, '\n', stamp.etag, '\n', stamp.size, '\n', offset, '+', size);
 }
 
-std::string whole_key(const Url& url, const ObjectStamp& stamp) {
-  return concat("object\n", url.text, '\n', stamp.etag, '\n', stamp.size);
+std::string whole_key(const std::string& source, const ObjectStamp& stamp) {
+  return concat("object\n", source, '\n', stamp.etag, '\n', stamp.size);
 }
 
 // This process's mappings of whole objects (most recently used first) and the fetches under way
@@ -198,7 +201,7 @@ std::vector<std::optional<std::vector<uint8_t>>> ObjectStore::get(const std::vec
     requests[i].url = request_url(urls[i]);
     if (!cache_) continue;
     // A cached object: its ETag's length (8 bytes), its ETag, its bytes.
-    std::optional<std::vector<uint8_t>> entry = cache_->read("whole\n" + urls[i].text);
+    std::optional<std::vector<uint8_t>> entry = cache_->read("whole\n" + requests[i].url);
     if (!entry || entry->size() < 8) continue;
     uint64_t length = 0;
     std::memcpy(&length, entry->data(), 8);
@@ -231,7 +234,7 @@ std::vector<std::optional<std::vector<uint8_t>>> ObjectStore::get(const std::vec
       std::memcpy(entry.data(), &length, 8);
       std::memcpy(entry.data() + 8, response.etag.data(), response.etag.size());
       entry.insert(entry.end(), response.body.begin(), response.body.end());
-      cache_->write("whole\n" + urls[i].text, entry.data(), entry.size());
+      cache_->write("whole\n" + requests[i].url, entry.data(), entry.size());
     }
     if (etags != nullptr) (*etags)[i] = response.etag;
     out[i] = std::move(response.body);
@@ -262,7 +265,7 @@ void ObjectStore::check_ranged(const Url& url, const ObjectStamp& stamp, const H
 std::shared_ptr<const MappedEntry> ObjectStore::whole(const Url& url, const ObjectStamp& stamp,
                                                       const std::function<std::string()>& what) const {
   if (!cache_ || stamp.etag.empty() || stamp.size <= 0 || stamp.size > options_.whole_object_bound()) return nullptr;
-  const std::string key = whole_key(url, stamp);
+  const std::string key = whole_key(request_url(url), stamp);
   const std::string mapped_key = cache_->dir() + '\n' + key;  // this process's mappings: of this cache
   WholeObjects& table = per_process<WholeObjects>();
   std::shared_ptr<std::timed_mutex> fetching;
@@ -354,14 +357,15 @@ void ObjectStore::read(const Url& url, const ObjectStamp& stamp, std::vector<Ran
     });
     if (copied) return;
     // The entry's file was cut short behind the cache's back: forget the mapping, read the ranges.
-    per_process<WholeObjects>().forget(cache_->dir() + '\n' + whole_key(url, stamp));
+    per_process<WholeObjects>().forget(cache_->dir() + '\n' + whole_key(request_url(url), stamp));
   }
   // What the cache lacks, by offset.
   std::vector<const RangeRead*> missing;
   for (const RangeRead& range : ranges) {
     if (range.size <= 0) continue;
     if (cache_ && !stamp.etag.empty() &&
-        cache_->read(cache_key(url, stamp, range.offset, range.size), range.out, static_cast<size_t>(range.size))) {
+        cache_->read(cache_key(request_url(url), stamp, range.offset, range.size), range.out,
+                     static_cast<size_t>(range.size))) {
       continue;
     }
     missing.push_back(&range);
@@ -416,7 +420,8 @@ void ObjectStore::read(const Url& url, const ObjectStamp& stamp, std::vector<Ran
         std::memcpy(range.out, group.buffer.data() + (range.offset - group.offset), static_cast<size_t>(range.size));
       }
       if (cache_ && !stamp.etag.empty()) {
-        cache_->write(cache_key(url, stamp, range.offset, range.size), range.out, static_cast<size_t>(range.size));
+        cache_->write(cache_key(request_url(url), stamp, range.offset, range.size), range.out,
+                      static_cast<size_t>(range.size));
       }
     }
   }

@@ -12,7 +12,8 @@
 // With a cache, an object of at most StorageOptions::whole_object_bound()
 // bytes is fetched whole at its first ranged read (ranged GETs of
 // kWholePartBytes, together, with If-Match) into one cache entry keyed by
-// URL + ETag + size (DiskCache::map_or_fill: one download per object per
+// the URL requested (an s3:// URL's endpoint, bucket and key) + ETag + size
+// (DiskCache::map_or_fill: one download per object per
 // node at a time), and every range of it is then copied from a read-only
 // mapping of that entry, verified once per process: this process keeps the
 // last kMappedObjects mappings (per_process: a forked child keeps its own).
