@@ -359,13 +359,13 @@ void ObjectStore::read(const Url& url, const ObjectStamp& stamp, std::vector<Ran
     // The entry's file was cut short behind the cache's back: forget the mapping, read the ranges.
     per_process<WholeObjects>().forget(cache_->dir() + '\n' + whole_key(request_url(url), stamp));
   }
+  const std::string source = cache_ ? request_url(url) : std::string();  // what cache entries are keyed by
   // What the cache lacks, by offset.
   std::vector<const RangeRead*> missing;
   for (const RangeRead& range : ranges) {
     if (range.size <= 0) continue;
     if (cache_ && !stamp.etag.empty() &&
-        cache_->read(cache_key(request_url(url), stamp, range.offset, range.size), range.out,
-                     static_cast<size_t>(range.size))) {
+        cache_->read(cache_key(source, stamp, range.offset, range.size), range.out, static_cast<size_t>(range.size))) {
       continue;
     }
     missing.push_back(&range);
@@ -420,8 +420,7 @@ void ObjectStore::read(const Url& url, const ObjectStamp& stamp, std::vector<Ran
         std::memcpy(range.out, group.buffer.data() + (range.offset - group.offset), static_cast<size_t>(range.size));
       }
       if (cache_ && !stamp.etag.empty()) {
-        cache_->write(cache_key(request_url(url), stamp, range.offset, range.size), range.out,
-                      static_cast<size_t>(range.size));
+        cache_->write(cache_key(source, stamp, range.offset, range.size), range.out, static_cast<size_t>(range.size));
       }
     }
   }
