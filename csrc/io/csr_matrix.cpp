@@ -40,21 +40,22 @@ std::string shortest(double value) {
 // float indptr to integers when they read it) each a whole number from 0 to
 // the float's last consecutive integer (2^53, 2^24 for float32), which
 // `segments` of the entries read name in an error.
-std::vector<int64_t> read_pointers(const Array& array, const std::vector<Segment>& segments, int64_t count,
-                                   core::ThreadPool& pool) {
+void read_pointers(const Array& array, const std::vector<Segment>& segments, int64_t count, core::ThreadPool& pool,
+                   std::vector<int64_t>& values) {
   const DType dtype = array.info().dtype;
-  std::vector<uint8_t> raw(static_cast<size_t>(count) * dtype_size(dtype));
-  array.read(segments, raw.data(), pool);
-  std::vector<int64_t> values(static_cast<size_t>(count));
+  thread_local core::ScratchBuffer stored;
+  uint8_t* raw = stored.get(static_cast<size_t>(count) * dtype_size(dtype));
+  array.read(segments, raw, pool);
+  values.resize(static_cast<size_t>(count));
   if (!float_pointers(dtype)) {
-    for (int64_t i = 0; i < count; ++i) values[i] = integer_at(raw.data(), dtype, i);
-    return values;
+    for (int64_t i = 0; i < count; ++i) values[i] = integer_at(raw, dtype, i);
+    return;
   }
   const bool wide = dtype == DType::kFloat64;
   const double limit = wide ? 9007199254740992.0 : 16777216.0;
   for (int64_t i = 0; i < count; ++i) {
-    const double value = wide ? reinterpret_cast<const double*>(raw.data())[i]
-                              : static_cast<double>(reinterpret_cast<const float*>(raw.data())[i]);
+    const double value =
+        wide ? reinterpret_cast<const double*>(raw)[i] : static_cast<double>(reinterpret_cast<const float*>(raw)[i]);
     if (!(value >= 0 && value <= limit && value == std::floor(value))) {
       const auto segment = std::find_if(segments.begin(), segments.end(),
                                         [&](const Segment& s) { return s.dest <= i && i < s.dest + s.length; });
@@ -67,7 +68,6 @@ std::vector<int64_t> read_pointers(const Array& array, const std::vector<Segment
     }
     values[i] = static_cast<int64_t>(value);
   }
-  return values;
 }
 
 }  // namespace
@@ -103,7 +103,8 @@ CsrMatrix::CsrMatrix(std::shared_ptr<const Array> indptr, std::shared_ptr<const 
         concat(where(), ": indices has ", indices_->num_rows(), " entries but data has ", data_->num_rows()));
   }
   core::ThreadPool inline_pool(0);
-  const auto ends = read_pointers(*indptr_, {Segment{0, 1, 0}, Segment{num_rows_, 1, 1}}, 2, inline_pool);
+  std::vector<int64_t> ends;
+  read_pointers(*indptr_, {Segment{0, 1, 0}, Segment{num_rows_, 1, 1}}, 2, inline_pool, ends);
   if (ends[0] != 0 || ends[1] != data_->num_rows()) {
     throw ReadError(concat(indptr_->where(), ": must run from 0 to the number of stored values (", data_->num_rows(),
                            "), got ", ends[0], " .. ", ends[1]));
@@ -137,8 +138,8 @@ struct RowRun {
   int64_t row, length, dest;
 };
 
-std::vector<RowRun> runs_of(const std::vector<int64_t>& rows) {
-  std::vector<RowRun> runs;
+void runs_of(const std::vector<int64_t>& rows, std::vector<RowRun>& runs) {
+  runs.clear();
   for (size_t d = 0; d < rows.size(); ++d) {
     if (!runs.empty() && rows[d] == runs.back().row + runs.back().length) {
       ++runs.back().length;
@@ -146,16 +147,16 @@ std::vector<RowRun> runs_of(const std::vector<int64_t>& rows) {
     }
     runs.push_back(RowRun{rows[d], 1, static_cast<int64_t>(d)});
   }
-  return runs;
 }
 
 // The runs' positions ordered by first row (a shuffled fetch has as many runs
 // as rows: core::sort_positions_by_row radix-sorts them).
-std::vector<size_t> runs_by_row(const std::vector<RowRun>& runs) {
-  std::vector<int64_t> first_rows(runs.size()), order, scratch;
+void runs_by_row(const std::vector<RowRun>& runs, std::vector<size_t>& by_row) {
+  thread_local std::vector<int64_t> first_rows, order, scratch;
+  first_rows.resize(runs.size());
   for (size_t r = 0; r < runs.size(); ++r) first_rows[r] = runs[r].row;
   core::sort_positions_by_row(first_rows, order, scratch);
-  return std::vector<size_t>(order.begin(), order.end());
+  by_row.assign(order.begin(), order.end());
 }
 
 }  // namespace
@@ -164,8 +165,13 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
   // Rows come in runs (blocks of consecutive rows): sorting the runs, not the
   // rows, orders the reads. Runs may overlap (a row delivered twice): each
   // then reads its own indptr entries and values.
-  const std::vector<RowRun> runs = runs_of(rows);
-  const std::vector<size_t> by_row = runs_by_row(runs);
+  // Working lists kept by the thread (a plan of a large fetch needs several of 8 bytes a row: made and
+  // freed for each, their pages would be taken from the system again every time).
+  thread_local std::vector<RowRun> runs;
+  thread_local std::vector<size_t> by_row;
+  thread_local std::vector<int64_t> base, pointers;
+  runs_of(rows, runs);
+  runs_by_row(runs, by_row);
   if (!runs.empty()) {
     int64_t last = 0;
     for (const RowRun& run : runs) last = std::max(last, run.row + run.length - 1);
@@ -177,7 +183,7 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
   // indptr of each stretch of adjacent runs [b, e): entries b .. e; base[r]:
   // where run r's first row's start lies among them.
   std::vector<Segment> pointer_segments;
-  std::vector<int64_t> base(runs.size());
+  base.resize(runs.size());
   int64_t count = 0, end = -1;
   for (size_t r : by_row) {
     const RowRun& run = runs[r];
@@ -190,7 +196,7 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
     count += run.length;
     end = run.row + run.length;
   }
-  const std::vector<int64_t> pointers = read_pointers(*indptr_, pointer_segments, count, pool);
+  read_pointers(*indptr_, pointer_segments, count, pool, pointers);
   CsrPlan plan;
   plan.row_offsets.assign(rows.size() + 1, 0);
   for (size_t r = 0; r < runs.size(); ++r) {  // delivery order

@@ -51,7 +51,8 @@ class TensorRead : public PlannedRead {
     // more than it saves there (-20% for 8-byte rows). Sorted once, for every
     // field that reads that way.
     const bool listed_in_order = std::is_sorted(rows.begin(), rows.end());
-    std::vector<int64_t> order, scratch;
+    thread_local std::vector<int64_t> order, scratch;  // kept by the thread: a large fetch's would be new pages
+    order.clear();
     for (const auto& item : fields_) {
       const at::Tensor& tensor = item.value();
       if (!tensor.device().is_cpu()) {
