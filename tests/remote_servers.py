@@ -274,6 +274,7 @@ class _LoopbackServer(ThreadingHTTPServer):
         self.closing = threading.Event()
         self._open_lock = threading.Lock()
         self._open = {}  # connection's socket -> thread serving it
+        self.accepted = 0  # connections accepted so far
         super().__init__((HOST, 0), handler_class)
 
     def server_bind(self):
@@ -284,6 +285,7 @@ class _LoopbackServer(ThreadingHTTPServer):
         thread = threading.Thread(target=self._serve_connection, args=(request, client_address), daemon=True)
         with self._open_lock:
             self._open[request] = thread
+            self.accepted += 1
         thread.start()
 
     def _serve_connection(self, request, client_address):
@@ -338,8 +340,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _HTTPService:
     """What RangeHTTPServer and FaultProxy share: the context manager running a _LoopbackServer
-    with handler_class in a thread, `url`, and a thread-safe log of the requests received,
-    `requests`: (method, path, Range header or None) in arrival order."""
+    with handler_class in a thread, `url`, a thread-safe log of the requests received,
+    `requests`: (method, path, Range header or None) in arrival order, and the count of
+    `connections` accepted."""
 
     handler_class = None
 
@@ -373,6 +376,12 @@ class _HTTPService:
     def reset_log(self):
         with self._lock:
             self.requests.clear()
+
+    @property
+    def connections(self) -> int:
+        """The connections accepted so far."""
+        with self._server._open_lock:
+            return self._server.accepted
 
     def record(self, method: str, path: str, range_header: Optional[str]):
         with self._lock:
@@ -745,6 +754,12 @@ class FaultProxy(_HTTPService):
     def reset_log(self):
         with self._lock:
             self.requests.clear()
+
+    @property
+    def connections(self) -> int:
+        """The connections accepted so far."""
+        with self._server._open_lock:
+            return self._server.accepted
             self.fired.clear()
 
 

@@ -542,6 +542,45 @@ def test_the_cache_serves_the_second_read(data_dir, http, tmp_path):
     assert sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) > 0
 
 
+EPOCHS_COUNTING_CONNECTIONS = """
+import sys, torch, torch_shards as ts
+ds = ts.ShardedDataset(ts.open(sys.argv[1]), ts.BlockShuffling(4), batch_size=4, fetch_factor=1)
+for epoch in range(3):
+    assert sorted(torch.cat([b["index"] for b in ds]).tolist()) == list(range(len(ds.source)))
+    print(ts._C.native_threads()["idle"], flush=True)
+    sys.stdin.readline()  # the test counts the connections of the epoch
+"""
+
+
+@pytest.mark.parametrize("keep", ["1", "0"])
+def test_later_epochs_read_on_the_connections_of_the_first(data_dir, tmp_path, keep):
+    # An epoch's reader threads are the last epoch's (csrc/core/thread_cache.h), and with them their
+    # connections; TORCH_SHARDS_KEEP_THREADS=0 has threads exit as their epoch ends, connections with them.
+    shutil.copytree(data_dir / "sharded.zarr", tmp_path / "sharded.zarr")
+    environment = dict(os.environ, TORCH_SHARDS_KEEP_THREADS=keep, PYTHONPATH=os.pathsep.join(sys.path))
+    with RangeHTTPServer(tmp_path) as server:
+        command = [sys.executable, "-c", EPOCHS_COUNTING_CONNECTIONS, f"{server.url}/sharded.zarr"]
+        with subprocess.Popen(
+            command, env=environment, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        ) as child:
+            opened, idle = [], []
+            try:
+                for _ in range(3):
+                    before = server.connections
+                    idle.append(int(child.stdout.readline()))
+                    opened.append(server.connections - before)
+                    child.stdin.write("\n")
+                    child.stdin.flush()
+            finally:
+                child.stdin.close()
+            assert child.wait(timeout=60) == 0
+    assert opened[0] >= 32  # the reader threads for URLs, each on its own connection
+    if keep == "1":
+        assert opened[1:] == [0, 0] and min(idle) >= 32, (opened, idle)
+    else:
+        assert min(opened) >= 32 and idle == [0, 0, 0], (opened, idle)
+
+
 def test_a_warm_cache_is_read_by_the_cpus_share_of_threads(http, tmp_path):
     # Reader threads beyond the CPUs' share (32 for URLs) are there to overlap round trips: once the objects
     # are all held whole in the cache they sit out, as for local files (32 threads on 2 CPUs read 20%

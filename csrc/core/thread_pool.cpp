@@ -21,11 +21,11 @@ ThreadPool::~ThreadPool() {
     sync_->stopping = true;
   }
   sync_->wake.notify_all();
-  for (auto& worker : workers_) worker->join();
+  for (auto& worker : workers_) worker->join();  // worker_loop returns, never throws
 }
 
 void ThreadPool::adopt_after_fork() {
-  for (auto& worker : workers_) worker.release();  // std::thread objects of threads that are not ours
+  for (auto& worker : workers_) worker->abandon();  // threads of the parent's, not ours
   workers_.clear();
   // May hold the parent's waiters and a list a parent thread was changing: never lock, signal or
   // destroy it (its jobs are only counters; the parent's absent threads hold no task of ours).
@@ -36,7 +36,7 @@ void ThreadPool::adopt_after_fork() {
 
 void ThreadPool::start() {
   if (static_cast<int>(workers_.size()) == threads_) return;
-  for (int i = 0; i < threads_; ++i) workers_.push_back(std::make_unique<std::thread>([this] { worker_loop(); }));
+  for (int i = 0; i < threads_; ++i) workers_.push_back(std::make_unique<CachedThread>([this] { worker_loop(); }));
 }
 
 void ThreadPool::run_tasks(Job& job) {

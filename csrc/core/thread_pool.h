@@ -1,8 +1,9 @@
 // A small fixed-size thread pool for parallel reads and decompression.
 //
 // Threads start on first use (never in a constructor that may run before a
-// fork) and are joined on destruction, on every path. A pool used in a forked
-// child (whose parent's threads do not exist there) starts fresh threads.
+// fork) and are joined on destruction, on every path: they are this process's
+// cached threads (core/thread_cache.h), kept for the next pool. A pool used in
+// a forked child (whose parent's threads do not exist there) starts fresh ones.
 #pragma once
 
 #include <atomic>
@@ -13,8 +14,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <vector>
+
+#include "core/thread_cache.h"
 
 namespace torch_shards::core {
 
@@ -69,7 +71,7 @@ class ThreadPool {
   int threads_;
   int owner_pid_ = 0;
   std::unique_ptr<Sync> sync_ = std::make_unique<Sync>();
-  std::vector<std::unique_ptr<std::thread>> workers_;
+  std::vector<std::unique_ptr<CachedThread>> workers_;
 };
 
 }  // namespace torch_shards::core

@@ -81,7 +81,7 @@ EpochReader::~EpochReader() { close(); }
 void EpochReader::close() {
   if (io::current_process_id() != owner_pid_) {
     // Inherited through fork: the threads (and anyone holding the lock) do not exist here.
-    for (auto& thread : threads_) (void)thread.release();
+    for (auto& thread : threads_) thread->abandon();
     threads_.clear();
     return;
   }
@@ -229,7 +229,7 @@ void EpochReader::start_threads_locked() {
     local_helpers_ = std::make_unique<core::ThreadPool>(static_cast<int>(options_.local_threads - 1));
   if (local && !reads_wait_.load(std::memory_order_relaxed)) {
     for (int64_t t = 0; t < options_.local_threads; ++t) {
-      threads_.push_back(std::make_unique<std::thread>([this, t] { reader_loop(static_cast<size_t>(t)); }));
+      threads_.push_back(std::make_unique<core::CachedThread>([this, t] { reader_loop(static_cast<size_t>(t)); }));
     }
     return;  // the others at the first read that waits
   }
@@ -241,7 +241,7 @@ void EpochReader::start_waiting_threads_locked() {
   if (options_.num_threads > 1 && !helpers_)
     helpers_ = std::make_unique<core::ThreadPool>(static_cast<int>(options_.num_threads - 1));
   for (int64_t t = static_cast<int64_t>(threads_.size()); t < options_.num_threads; ++t) {
-    threads_.push_back(std::make_unique<std::thread>([this, t] { reader_loop(static_cast<size_t>(t)); }));
+    threads_.push_back(std::make_unique<core::CachedThread>([this, t] { reader_loop(static_cast<size_t>(t)); }));
   }
 }
 
@@ -421,5 +421,7 @@ c10::Dict<std::string, int64_t> EpochReader::stats() const {
   }
   return out;
 }
+
+core::ThreadCacheStats reader_thread_stats() { return core::thread_cache_stats(); }
 
 }  // namespace torch_shards

@@ -20,7 +20,9 @@
 // pool threads, so that the copy work of one fetch is spread over every
 // thread. Threads start on the
 // first read (inside iteration, never before a fork) and are joined by
-// close(), whatever ended the iteration. An exception in a reader thread
+// close(), whatever ended the iteration. They are the process's cached threads
+// (core/thread_cache.h): an epoch's readers and helpers are the last epoch's,
+// with their thread_local scratch already in memory. An exception in a reader thread
 // reaches the consumer unchanged.
 //
 // A unit larger than prefetch_bytes is read in pieces of whole batches, each
@@ -42,10 +44,12 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
+#include <torch_shards/export.h>
+
 #include "core/planner.h"
+#include "core/thread_cache.h"
 #include "core/thread_pool.h"
 #include "loader/buffer_pool.h"
 #include "loader/sources/source.h"
@@ -172,7 +176,7 @@ class EpochReader {
   std::condition_variable room_;         // reader threads wait
   std::condition_variable sitting_out_;  // threads beyond local_threads wait while reads wait on no request
   std::deque<Slot> slots_;               // pieces [delivered_, claimed_)
-  std::vector<std::unique_ptr<std::thread>> threads_;
+  std::vector<std::unique_ptr<core::CachedThread>> threads_;  // this process's cached threads
   std::vector<int64_t> thread_units_;
   int64_t queued_bytes_ = 0;  // read, not yet taken
   int64_t out_bytes_ = 0;     // read or being read (estimated), not yet taken
@@ -185,5 +189,8 @@ class EpochReader {
   std::atomic<bool> reads_wait_{true};  // the last read's PlannedRead::waits_on_requests
   int owner_pid_;
 };
+
+// This process's cached threads, readers and helpers (for the Python door's native_threads()).
+TORCH_SHARDS_API core::ThreadCacheStats reader_thread_stats();
 
 }  // namespace torch_shards

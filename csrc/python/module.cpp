@@ -27,6 +27,7 @@
 //       None after the last
 //   mapped_slabs()             {"maps", "mapped", "mapped_bytes"} of this process
 //   forget_dead_workers()      unmaps the slabs of worker processes that are gone
+//   native_threads()           {"busy", "idle"}: this process's cached threads (core/thread_cache.h)
 #include <ATen/ops/empty.h>
 #include <Python.h>
 #include <pybind11/pybind11.h>
@@ -44,6 +45,7 @@
 #include <torch_shards/dataset.h>
 #include "loader/batches.h"
 #include "loader/dataset_door.h"
+#include "loader/epoch_reader.h"
 #include "loader/iteration.h"
 #include "loader/transfer.h"
 
@@ -427,6 +429,14 @@ PyObject* forget_dead_workers(PyObject* /*module*/, PyObject* /*unused*/) {
   END_HANDLE_TH_ERRORS
 }
 
+PyObject* native_threads(PyObject* /*module*/, PyObject* /*unused*/) {
+  HANDLE_TH_ERRORS
+  const torch_shards::core::ThreadCacheStats stats = torch_shards::reader_thread_stats();
+  return Py_BuildValue("{s:L,s:L}", "busy", static_cast<long long>(stats.busy), "idle",
+                       static_cast<long long>(stats.idle));
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef methods[] = {
     {"iterator_handle", iterator_handle, METH_O,
      "iterator_handle(iterator): a handle on a torch.classes.torch_shards.BatchIterator for poll()"},
@@ -443,6 +453,7 @@ PyMethodDef methods[] = {
      "unpack(description, names, others): (batches, worker, worker_batches) of what pack() made in a worker"},
     {"set_batch_type", set_batch_type, METH_O, "set_batch_type(type): the dict subclass poll() makes batches of"},
     {"mapped_slabs", mapped_slabs, METH_NOARGS, "mapped_slabs(): counts of the worker slabs this process maps"},
+    {"native_threads", native_threads, METH_NOARGS, "native_threads(): {busy, idle} cached threads of this process"},
     {"forget_dead_workers", forget_dead_workers, METH_NOARGS,
      "forget_dead_workers(): unmaps the slabs of DataLoader worker processes that are gone"},
     {nullptr, nullptr, 0, nullptr}};

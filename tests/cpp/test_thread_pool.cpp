@@ -204,14 +204,21 @@ TEST(ThreadPool, ThreadsStartOnFirstUseAndAreJoinedOnDestruction) {
     EXPECT_EQ(threads_in_process(), before);
     pool.parallel_for(100, [](int64_t) {});
     EXPECT_EQ(threads_in_process(), before + 4);
+    EXPECT_EQ(thread_cache_stats().busy, 4);
   }
-  // Joined: a joined thread can stay in /proc/self/task a moment longer (the kernel wakes the joiner as
-  // the thread exits, before its task is reaped; a clean-clone CI run once counted one there).
+  // Joined: the workers' loops ended, and their threads wait in the process's cache for the next pool's
+  // (a thread is back there a moment after its joiner woke).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (threads_in_process() != before && std::chrono::steady_clock::now() < deadline) {
+  while (thread_cache_stats().idle != 4 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  EXPECT_EQ(threads_in_process(), before);
+  EXPECT_EQ(thread_cache_stats().busy, 0);
+  EXPECT_EQ(thread_cache_stats().idle, 4);
+  {
+    ThreadPool pool(4);
+    pool.parallel_for(100, [](int64_t) {});
+    EXPECT_EQ(threads_in_process(), before + 4);  // the same threads
+  }
 }
 
 }  // namespace
