@@ -131,6 +131,7 @@ bench-smoke: setup $(if $(filter $(ANNBATCH_VENV)/%,$(ANNBATCH_PYTHON)),$(ANNBAT
 	$(PY) -m benchmarks.cpp_iteration --rows 20000 --dense-rows 5000 --rounds 2 --seconds 0.5 --out $(BENCH_SMOKE_OUT)
 	$(PY) -m benchmarks.host_path --rows 5000 --epochs 2 --batch-sizes 256 1024 --out $(BENCH_SMOKE_OUT)
 	$(PY) -m benchmarks.workers --rounds 1 --batch-sizes 4096 --workers 1 --out $(BENCH_SMOKE_OUT)
+	$(PY) -m benchmarks.kept_threads --rounds 1 --epochs 2 --out $(BENCH_SMOKE_OUT)
 	$(PY) -m benchmarks.device_throughput --rows 20000 --epochs 1 --out $(BENCH_SMOKE_OUT)
 	$(PY) -m benchmarks.annbatch_format --rows 20000 --rounds 1 --seconds 0.5 --annbatch-python $(ANNBATCH_PYTHON) \
 		--out $(BENCH_SMOKE_OUT)
