@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -16,18 +15,10 @@
 #include <vector>
 
 #include "core/thread_cache.h"
+#include "threads_in_process.h"
 
 namespace torch_shards::core {
 namespace {
-
-int threads_in_process() {
-  int count = 0;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
-    (void)entry;
-    ++count;
-  }
-  return count;
-}
 
 // Whether `done` holds within 5 s (a thread whose task ended is back in the cache a moment after its joiner woke).
 bool soon(const std::function<bool()>& done) {

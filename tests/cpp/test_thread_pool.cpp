@@ -9,7 +9,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <filesystem>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "threads_in_process.h"
 
 namespace torch_shards::core {
 namespace {
@@ -185,15 +185,6 @@ TEST(ThreadPool, PoolInheritedByAForkedChildStartsFreshThreadsThere) {
         << "fork " << trial << ": " << (WIFSIGNALED(status) ? "child killed by signal " : "child exited with ")
         << (WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
   }
-}
-
-int threads_in_process() {
-  int count = 0;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
-    (void)entry;
-    ++count;
-  }
-  return count;
 }
 
 TEST(ThreadPool, ThreadsStartOnFirstUseAndAreJoinedOnDestruction) {
