@@ -275,7 +275,9 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
 
 // torch.classes.torch_shards.BatchIterator: one epoch of one rank's (or
 // DataLoader worker's) batches. Reader threads start at the first batch,
-// never before, and are joined by close() or when the iterator goes.
+// never before, and are joined by close() or when the iterator goes (their
+// threads then wait, idle, for the process's next reads: 30 s, then they exit;
+// TORCH_SHARDS_KEEP_THREADS=0 has them exit at once).
 class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
  public:
   // Made by ShardedDatasetImpl.
