@@ -754,12 +754,6 @@ class FaultProxy(_HTTPService):
     def reset_log(self):
         with self._lock:
             self.requests.clear()
-
-    @property
-    def connections(self) -> int:
-        """The connections accepted so far."""
-        with self._server._open_lock:
-            return self._server.accepted
             self.fired.clear()
 
 
