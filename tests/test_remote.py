@@ -564,11 +564,13 @@ def test_later_epochs_read_on_the_connections_of_the_first(data_dir, tmp_path, k
             command, env=environment, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         ) as child:
             opened, idle = [], []
+            before = server.connections
             try:
                 for _ in range(3):
-                    before = server.connections
                     idle.append(int(child.stdout.readline()))
-                    opened.append(server.connections - before)
+                    now = server.connections  # every connection of the epoch was accepted before it ended
+                    opened.append(now - before)
+                    before = now  # before the next epoch starts
                     child.stdin.write("\n")
                     child.stdin.flush()
             finally:
