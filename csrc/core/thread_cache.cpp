@@ -62,13 +62,16 @@ Cache& this_process_cache() {
   return *cache;
 }
 
-void finish(CachedThread::Task& task) {
+void run(CachedThread::Task& task) {
   try {
     task.run();
   } catch (...) {
     task.error = std::current_exception();
   }
   task.run = nullptr;  // what the task captured goes before its joiner is told
+}
+
+void tell_joiner(CachedThread::Task& task) {
   {
     std::lock_guard<std::mutex> lock(task.mutex);
     task.done = true;
@@ -79,13 +82,21 @@ void finish(CachedThread::Task& task) {
 void thread_main(Cache* cache, Slot* slot, std::shared_ptr<CachedThread::Task> task) {
   const std::unique_ptr<Slot> own(slot);
   for (;;) {
-    finish(*task);
-    task.reset();
-    std::unique_lock<std::mutex> lock(cache->mutex);
-    --cache->busy;
+    run(*task);
     const auto timeout = std::chrono::milliseconds(idle_timeout_ms().load(std::memory_order_relaxed));
-    if (timeout.count() <= 0) return;  // kept for no time: the thread exits as its task ends
-    cache->idle.push_back(slot);
+    const bool kept = timeout.count() > 0;  // else the thread exits as its task ends
+    {
+      std::lock_guard<std::mutex> lock(cache->mutex);
+      --cache->busy;
+      // Back in the cache before its joiner is told: a task started right after the join (the next
+      // epoch's) takes this thread, not a new one.
+      if (kept) cache->idle.push_back(slot);
+    }
+    tell_joiner(*task);
+    task.reset();
+    if (!kept) return;
+    std::unique_lock<std::mutex> lock(cache->mutex);
+    // A task handed over since the thread went back to the cache is in slot->task already.
     if (!slot->wake.wait_for(lock, timeout, [&] { return slot->task != nullptr; })) {
       cache->idle.erase(std::find(cache->idle.begin(), cache->idle.end(), slot));
       return;  // no task came: the thread exits

@@ -30,7 +30,7 @@ class CachedThread {
   CachedThread(const CachedThread&) = delete;
   CachedThread& operator=(const CachedThread&) = delete;
 
-  // Waits for the task to end; rethrows what it threw.
+  // Waits for the task to end (its thread is back in the cache by then); rethrows what it threw.
   void join();
   // Forgets the task without waiting: for a CachedThread inherited through fork, whose thread does
   // not exist in this process (and whose locks another thread may have held at the fork).

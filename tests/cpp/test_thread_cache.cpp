@@ -20,7 +20,7 @@
 namespace torch_shards::core {
 namespace {
 
-// Whether `done` holds within 5 s (a thread whose task ended is back in the cache a moment after its joiner woke).
+// Whether `done` holds within 5 s.
 bool soon(const std::function<bool()>& done) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (!done()) {
@@ -33,8 +33,9 @@ bool soon(const std::function<bool()>& done) {
 TEST(ThreadCache, ATaskRunsOnTheThreadAnEndedTaskLeft) {
   std::thread::id first, second;
   CachedThread one([&] { first = std::this_thread::get_id(); });
-  one.join();
-  ASSERT_TRUE(soon([] { return thread_cache_stats().busy == 0 && thread_cache_stats().idle == 1; }));
+  one.join();  // its thread is back in the cache by then
+  EXPECT_EQ(thread_cache_stats().busy, 0);
+  EXPECT_EQ(thread_cache_stats().idle, 1);
   const int threads = threads_in_process();
   CachedThread two([&] { second = std::this_thread::get_id(); });
   two.join();
@@ -55,14 +56,15 @@ TEST(ThreadCache, TasksThatWaitForEachOtherEachGetAThread) {
   }
   for (auto& task : tasks) task->join();
   EXPECT_EQ(started.load(), 8);
-  ASSERT_TRUE(soon([] { return thread_cache_stats().busy == 0 && thread_cache_stats().idle == 8; }));
+  EXPECT_EQ(thread_cache_stats().busy, 0);
+  EXPECT_EQ(thread_cache_stats().idle, 8);
 }
 
 TEST(ThreadCache, JoinRethrowsWhatTheTaskThrewAndTheThreadIsKept) {
   CachedThread failing([] { throw std::runtime_error("task failed"); });
   EXPECT_THROW(failing.join(), std::runtime_error);
   failing.join();  // once: joined already
-  ASSERT_TRUE(soon([] { return thread_cache_stats().idle == 1; }));
+  EXPECT_EQ(thread_cache_stats().idle, 1);
   bool ran = false;
   CachedThread next([&] { ran = true; });
   next.join();
