@@ -132,7 +132,9 @@ CachedThread::CachedThread(std::function<void()> task) : task_(std::make_shared<
   }
 }
 
-CachedThread::~CachedThread() {
+CachedThread::~CachedThread() { wait(); }
+
+void CachedThread::wait() const {
   if (!task_) return;
   std::unique_lock<std::mutex> lock(task_->mutex);
   task_->ended.wait(lock, [&] { return task_->done; });
@@ -140,10 +142,7 @@ CachedThread::~CachedThread() {
 
 void CachedThread::join() {
   if (!task_) return;
-  {
-    std::unique_lock<std::mutex> lock(task_->mutex);
-    task_->ended.wait(lock, [&] { return task_->done; });
-  }
+  wait();
   const std::exception_ptr error = std::move(task_->error);
   task_.reset();
   if (error) std::rethrow_exception(error);

@@ -39,6 +39,8 @@ class CachedThread {
   struct Task;
 
  private:
+  void wait() const;  // until the task has ended (nothing rethrown)
+
   std::shared_ptr<Task> task_;
 };
 
