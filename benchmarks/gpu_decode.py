@@ -142,6 +142,33 @@ def host_decode(dataset, field, device):
     return lambda: timed(device, loop)
 
 
+def profile(decoder, fetch, device):
+    """Where the GPU's time goes in one read of a fetch and one read of a batch (torch.profiler: every
+    kernel and copy, nvCOMP's too), as a table."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    lines = []
+    for name, read in (
+        ("a fetch", lambda: decoder.read_batches(fetch, device)),
+        ("a batch", lambda: decoder.read(fetch[0], device)),
+    ):
+        read()
+        torch.cuda.synchronize()
+        with profiler(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            began = time.perf_counter()
+            read()
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - began
+        averages = prof.key_averages()
+        try:
+            table = averages.table(sort_by="self_device_time_total", row_limit=18, max_name_column_width=60)
+        except (AttributeError, KeyError, ValueError):
+            table = averages.table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=60)
+        lines.append(f"profile of {name} ({wall * 1e3:.2f} ms wall, stats {dict(decoder.stats())}):\n{table}")
+    return "\n".join(lines)
+
+
 def summary(name, measured):
     """Per round: GB/s, rows/s, CPU s per GB."""
     return [
@@ -170,6 +197,7 @@ def main():
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="host threads, both paths")
     parser.add_argument("--in-flight", type=int, default=4, help="fetches the device path reads at once")
     parser.add_argument("--fetch-factor", type=int, default=16, help="batches per fetch (the dataset's default)")
+    parser.add_argument("--profile", action="store_true", help="a table of the GPU's time per kernel of one fetch")
     parser.add_argument("--skip", default="", help="comma-separated parts to leave out: dense, csr")
     args = cli.parse(parser)
     if args.device.startswith("cuda") and not gpu:
@@ -231,6 +259,8 @@ def main():
             if probe.nvcomp_library():
                 report(f"nvCOMP: {probe.nvcomp_library()}")
             report(f"  a batch read alone (median of {len(seen)}): {stats}")
+            if args.profile and device.startswith("cuda"):
+                report(profile(probe, batches[: args.fetch_factor], device))
 
             def shown(round_, method, result, name=name):
                 text = f"{result:.2f} GB/s" if method == "pinned H2D" else f"{result[0] / result[2] / 1e9:.2f} GB/s"
