@@ -3,7 +3,8 @@ the physical limit measured in the same run: a pinned host-to-device copy of
 the same bytes, measured after each round. Dense (TensorSource) batches at
 each batch size, sparse CSR (an .h5ad) batches against the same dataset read
 on the host only, then the loop's wait fraction with a synthetic training
-step of fixed GPU duration.
+step of fixed GPU duration: in an epoch after the first (the table's main
+columns; the first epoch, while pools and threads start, beside them).
 
     python -m benchmarks.device_throughput    # table + benchmarks/results/device_throughput_<gpu>.{txt,json}
     python -m benchmarks.device_throughput --batch-sizes 1024 4096 --steps 5 1 --rounds 5
@@ -107,15 +108,24 @@ def csr_rounds(on_device, on_host, rounds, epochs, report):
     return out
 
 
-def wait_fraction(dataset, step_ms):
-    """The fraction of the loop's time spent in next() with a GPU step of step_ms after each batch;
-    also the median and largest wait of one next()."""
+def epoch_waits(dataset, step_ms, profiled=0):
+    """One epoch with a GPU step of step_ms after each batch: the fraction of the loop's time spent in
+    next(), the median and largest wait of one next(), and (profiled > 0) a table of where the host's
+    time went in the first `profiled` steps (torch.profiler: ATen ops and CUDA runtime calls)."""
     cycles = int(step_ms * 1e-3 * torch.cuda.get_device_properties(0).clock_rate * 1e3)
     waits = []
     torch.cuda.synchronize()
     start = time.perf_counter()
     iterator = iter(dataset)
+    profiler = None
+    if profiled:
+        from torch.profiler import ProfilerActivity, profile
+
+        profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        profiler.__enter__()
     while True:
+        if profiler is not None and len(waits) == profiled:
+            profiler.__exit__(None, None, None)
         before = time.perf_counter()
         batch = next(iterator, None)
         waits.append(time.perf_counter() - before)
@@ -125,11 +135,23 @@ def wait_fraction(dataset, step_ms):
         batch["X"].sum()
         torch.cuda.synchronize()  # a step's end (loss.item())
     total = time.perf_counter() - start
-    return {
+    found = {
         "fraction": sum(waits) / total,
         "median_wait_ms": statistics.median(waits) * 1e3,
         "max_wait_ms": max(waits) * 1e3,
+        "first_wait_ms": waits[0] * 1e3,
     }
+    if profiler is not None:
+        averages = profiler.key_averages()
+        found["profile"] = averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60)
+    return found
+
+
+def wait_fraction(dataset, step_ms, profiled=0):
+    """epoch_waits of the dataset's first epoch (its pools and threads starting) and of the next one."""
+    first = epoch_waits(dataset, step_ms)
+    later = epoch_waits(dataset, step_ms, profiled)
+    return {**later, "first_epoch": first}
 
 
 def numa_placement():
@@ -163,6 +185,11 @@ def main():
     parser.add_argument("--csr-rows", type=int, default=None, help="rows of the .h5ad (default: --rows)")
     parser.add_argument("--steps", type=float, nargs="+", default=[5, 1], help="synthetic step lengths in ms")
     parser.add_argument("--skip", default="", help="comma-separated parts to leave out: dense, csr, wait")
+    parser.add_argument("--num-threads", type=int, default=None, help="the dense dataset's (default: its own)")
+    parser.add_argument("--fetch-factor", type=int, default=None, help="the dense dataset's (default: its own)")
+    parser.add_argument(
+        "--profile", action="store_true", help="a table of the host's time in next() (first batch size and step)"
+    )
     parser.add_argument("--out-dir", default=None, help="a directory for the default names (the older --out)")
     if not torch.cuda.is_available():
         parser.parse_args()
@@ -184,7 +211,9 @@ def main():
 
     def dense(batch_size):
         strategy = ts.BlockShuffling(64)
-        return ts.ShardedDataset(ts.TensorSource(x), strategy, batch_size=batch_size, seed=0, device="cuda")
+        options = {"num_threads": args.num_threads, "fetch_factor": args.fetch_factor}
+        options = {key: value for key, value in options.items() if value is not None}
+        return ts.ShardedDataset(ts.TensorSource(x), strategy, batch_size=batch_size, seed=0, device="cuda", **options)
 
     if "dense" not in skip:
         for batch_size in args.batch_sizes:
@@ -216,9 +245,16 @@ def main():
     if "wait" not in skip:
         for batch_size in args.batch_sizes:
             for step_ms in args.steps:
-                found = wait_fraction(dense(batch_size), step_ms)
+                profiled = 40 if args.profile and batch_size == args.batch_sizes[0] and step_ms == args.steps[0] else 0
+                found = wait_fraction(dense(batch_size), step_ms, profiled)
+                if "profile" in found:
+                    report(f"where next() spends the host's time, batch {batch_size}, first {profiled} steps:")
+                    report(found.pop("profile"))
                 measured["wait"].append({"batch_size": batch_size, "step_ms": step_ms, **found})
-                report(f"wait, batch {batch_size}, {step_ms:g} ms step: {found['fraction']:.4f}")
+                report(
+                    f"wait, batch {batch_size}, {step_ms:g} ms step: {found['fraction']:.4f} "
+                    f"(first epoch {found['first_epoch']['fraction']:.4f})"
+                )
 
     def cells(values, digits=2):
         s = spread(values)
@@ -259,13 +295,22 @@ def main():
             ],
         ),
         results.markdown(
-            ["batch", "synthetic step", "wait fraction", "median / max wait of one next()"],
+            [
+                "batch",
+                "synthetic step",
+                "wait fraction",
+                "median / max wait of one next()",
+                "first next()",
+                "first epoch: wait fraction, first next()",
+            ],
             [
                 (
                     w["batch_size"],
                     f"{w['step_ms']:g} ms",
                     f"{w['fraction']:.4f}",
                     f"{w['median_wait_ms']:.3f} / {w['max_wait_ms']:.3f} ms",
+                    f"{w['first_wait_ms']:.3f} ms",
+                    f"{w['first_epoch']['fraction']:.4f}, {w['first_epoch']['first_wait_ms']:.1f} ms",
                 )
                 for w in measured["wait"]
             ],

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <thread>
@@ -224,19 +225,33 @@ int64_t host_chunks(const DecodePlan& plan, const at::Tensor& staging, DeviceDec
 void check_piece_bounds(const DecodePlan& plan, const Piece& piece, const at::Tensor& scratch,
                         const at::Tensor& staging) {
   const uint64_t room = static_cast<uint64_t>((piece.to_scratch ? scratch : staging).numel());
-  if (piece.input_offset + piece.input_size > plan.input.size() || piece.output_offset + piece.output_size > room) {
+  plan.piece_input(piece);  // within its chunk's bytes, or logic_error
+  if (piece.output_offset + piece.output_size > room) {
     throw std::logic_error(
         concat(io::decode_plan::chunk_where(plan, piece.chunk), ": a piece outside the plan's buffers"));
   }
 }
 
-// The CPU's codecs, piece by piece, straight into scratch and staging.
-void decompress_on_cpu(const DecodePlan& plan, const at::Tensor& scratch, const at::Tensor& staging) {
-  for (const Piece& piece : plan.pieces) {
-    check_piece_bounds(plan, piece, scratch, staging);
-    uint8_t* target = (piece.to_scratch ? scratch : staging).data_ptr<uint8_t>() + piece.output_offset;
-    io::decode_plan::decode_piece(plan, piece, plan.input.data() + piece.input_offset, target);
+// Runs task(0 .. count-1) on the pool's threads, or here without one.
+void for_each(core::ThreadPool* pool, size_t count, const std::function<void(int64_t)>& task) {
+  if (pool != nullptr && count > 1) {
+    pool->parallel_for(static_cast<int64_t>(count), task);
+  } else {
+    for (size_t i = 0; i < count; ++i) task(static_cast<int64_t>(i));
   }
+}
+
+// The CPU's codecs, piece by piece, straight into scratch and staging (pieces write disjoint bytes).
+void decompress_on_cpu(const DecodePlan& plan, const at::Tensor& scratch, const at::Tensor& staging,
+                       core::ThreadPool* pool) {
+  for (const Piece& piece : plan.pieces) check_piece_bounds(plan, piece, scratch, staging);
+  uint8_t* const scratch_bytes = scratch.data_ptr<uint8_t>();
+  uint8_t* const staging_bytes = staging.data_ptr<uint8_t>();
+  for_each(pool, plan.pieces.size(), [&](int64_t i) {
+    const Piece& piece = plan.pieces[static_cast<size_t>(i)];
+    uint8_t* target = (piece.to_scratch ? scratch_bytes : staging_bytes) + piece.output_offset;
+    io::decode_plan::decode_piece(plan, piece, plan.piece_input(piece), target);
+  });
 }
 
 const NvcompDecompressor& decompressor_of(const NvcompLibrary& nvcomp, PieceCodec codec) {
@@ -255,7 +270,7 @@ std::string nvcomp_status(const NvcompLibrary& nvcomp, int status) {
 class NvcompPieces {
  public:
   NvcompPieces(const DecodePlan& plan, const NvcompLibrary& nvcomp, const at::Tensor& scratch,
-               const at::Tensor& staging, DeviceDecodeStats& stats)
+               const at::Tensor& staging, DeviceDecodeStats& stats, core::ThreadPool* pool)
       : plan_(plan), nvcomp_(nvcomp), scratch_(scratch), staging_(staging), device_(staging.device()) {
     const std::vector<Piece>& pieces = plan.pieces;
     std::vector<uint64_t> packed(pieces.size());
@@ -271,10 +286,11 @@ class NvcompPieces {
       }
     }
     at::Tensor host = host_tensor(device_, static_cast<int64_t>(input_bytes), at::kByte);
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      std::memcpy(host.data_ptr<uint8_t>() + packed[i], plan.input.data() + pieces[i].input_offset,
-                  pieces[i].input_size);
-    }
+    uint8_t* const packing = host.data_ptr<uint8_t>();
+    for_each(pool, pieces.size(), [&](int64_t i) {
+      const Piece& piece = pieces[static_cast<size_t>(i)];
+      std::memcpy(packing + packed[static_cast<size_t>(i)], plan.piece_input(piece), piece.input_size);
+    });
     input_ = upload(host, device_);
     stats.uploaded_bytes += static_cast<int64_t>(input_bytes);
     if (landing_bytes > 0) landing_ = device_bytes(device_, landing_bytes);
@@ -490,7 +506,8 @@ int64_t move_bytes(const at::Tensor& src, const at::Tensor& dst, const std::vect
   return 1;
 }
 
-DeviceDecodeStats execute_plan(const DecodePlan& plan, const at::Tensor& out, const NvcompLibrary* nvcomp) {
+DeviceDecodeStats execute_plan(const DecodePlan& plan, const at::Tensor& out, const NvcompLibrary* nvcomp,
+                               core::ThreadPool* pool) {
   const c10::Device device = out.device();
   TORCH_CHECK(out.scalar_type() == at::kByte && out.dim() == 1 && out.is_contiguous() &&
                   static_cast<uint64_t>(out.numel()) >= plan.output_bytes,
@@ -505,10 +522,10 @@ DeviceDecodeStats execute_plan(const DecodePlan& plan, const at::Tensor& out, co
   int64_t operations = fill(plan, staging);
   std::optional<NvcompPieces> pieces;
   if (device.is_cpu()) {
-    decompress_on_cpu(plan, scratch, staging);
+    decompress_on_cpu(plan, scratch, staging, pool);
     stats.pieces = static_cast<int64_t>(plan.pieces.size());
   } else {
-    pieces.emplace(plan, *nvcomp, scratch, staging, stats);
+    pieces.emplace(plan, *nvcomp, scratch, staging, stats, pool);
     stats.prepare_us = core::microseconds_since(began);
     operations += pieces->run();
   }

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "io/decode_plan/decode_plan.h"
 #include "io/decode_plan/nvcomp_library.h"
 
@@ -38,8 +39,9 @@ struct DeviceDecodeStats {
 // On CUDA `nvcomp` must be loaded (load_nvcomp); on the CPU it is unused.
 // Returns after the device finished (the statuses are read back); throws
 // core::ReadError naming the chunk for a piece that does not decompress.
+// With a pool, its threads pack the pieces for the upload (CUDA) or decompress them (CPU).
 DeviceDecodeStats execute_plan(const io::decode_plan::DecodePlan& plan, const at::Tensor& out,
-                               const io::decode_plan::NvcompLibrary* nvcomp);
+                               const io::decode_plan::NvcompLibrary* nvcomp, core::ThreadPool* pool = nullptr);
 
 // One move of bytes inside or between uint8 tensors: src [from, + size) to dst [to, + size).
 struct ByteMove {

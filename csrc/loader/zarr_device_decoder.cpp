@@ -104,8 +104,9 @@ at::Tensor ZarrDeviceDecoderImpl::decode(const DecodePlan& plan, at::ScalarType 
   const at::Tensor out = at::empty({static_cast<int64_t>((plan.output_bytes + item - 1) / item)},
                                    at::TensorOptions().dtype(type).device(device));
   if (plan.output_bytes > 0) {
-    const DeviceDecodeStats done = execute_plan(
-        plan, out.view(at::kByte).narrow(0, 0, static_cast<int64_t>(plan.output_bytes)), nvcomp_for(device));
+    const DeviceDecodeStats done =
+        execute_plan(plan, out.view(at::kByte).narrow(0, 0, static_cast<int64_t>(plan.output_bytes)),
+                     nvcomp_for(device), pool_.get());
     stats_.pieces += done.pieces;
     stats_.uploaded_bytes += done.uploaded_bytes;
     stats_.operations += done.operations;
@@ -116,7 +117,8 @@ at::Tensor ZarrDeviceDecoderImpl::decode(const DecodePlan& plan, at::ScalarType 
   }
   chunks_ += static_cast<int64_t>(plan.chunks.size());
   if (host_reason_.empty()) host_reason_ = plan.fallback_reason();
-  input_bytes_ += static_cast<int64_t>(plan.input.size());
+  input_bytes_ += static_cast<int64_t>(plan.input_bytes);
+  fetch_us_ += plan.fetch_us;
   return out;
 }
 
@@ -172,7 +174,7 @@ ZarrDeviceDecoderImpl::Read ZarrDeviceDecoderImpl::read_on(const std::vector<int
                     "' but this torch has no CUDA device (torch.cuda.is_available() is False)");
   const std::lock_guard<std::mutex> lock(mutex_);
   stats_ = DeviceDecodeStats{};
-  chunks_ = input_bytes_ = plan_us_ = 0;
+  chunks_ = input_bytes_ = plan_us_ = fetch_us_ = 0;
   host_reason_.clear();
   if (!target.is_cuda()) return dense_ ? Read{read_dense(rows, target), {}} : read_csr(rows, target);
   const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
@@ -241,6 +243,7 @@ c10::Dict<std::string, int64_t> ZarrDeviceDecoderImpl::stats() const {
   out.insert("chunks", chunks_);
   out.insert("input_bytes", input_bytes_);
   out.insert("plan_us", plan_us_);
+  out.insert("fetch_us", fetch_us_);
   out.insert("prepare_us", stats_.prepare_us);
   out.insert("enqueue_us", stats_.enqueue_us);
   out.insert("wait_us", stats_.wait_us);

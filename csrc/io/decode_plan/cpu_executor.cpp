@@ -111,8 +111,10 @@ void decode_piece(const DecodePlan& plan, const Piece& piece, const uint8_t* in,
 
 void decode_host_chunk(const DecodePlan& plan, uint32_t chunk, uint8_t* out) {
   const PlannedChunk& planned = plan.chunks[chunk];
-  std::vector<uint8_t> encoded(plan.input.begin() + planned.input_offset,
-                               plan.input.begin() + planned.input_offset + planned.input_size);
+  std::vector<uint8_t> encoded = plan.inputs.at(chunk);  // a copy: the decoder may work in place
+  if (encoded.size() != planned.input_size) {
+    throw std::logic_error(concat(chunk_where(plan, chunk), ": its input is not the chunk's bytes"));
+  }
   try {
     plan.host_decoder->check_encoded(encoded, plan.chunk_bytes, 0);
     plan.host_decoder->decode(encoded, out, plan.chunk_bytes);
@@ -131,12 +133,11 @@ void execute_on_cpu(const DecodePlan& plan, uint8_t* out) {
     }
   }
   for (const Piece& piece : plan.pieces) {
-    if (piece.input_offset + piece.input_size > plan.input.size() ||
-        piece.output_offset + piece.output_size > (piece.to_scratch ? scratch.size() : staging.size())) {
+    if (piece.output_offset + piece.output_size > (piece.to_scratch ? scratch.size() : staging.size())) {
       throw std::logic_error(concat(chunk_where(plan, piece.chunk), ": a piece outside the plan's buffers"));
     }
     uint8_t* target = (piece.to_scratch ? scratch.data() : staging.data()) + piece.output_offset;
-    decode_piece(plan, piece, plan.input.data() + piece.input_offset, target);
+    decode_piece(plan, piece, plan.piece_input(piece), target);
   }
   for (const Unshuffle& step : plan.unshuffles) {
     const uint8_t* from = scratch.data() + step.scratch_offset;

@@ -3,14 +3,17 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <optional>
 #include <stdexcept>
 #include <utility>
 
 #include "core/errors.h"
+#include "core/stopwatch.h"
 #include "io/blosc_ranges.h"
 #include "io/codecs.h"
+#include "io/decode_plan/cpu_executor.h"
 #include "io/decode_plan/stream_checks.h"
 #include "io/zarr/chunk_decoding.h"
 #include "io/zarr/chunk_stores.h"
@@ -93,6 +96,13 @@ const char* piece_codec_name(PieceCodec codec) {
       return "deflate";
   }
   return "?";
+}
+
+const uint8_t* DecodePlan::piece_input(const Piece& piece) const {
+  if (piece.chunk >= inputs.size() || piece.input_offset + piece.input_size > inputs[piece.chunk].size()) {
+    throw std::logic_error(concat(chunk_where(*this, piece.chunk), ": a piece outside its chunk's bytes"));
+  }
+  return inputs[piece.chunk].data() + piece.input_offset;
 }
 
 bool DecodePlan::all_on_device() const {
@@ -275,6 +285,7 @@ DecodePlan DecodePlanner::plan(const std::vector<Segment>& segments, core::Threa
   coords.reserve(plan.chunks.size());
   for (const PlannedChunk& chunk : plan.chunks) coords.push_back(chunk.coords);
   std::vector<std::optional<std::vector<uint8_t>>> fetched;
+  const auto fetching = std::chrono::steady_clock::now();
   if (store_->reads_together()) {
     fetched = store_->read_chunks(coords, pool);
   } else {
@@ -282,6 +293,7 @@ DecodePlan DecodePlanner::plan(const std::vector<Segment>& segments, core::Threa
     pool.parallel_for(static_cast<int64_t>(coords.size()),
                       [&](int64_t i) { fetched[static_cast<size_t>(i)] = store_->read_chunk(coords[i]); });
   }
+  plan.fetch_us = core::microseconds_since(fetching);
   // Each chunk planned on its own (in parallel: the checks of its streams read every byte), as a plan of that
   // chunk alone, its input the fetched bytes; then joined in chunk order.
   std::vector<DecodePlan> alone(plan.chunks.size());
@@ -290,9 +302,8 @@ DecodePlan DecodePlanner::plan(const std::vector<Segment>& segments, core::Threa
     if (!fetched[i]) return;
     DecodePlan& part = alone[i];
     part.chunks.push_back(plan.chunks[i]);
-    part.chunks[0].input_offset = 0;
     part.chunks[0].input_size = fetched[i]->size();
-    part.input = std::move(*fetched[i]);
+    part.inputs.push_back(std::move(*fetched[i]));
     fetched[i].reset();
     try {
       plan_chunk(part, 0);
@@ -303,9 +314,7 @@ DecodePlan DecodePlanner::plan(const std::vector<Segment>& segments, core::Threa
   for (const std::string& error : errors) {
     if (!error.empty()) throw core::ReadError(error);
   }
-  size_t input_bytes = 0;
-  for (const DecodePlan& part : alone) input_bytes += part.input.size();
-  plan.input.reserve(input_bytes);
+  plan.inputs.resize(plan.chunks.size());
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     PlannedChunk& chunk = plan.chunks[i];
     DecodePlan& part = alone[i];
@@ -313,13 +322,11 @@ DecodePlan DecodePlanner::plan(const std::vector<Segment>& segments, core::Threa
       chunk.kind = ChunkKind::kFill;
       continue;
     }
-    const uint64_t input = plan.input.size(), scratch = plan.scratch_bytes;
+    const uint64_t scratch = plan.scratch_bytes;
     chunk = std::move(part.chunks[0]);
-    chunk.input_offset = input;
-    plan.input.insert(plan.input.end(), part.input.begin(), part.input.end());
-    part.input = std::vector<uint8_t>();
+    plan.input_bytes += part.inputs[0].size();
+    plan.inputs[i] = std::move(part.inputs[0]);  // moved, not copied: the bytes stay where they were fetched
     for (Piece piece : part.pieces) {
-      piece.input_offset += input;
       if (piece.to_scratch) piece.output_offset += scratch;
       piece.chunk = static_cast<uint32_t>(i);
       plan.pieces.push_back(piece);
@@ -346,7 +353,7 @@ void DecodePlanner::plan_chunk(DecodePlan& plan, uint32_t index) const {
     chunk.host_reason = array_fallback_;
     return;
   }
-  const uint8_t* bytes = plan.input.data() + chunk.input_offset;
+  const uint8_t* bytes = plan.inputs[index].data();
   size_t size = chunk.input_size;
   const std::vector<BytesCodec>& chain = meta_.chain.bytes_codecs;
   // Checksums over the stored bytes: checked here, on the host, before anything is uploaded.
@@ -360,11 +367,9 @@ void DecodePlanner::plan_chunk(DecodePlan& plan, uint32_t index) const {
       throw std::runtime_error(concat("crc32c checksum mismatch (stored ", stored, ", computed ", computed, ")"));
     }
   }
-  const uint64_t input = chunk.input_offset;
   const auto piece = [&](PieceCodec codec, uint64_t offset, uint64_t in_size, bool to_scratch, uint64_t out_offset,
                          uint64_t out_size, PieceCheck check = PieceCheck::kNone, uint32_t expected = 0) {
-    plan.pieces.push_back(
-        Piece{codec, input + offset, in_size, to_scratch, out_offset, out_size, check, expected, index});
+    plan.pieces.push_back(Piece{codec, offset, in_size, to_scratch, out_offset, out_size, check, expected, index});
   };
   const auto host = [&](std::string reason) {
     chunk.kind = ChunkKind::kHost;
@@ -380,7 +385,7 @@ void DecodePlanner::plan_chunk(DecodePlan& plan, uint32_t index) const {
   const auto checked = [&]() {
     for (size_t p = pieces_before; p < plan.pieces.size(); ++p) {
       const Piece& piece = plan.pieces[p];
-      const uint8_t* at = plan.input.data() + piece.input_offset;
+      const uint8_t* at = plan.piece_input(piece);
       const std::string problem =
           piece.codec == PieceCodec::kLz4    ? check_lz4_block(at, piece.input_size, piece.output_size)
           : piece.codec == PieceCodec::kZstd ? check_zstd_frame(at, piece.input_size, piece.output_size)

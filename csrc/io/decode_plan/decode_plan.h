@@ -43,7 +43,7 @@ enum class Shuffle : uint8_t { kNone, kByte, kBit };
 
 struct Piece {
   PieceCodec codec = PieceCodec::kCopy;
-  uint64_t input_offset = 0, input_size = 0;    // compressed bytes in DecodePlan::input
+  uint64_t input_offset = 0, input_size = 0;    // compressed bytes in its chunk's DecodePlan::inputs
   bool to_scratch = false;                      // lands in scratch (to be unshuffled), else in staging
   uint64_t output_offset = 0, output_size = 0;  // decompressed bytes, exactly
   PieceCheck check = PieceCheck::kNone;
@@ -67,7 +67,7 @@ enum class ChunkKind : uint8_t {
 struct PlannedChunk {
   std::vector<int64_t> coords;  // in the grid of read chunks (inner chunks when sharded)
   ChunkKind kind = ChunkKind::kDevice;
-  uint64_t input_offset = 0, input_size = 0;  // its stored bytes in DecodePlan::input (none for fills)
+  uint64_t input_size = 0;  // its stored bytes, DecodePlan::inputs of its index (none for fills)
   // Where those bytes lie in their file, when the store can say (file chunks, shards): for messages and
   // for executors that read files themselves. file_offset is -1 otherwise.
   std::string file;
@@ -84,7 +84,10 @@ struct Copy {
 struct DecodePlan {
   std::string where;  // "store:/path", for messages
   size_t item_size = 1, chunk_bytes = 0, row_bytes = 0;
-  std::vector<uint8_t> input;
+  // Each chunk's stored bytes as fetched (empty for fills): kept apart, never joined into one copy.
+  std::vector<std::vector<uint8_t>> inputs;
+  uint64_t input_bytes = 0;  // their sum
+  int64_t fetch_us = 0;      // of making the plan, the microseconds spent fetching those bytes
   std::vector<PlannedChunk> chunks;
   std::vector<Piece> pieces;
   std::vector<Unshuffle> unshuffles;
@@ -101,6 +104,8 @@ struct DecodePlan {
   // Whether the device decodes every chunk (fills included): else the
   // array falls back to the host path, with fallback_reason() as its notice.
   bool all_on_device() const;
+  // A piece's compressed bytes (in its chunk's input); logic_error if it lies outside them.
+  const uint8_t* piece_input(const Piece& piece) const;
   std::string fallback_reason() const;
 };
 
