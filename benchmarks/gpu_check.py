@@ -16,10 +16,14 @@ Steps, in order:
   device      benchmarks/device_throughput: dense at each batch size beside the pinned H2D limit of each
               round (min / median / max), CSR on the device against the host only, the loop's waiting
               with 5 ms and 1 ms steps                                                  (GPU)
+  paths       benchmarks/h2d_paths: ways rows in random blocks reach the GPU (host gather + copy, block copies
+              from a pinned source or a registered mapping, a GPU gather over the bus) beside the pinned limit
+                                                                                         (GPU)
   host path   benchmarks/host_path with every core (16 on the GPU machine): torch_shards against a
               hand-written torch gather at batch 256 and 4096, page faults after epoch 1
 
-Results: benchmarks/results/<name>_<gpu>.{txt,json} (gpu_decode_<gpu>, device_throughput_<gpu>, host_path_<gpu>, and
+Results: benchmarks/results/<name>_<gpu>.{txt,json} (gpu_decode_<gpu>, device_throughput_<gpu>, h2d_paths_<gpu>,
+host_path_<gpu>, and
 gpu_check_<gpu> with every step's status, time and output tail); <gpu> is the GPU's name as a file name
 part, "cpu" without one. Without a CUDA GPU each GPU step prints "no CUDA GPU: skipping <step>", the
 others run, and the exit status is 0 if they passed. Exit status 1 if a step failed or ran out of time.
@@ -172,7 +176,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="small benchmark runs (to check the script itself)")
     parser.add_argument("--out", default=cli.RESULTS, help="the results' directory (default benchmarks/results)")
     parser.add_argument(
-        "--skip", default="", help="comma-separated steps to leave out: build, tests, decode, device, host"
+        "--skip", default="", help="comma-separated steps to leave out: build, tests, decode, device, paths, host"
     )
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -213,7 +217,7 @@ def main(argv=None):
     elif not gpu:
         check.skip("decode benchmark", "no CUDA GPU")
     else:
-        sizes = ["--rows", "8192", "--csr-rows", "8192", "--rounds", "1"] if quick else ["--rounds", "3"]
+        sizes = ["--rows", "8192", "--csr-rows", "8192", "--rounds", "1"] if quick else ["--rounds", "3", "--profile"]
         command = [python, "-m", "benchmarks.gpu_decode", *sizes, "--out", os.path.join(out, f"gpu_decode_{slug}")]
         check.run("decode benchmark", command, timeout=120)
 
@@ -223,11 +227,22 @@ def main(argv=None):
         check.skip("device benchmark", "no CUDA GPU")
     else:
         sizes = (
-            ["--rows", "20000", "--rounds", "2", "--epochs", "1"] if quick else ["--rows", "100000", "--rounds", "3"]
+            ["--rows", "20000", "--rounds", "2", "--epochs", "1"]
+            if quick
+            else ["--rows", "100000", "--rounds", "3", "--profile"]
         )
         command = [python, "-m", "benchmarks.device_throughput", *sizes, "--batch-sizes", "1024", "4096"]
         command += ["--steps", "5", "1", "--out", os.path.join(out, f"device_throughput_{slug}")]
         check.run("device benchmark", command, timeout=120)
+
+    if "paths" in skip:
+        check.skip("paths benchmark", "--skip paths")
+    elif not gpu:
+        check.skip("paths benchmark", "no CUDA GPU")
+    else:
+        sizes = ["--rows", "20000", "--rounds", "1"] if quick else ["--rows", "200000", "--rounds", "3"]
+        command = [python, "-m", "benchmarks.h2d_paths", *sizes, "--out", os.path.join(out, f"h2d_paths_{slug}")]
+        check.run("paths benchmark", command, timeout=90)
 
     if "host" in skip:
         check.skip("host path benchmark", "--skip host")

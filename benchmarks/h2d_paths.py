@@ -9,6 +9,11 @@ in random blocks of 64 consecutive rows (BlockShuffling(64)'s shape). Per batch 
   pinned H2D limit         one contiguous pinned batch copied, again and again (the copy engine's rate)
   gather + copy            the rows gathered on the host (torch.index_select, every core) into one of two
                            pinned buffers, copied while the next batch is gathered (the host path's shape)
+  gather + copy, ring 16   the same through 16 pinned buffers in turn (a working set beyond the caches, as a
+                           reader's prefetched batches are)
+  GPU gather, pinned       no host work: a GPU kernel (torch.index_select) reads the rows straight from the
+                           pinned source over the bus (unified addressing: a CUDA tensor over host memory)
+  GPU gather, registered   the same from the registered file mapping
   blocks, pinned source    the source itself pinned: each block copied straight into the device batch,
                            no host gather (one cudaMemcpyAsync per block)
   blocks, registered map   the source a file mapping (tmpfs) registered with cudaHostRegister: the same
@@ -18,6 +23,7 @@ in random blocks of 64 consecutive rows (BlockShuffling(64)'s shape). Per batch 
 Each reports delivered GB/s and its ratio to the limit of the same round.
 """
 
+import ctypes
 import mmap
 import os
 import sys
@@ -65,28 +71,88 @@ def block_copies(source, batches, outs):
     return lambda: timed(run)
 
 
-def gather_copy(source, batches, outs):
-    """Rows gathered on the host into two pinned buffers in turn, each copied while the next is gathered."""
+def gather_copy(source, batches, outs, ring=2):
+    """Rows gathered on the host into `ring` pinned buffers in turn, each copied while the next is gathered."""
     width = source.shape[1]
-    pinned = [torch.empty((len(batches[0]) * BLOCK, width), dtype=source.dtype).pin_memory() for _ in range(2)]
-    done = [None, None]
+    pinned = [torch.empty((len(batches[0]) * BLOCK, width), dtype=source.dtype).pin_memory() for _ in range(ring)]
+    done = [None] * ring
     within = torch.arange(BLOCK)
 
     def run():
         moved = 0
         for k, starts in enumerate(batches):
-            slot = k % 2
+            slot = k % ring
             if done[slot] is not None:
                 done[slot].synchronize()  # the copy that read this buffer has ended
             index = (torch.tensor(starts)[:, None] + within).reshape(-1)
             torch.index_select(source, 0, index, out=pinned[slot])
-            outs[slot].copy_(pinned[slot], non_blocking=True)
+            outs[k % 2].copy_(pinned[slot], non_blocking=True)
             done[slot] = torch.cuda.Event()
             done[slot].record()
             moved += pinned[slot].numel() * pinned[slot].element_size()
         return moved
 
     return lambda: timed(run)
+
+
+def gpu_gather(on_gpu, batches, outs):
+    """Rows gathered by a GPU kernel from `on_gpu` (a CUDA tensor over pinned host memory)."""
+    within = torch.arange(BLOCK, device="cuda")
+    indexes = [(torch.tensor(starts, device="cuda")[:, None] + within).reshape(-1) for starts in batches]
+
+    def run():
+        moved = 0
+        for k, index in enumerate(indexes):
+            torch.index_select(on_gpu, 0, index, out=outs[k % 2])
+            moved += outs[k % 2].numel() * outs[k % 2].element_size()
+        return moved
+
+    return lambda: timed(run)
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManaged(ctypes.Structure):
+    pass
+
+
+_DLDeleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManaged))
+_DLManaged._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DLDeleter)]
+_ALIASES = []  # what each alias's DLPack structure points to, kept for the process's life
+
+
+def on_device(host, device_type=2):
+    """A tensor of DLPack device type `device_type` (2: CUDA, 1: the CPU) over a 2-D float32 host tensor's
+    memory, which must be pinned or registered for CUDA (unified addressing: the GPU reads it over the bus)."""
+    shape = (ctypes.c_int64 * 2)(*host.shape)
+    strides = (ctypes.c_int64 * 2)(*host.stride())
+    managed = _DLManaged()
+    device = _DLDevice(device_type, torch.cuda.current_device() if device_type == 2 else 0)
+    managed.dl_tensor = _DLTensor(host.data_ptr(), device, 2, _DLDataType(2, 32, 1), shape, strides, 0)
+    managed.deleter = _DLDeleter(0)
+    _ALIASES.append((managed, shape, strides, host))
+    capsule_new = ctypes.pythonapi.PyCapsule_New
+    capsule_new.restype = ctypes.py_object
+    capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return torch.utils.dlpack.from_dlpack(capsule_new(ctypes.addressof(managed), b"dltensor", None))
 
 
 def limit(nbytes):
@@ -153,11 +219,14 @@ def main():
         measures = {
             "pinned H2D limit": limit(batch_size * args.width * 4),
             "gather + copy": gather_copy(source, batches, outs),
+            "gather + copy, ring 16": gather_copy(source, batches, outs, ring=16),
+            "GPU gather, pinned": gpu_gather(on_device(pinned_source), batches, outs),
             "blocks, pinned source": block_copies(pinned_source, batches, outs),
             "blocks, pageable source": block_copies(source, batches, outs),
         }
         if registered:
             measures["blocks, registered map"] = block_copies(registered[0], batches, outs)
+            measures["GPU gather, registered"] = gpu_gather(on_device(registered[0]), batches, outs)
         for measure in measures.values():
             measure()  # warm-up
         per_round = rounds.alternate(

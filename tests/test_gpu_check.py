@@ -32,12 +32,13 @@ def test_without_a_gpu_the_check_skips_the_gpu_steps_and_runs_the_others(tmp_pat
         ("gpu tests", "skipped"),
         ("decode benchmark", "skipped"),
         ("device benchmark", "skipped"),
+        ("paths benchmark", "skipped"),
         ("host path benchmark", "ok"),
     ]
     assert summary["total_seconds"] < 100
     host = json.loads((tmp_path / "host_path_cpu.json").read_text())
     assert host["results"] and "torch_shards_faults_after" in host["results"][0]
-    assert (tmp_path / "gpu_check_cpu.txt").read_text().count("| skipped |") == 4
+    assert (tmp_path / "gpu_check_cpu.txt").read_text().count("| skipped |") == 5
 
 
 def test_a_step_past_its_time_is_stopped_and_fails_the_check(tmp_path, capsys):

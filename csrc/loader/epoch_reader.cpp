@@ -124,10 +124,10 @@ bool EpochReader::more_pieces() const {
 EpochReader::Piece EpochReader::claim() {
   Piece piece;
   piece.item = claimed_++;
+  const int64_t batch = options_.batch_size;
   if (!unit_rows_ || unit_next_row_ >= static_cast<int64_t>(unit_rows_->size())) {
     core::WorkUnit work;
     auto rows = std::make_shared<std::vector<int64_t>>();
-    const int64_t batch = options_.batch_size;
     int64_t dealt = 1;
     try {
       cursor_.next(work, *rows);  // planning is cheap next to reading: done in order, under the lock
@@ -160,7 +160,10 @@ EpochReader::Piece EpochReader::claim() {
   piece.rows = unit_rows_;
   piece.padding = unit_padding_;
   piece.begin = unit_next_row_;
-  piece.end = std::min<int64_t>(static_cast<int64_t>(unit_rows_->size()), unit_next_row_ + piece_rows_);
+  // The reader's first piece is one batch: the consumer's first batch waits for that batch's rows, not for a
+  // whole fetch's (the rest of the unit is the next piece, which another thread reads meanwhile).
+  const int64_t rows_now = piece.item == 0 && batch > 0 ? std::min(piece_rows_, batch) : piece_rows_;
+  piece.end = std::min<int64_t>(static_cast<int64_t>(unit_rows_->size()), unit_next_row_ + rows_now);
   piece.first = piece.begin == 0;
   piece.last = piece.end == static_cast<int64_t>(unit_rows_->size());
   piece.dealt_units = piece.last ? unit_dealt_units_ : 0;
@@ -323,9 +326,9 @@ bool EpochReader::consumer_should_wake() const {
   size_t ready = 0;  // the pieces the consumer can take in a row
   while (ready < slots_.size() && slots_[ready].ready) ++ready;
   if (ready == 0) return false;
-  // Two in a row, unless no other piece is being read (none would follow) or
-  // the readers wait for the room the consumer frees.
-  if (ready >= 2 || in_flight_ == 0) return true;
+  // Two in a row, unless no other piece is being read (none would follow), nothing was delivered yet
+  // (the first batch: its wait is the epoch's start), or the readers wait for the room the consumer frees.
+  if (ready >= 2 || in_flight_ == 0 || delivered_ == 0) return true;
   const int64_t out = claimed_ - delivered_;
   return out >= options_.prefetch || out_bytes_ >= options_.prefetch_bytes;
 }

@@ -119,6 +119,7 @@ at::Tensor ZarrDeviceDecoderImpl::decode(const DecodePlan& plan, at::ScalarType 
   if (host_reason_.empty()) host_reason_ = plan.fallback_reason();
   input_bytes_ += static_cast<int64_t>(plan.input_bytes);
   fetch_us_ += plan.fetch_us;
+  check_us_ += plan.check_us;
   return out;
 }
 
@@ -174,7 +175,7 @@ ZarrDeviceDecoderImpl::Read ZarrDeviceDecoderImpl::read_on(const std::vector<int
                     "' but this torch has no CUDA device (torch.cuda.is_available() is False)");
   const std::lock_guard<std::mutex> lock(mutex_);
   stats_ = DeviceDecodeStats{};
-  chunks_ = input_bytes_ = plan_us_ = fetch_us_ = 0;
+  chunks_ = input_bytes_ = plan_us_ = fetch_us_ = check_us_ = 0;
   host_reason_.clear();
   if (!target.is_cuda()) return dense_ ? Read{read_dense(rows, target), {}} : read_csr(rows, target);
   const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
@@ -244,6 +245,7 @@ c10::Dict<std::string, int64_t> ZarrDeviceDecoderImpl::stats() const {
   out.insert("input_bytes", input_bytes_);
   out.insert("plan_us", plan_us_);
   out.insert("fetch_us", fetch_us_);
+  out.insert("check_us", check_us_);
   out.insert("prepare_us", stats_.prepare_us);
   out.insert("enqueue_us", stats_.enqueue_us);
   out.insert("wait_us", stats_.wait_us);

@@ -52,8 +52,8 @@ class ZarrDeviceDecoderImpl : public torch::CustomClassHolder {
 
   // Of the last read: pieces, uploaded_bytes (compressed bytes and host-decoded chunks to the
   // device), operations (device operations launched), host_chunks, chunks and input_bytes (fetched);
-  // plan_us (fetching and planning on the host; fetch_us of it fetching), prepare_us, enqueue_us and wait_us
-  // (DeviceDecodeStats).
+  // plan_us (fetching and planning on the host; fetch_us of it fetching, check_us checking the chunks), prepare_us,
+  // enqueue_us and wait_us (DeviceDecodeStats).
   c10::Dict<std::string, int64_t> stats() const;
 
   // Why every chunk is decoded on the host ("" when the device decodes them).
@@ -89,7 +89,7 @@ class ZarrDeviceDecoderImpl : public torch::CustomClassHolder {
   std::optional<c10::Stream> stream_;  // the decoder's CUDA stream, from torch's pool
   mutable std::mutex mutex_;
   DeviceDecodeStats stats_;
-  int64_t chunks_ = 0, input_bytes_ = 0, plan_us_ = 0, fetch_us_ = 0;
+  int64_t chunks_ = 0, input_bytes_ = 0, plan_us_ = 0, fetch_us_ = 0, check_us_ = 0;
   std::string host_reason_;
 };
 

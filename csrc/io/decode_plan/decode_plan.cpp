@@ -294,6 +294,7 @@ DecodePlan DecodePlanner::plan(const std::vector<Segment>& segments, core::Threa
                       [&](int64_t i) { fetched[static_cast<size_t>(i)] = store_->read_chunk(coords[i]); });
   }
   plan.fetch_us = core::microseconds_since(fetching);
+  const auto checking = std::chrono::steady_clock::now();
   // Each chunk planned on its own (in parallel: the checks of its streams read every byte), as a plan of that
   // chunk alone, its input the fetched bytes; then joined in chunk order.
   std::vector<DecodePlan> alone(plan.chunks.size());
@@ -307,10 +308,18 @@ DecodePlan DecodePlanner::plan(const std::vector<Segment>& segments, core::Threa
     fetched[i].reset();
     try {
       plan_chunk(part, 0);
+      // Where its bytes lie (a chunk file is opened again: here, in parallel, not in the join below).
+      if (store_->can_locate()) {
+        if (const std::optional<ChunkLocation> location = store_->locate(part.chunks[0].coords)) {
+          part.chunks[0].file = location->file ? location->file->path() : "";
+          part.chunks[0].file_offset = location->offset;
+        }
+      }
     } catch (const std::runtime_error& error) {
       errors[i] = concat(meta_.where, ": ", store_->describe_chunk(plan.chunks[i].coords), ": ", error.what());
     }
   });
+  plan.check_us = core::microseconds_since(checking);
   for (const std::string& error : errors) {
     if (!error.empty()) throw core::ReadError(error);
   }
@@ -336,12 +345,6 @@ DecodePlan DecodePlanner::plan(const std::vector<Segment>& segments, core::Threa
       plan.unshuffles.push_back(step);
     }
     plan.scratch_bytes += part.scratch_bytes;
-    if (store_->can_locate()) {
-      if (const std::optional<ChunkLocation> location = store_->locate(chunk.coords)) {
-        chunk.file = location->file ? location->file->path() : "";
-        chunk.file_offset = location->offset;
-      }
-    }
   }
   return plan;
 }
