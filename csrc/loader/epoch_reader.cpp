@@ -271,8 +271,12 @@ void EpochReader::reader_loop(size_t thread) {
         const int64_t out = claimed_ - delivered_;
         const bool waits = reads_wait_.load(std::memory_order_relaxed);
         const int64_t limit = waits || options_.local_prefetch == 0 ? ahead : std::min(ahead, options_.local_prefetch);
+        // The first piece (the epoch's first batch, which the consumer waits for) is read alone, with
+        // every helper, where reads wait on no request (local memory and files: the cores are what
+        // it needs); the other threads start once it is in. Requests all go out at once.
+        const bool first_pending = claimed_ > 0 && !first_read_ && !waits;
         return stopping_ || failed_ || !more_pieces() ||
-               (out < limit && (out_bytes_ < options_.prefetch_bytes || out == 0));
+               (!first_pending && out < limit && (out_bytes_ < options_.prefetch_bytes || out == 0));
       });
       if (stopping_ || failed_ || !more_pieces()) return;
       // The helpers of this piece's large copies (made under this lock): while reads wait on no
@@ -306,6 +310,7 @@ void EpochReader::reader_loop(size_t thread) {
       ++thread_units_[thread];
       failed_ = failed_ || result.error != nullptr;
       queued_bytes_ += result.bytes;
+      first_read_ = true;  // any piece read: the first was (it is claimed first and read alone)
       out_bytes_ += result.bytes - piece.estimate;
       result.ready = true;
       // A c10::Dict moves by sharing: drop this thread's reference before the
