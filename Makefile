@@ -133,6 +133,8 @@ bench-smoke: setup $(if $(filter $(ANNBATCH_VENV)/%,$(ANNBATCH_PYTHON)),$(ANNBAT
 	$(PY) -m benchmarks.workers --rounds 1 --batch-sizes 4096 --workers 1 --out $(BENCH_SMOKE_OUT)
 	$(PY) -m benchmarks.kept_threads --rounds 1 --epochs 2 --out $(BENCH_SMOKE_OUT)
 	$(PY) -m benchmarks.device_throughput --rows 20000 --epochs 1 --out $(BENCH_SMOKE_OUT)
+	$(PY) -m benchmarks.h2d_paths --rows 20000 --rounds 1 --out $(BENCH_SMOKE_OUT)
+	$(PY) -m benchmarks.gpu_decode --device cpu --rows 8192 --csr-rows 4096 --rounds 1 --out $(BENCH_SMOKE_OUT)
 	$(PY) -m benchmarks.annbatch_format --rows 20000 --rounds 1 --seconds 0.5 --annbatch-python $(ANNBATCH_PYTHON) \
 		--out $(BENCH_SMOKE_OUT)
 	$(PY) -m benchmarks.remote --rows 20000 --rounds 1 --seconds 0.5 --latency 0.001 \
