@@ -321,10 +321,7 @@ def main():
         f"{args.rounds} rounds of {args.epochs} epochs after a warm-up epoch; GPU NUMA node "
         f"{numa.get('gpu_numa_node', 'unknown')}, {len(numa['process_cpus'])} CPUs allowed"
     )
-    text = "\n\n".join([header, *tables])
-    print()
-    print(text)
-    results.write(args.out, text, measured)
+    results.publish(args.out, header, tables, measured)
     return 0
 
 

@@ -315,10 +315,7 @@ def main():
         f"{args.threads} host threads; the device path {args.in_flight} fetches of {args.fetch_factor} batches "
         "in flight"
     )
-    text = "\n\n".join([header, *tables])
-    print()
-    print(text)
-    results.write(args.out, text, measured)
+    results.publish(args.out, header, tables, measured)
     return 0
 
 

@@ -247,10 +247,7 @@ def main():
         f"GPU: {gpu}; torch {torch.__version__}; {shape[0]} rows x {args.width} float32 in blocks of {BLOCK} "
         f"rows; {args.rounds} alternated rounds after a warm-up; {torch.get_num_threads()} host threads"
     )
-    text = "\n\n".join([header, *tables])
-    print()
-    print(text)
-    results.write(args.out, text, measured)
+    results.publish(args.out, header, tables, measured)
     return 0
 
 

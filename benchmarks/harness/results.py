@@ -15,6 +15,15 @@ def write(out, text, data):
     print(f"\nwritten: {out}.txt, {out}.json")
 
 
+def publish(out, header, tables, data):
+    """Prints the header and the tables, blank lines between, and writes them and the measurements
+    (write)."""
+    text = "\n\n".join([header, *tables])
+    print()
+    print(text)
+    write(out, text, data)
+
+
 def read_json(out):
     with open(out + ".json") as f:
         return json.load(f)
