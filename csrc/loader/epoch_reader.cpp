@@ -310,7 +310,7 @@ void EpochReader::reader_loop(size_t thread) {
       ++thread_units_[thread];
       failed_ = failed_ || result.error != nullptr;
       queued_bytes_ += result.bytes;
-      first_read_ = true;  // any piece read: the first was (it is claimed first and read alone)
+      if (piece.item == 0) first_read_ = true;
       out_bytes_ += result.bytes - piece.estimate;
       result.ready = true;
       // A c10::Dict moves by sharing: drop this thread's reference before the

@@ -10,16 +10,20 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <torch_shards/torch_shards.h>
 #include "error_of.h"
 #include "loader/dataset_door.h"
+#include "loader/sources/source.h"
 #include "temp_dir.h"
 
 namespace ts = torch_shards;
@@ -51,6 +55,60 @@ std::vector<int64_t> iota(int64_t count) {
   for (int64_t i = 0; i < count; ++i) out[static_cast<size_t>(i)] = i;
   return out;
 }
+
+// Every read of a LoggedSource: the rows it asked for, when it started and when it ended.
+struct ReadLog {
+  using Clock = std::chrono::steady_clock;
+  struct Read {
+    int64_t rows = 0;
+    Clock::time_point began, ended;
+  };
+  std::mutex mutex;
+  std::vector<Read> reads;
+};
+
+// One read of a LoggedSource: "X" holds each row's index times 10, written after a few milliseconds (as a
+// file's read takes time), and the read is logged.
+class LoggedRead : public ts::sources::PlannedRead {
+ public:
+  LoggedRead(const ts::sources::RowRequest& request, ReadLog& log)
+      : rows_(request.rows), log_(log), began_(ReadLog::Clock::now()) {
+    outputs_.push_back(ts::sources::OutputSpec{"X", ts::sources::OutputSpec::Part::kDense,
+                                               ts::sources::TensorSpec{{request.num_out_rows()}, at::kLong}});
+    for (size_t i = 0; i < rows_.size(); ++i) dests_.push_back(request.dest(i));
+  }
+  ts::sources::Batch fill(const std::vector<at::Tensor>& tensors, ts::sources::ReadContext&) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    int64_t* x = tensors[0].data_ptr<int64_t>();
+    for (size_t i = 0; i < rows_.size(); ++i) x[dests_[i]] = rows_[i] * 10;
+    const std::lock_guard<std::mutex> lock(log_.mutex);
+    log_.reads.push_back({static_cast<int64_t>(rows_.size()), began_, ReadLog::Clock::now()});
+    ts::sources::Batch batch;
+    batch.insert("X", tensors[0]);
+    return batch;
+  }
+
+ private:
+  std::vector<int64_t> rows_, dests_;
+  ReadLog& log_;
+  ReadLog::Clock::time_point began_;
+};
+
+class LoggedSource : public ts::sources::Source {
+ public:
+  LoggedSource(int64_t rows, std::shared_ptr<ReadLog> log) : rows_(rows), log_(std::move(log)) {}
+  int64_t num_rows() const override { return rows_; }
+  std::vector<ts::sources::FieldSpec> fields() const override { return {{"X", at::kLong, {}, false}}; }
+  std::unique_ptr<ts::sources::PlannedRead> plan(const ts::sources::RowRequest& request,
+                                                 ts::sources::ReadContext&) const override {
+    return std::make_unique<LoggedRead>(request, *log_);
+  }
+  std::string describe() const override { return "LoggedSource(" + std::to_string(rows_) + ")"; }
+
+ private:
+  int64_t rows_;
+  std::shared_ptr<ReadLog> log_;
+};
 
 using torch_shards::testing_support::error_of;
 
@@ -163,6 +221,35 @@ TEST(Dataset, BreakingOutOfAnEpochStopsItsThreads) {
   }
   EXPECT_EQ(dataset->epoch(), 19);
   EXPECT_TRUE(dataset->reader_stats().empty());
+}
+
+TEST(Dataset, AnEpochsFirstBatchIsReadAloneAsAPieceOfItsOwn) {
+  // Fetches of 4 batches of 8 rows; the epoch's first batch is read first and alone (its rows, not its
+  // fetch's 32), then the others start. From the second epoch on: the first may not know yet that its
+  // reads wait on no request, and while reads wait (a server's) they all start at once.
+  auto log = std::make_shared<ReadLog>();
+  const ts::Source source(c10::make_intrusive<ts::SourceImpl>(
+      ts::SourceState{"LoggedSource", "{}", c10::Dict<std::string, at::Tensor>(), {}},
+      std::make_shared<LoggedSource>(320, log)));
+  ts::ShardedDataset dataset(source, ts::BlockShuffling(4),
+                             {.batch_size = 8, .fetch_factor = 4, .seed = 3, .num_threads = 4, .prefetch = 8});
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    {
+      const std::lock_guard<std::mutex> lock(log->mutex);
+      log->reads.clear();
+    }
+    const auto batches = epoch_batches(dataset);  // every batch's X is its rows' index times 10
+    EXPECT_EQ(sorted_rows(batches), iota(320));
+    if (epoch == 0) continue;
+    const std::lock_guard<std::mutex> lock(log->mutex);
+    ASSERT_GE(log->reads.size(), 3u);
+    std::sort(log->reads.begin(), log->reads.end(), [](const auto& a, const auto& b) { return a.began < b.began; });
+    EXPECT_EQ(log->reads[0].rows, 8) << "epoch " << epoch;
+    EXPECT_EQ(log->reads[1].rows, 24) << "epoch " << epoch << ": the rest of the first fetch";
+    for (size_t i = 1; i < log->reads.size(); ++i) {
+      EXPECT_GE(log->reads[i].began, log->reads[0].ended) << "epoch " << epoch << ": read " << i;
+    }
+  }
 }
 
 TEST(Dataset, DeviceOptionOnTheHostAndWithoutCuda) {

@@ -79,12 +79,6 @@ void check(const Piece& piece, const uint8_t* decoded) {
 
 }  // namespace
 
-std::string chunk_where(const DecodePlan& plan, uint32_t chunk) {
-  std::string coords;
-  for (int64_t c : plan.chunks[chunk].coords) coords += (coords.empty() ? "" : ", ") + std::to_string(c);
-  return concat(plan.where, ": chunk (", coords, ")");
-}
-
 void bit_unshuffle(const uint8_t* in, size_t size, size_t typesize, uint8_t* out) {
   const size_t elements = size / typesize, n = elements - elements % 8;
   const size_t row = n / 8;  // bytes per bit plane

@@ -17,9 +17,6 @@ namespace torch_shards::io::decode_plan {
 // 8); the bytes after them are copied as they are.
 void bit_unshuffle(const uint8_t* in, size_t size, size_t typesize, uint8_t* out);
 
-// "store:/path: chunk (i, j)", for messages about plan.chunks[chunk].
-std::string chunk_where(const DecodePlan& plan, uint32_t chunk);
-
 // Decompresses one piece (its input_size bytes at `in`) into `out` (its
 // output_size bytes) and checks its wrapper's checksum. Throws
 // core::ReadError naming the chunk when it does not decode to its size or the

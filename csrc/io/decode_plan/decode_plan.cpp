@@ -13,7 +13,6 @@
 #include "core/stopwatch.h"
 #include "io/blosc_ranges.h"
 #include "io/codecs.h"
-#include "io/decode_plan/cpu_executor.h"
 #include "io/decode_plan/stream_checks.h"
 #include "io/zarr/chunk_decoding.h"
 #include "io/zarr/chunk_stores.h"
@@ -96,6 +95,12 @@ const char* piece_codec_name(PieceCodec codec) {
       return "deflate";
   }
   return "?";
+}
+
+std::string chunk_where(const DecodePlan& plan, uint32_t chunk) {
+  std::string coords;
+  for (int64_t c : plan.chunks[chunk].coords) coords += (coords.empty() ? "" : ", ") + std::to_string(c);
+  return concat(plan.where, ": chunk (", coords, ")");
 }
 
 const uint8_t* DecodePlan::piece_input(const Piece& piece) const {

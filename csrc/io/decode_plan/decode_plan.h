@@ -111,6 +111,9 @@ struct DecodePlan {
   std::string fallback_reason() const;
 };
 
+// "store:/path: chunk (i, j)", for messages about plan.chunks[chunk].
+std::string chunk_where(const DecodePlan& plan, uint32_t chunk);
+
 // Plans fetches of one numeric zarr array (v2, v3, v3 shards).
 class DecodePlanner {
  public:
