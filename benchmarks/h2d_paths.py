@@ -20,7 +20,8 @@ in random blocks of 64 consecutive rows (BlockShuffling(64)'s shape). Per batch 
                            block copies from page-cache memory
   blocks, pageable source  the block copies from ordinary memory (CUDA stages them itself)
 
-Each reports delivered GB/s and its ratio to the limit of the same round.
+Each reports delivered GB/s and its ratio to the limit of the same round; each way's last batch of its
+warm-up epoch is checked against the source's rows first.
 """
 
 import ctypes
@@ -227,8 +228,11 @@ def main():
         if registered:
             measures["blocks, registered map"] = block_copies(registered[0], batches, outs)
             measures["GPU gather, registered"] = gpu_gather(on_device(registered[0]), batches, outs)
-        for measure in measures.values():
-            measure()  # warm-up
+        last = torch.cat([source[start : start + BLOCK] for start in batches[-1]])
+        for name, measure in measures.items():
+            measure()  # warm-up; then the epoch's last batch, on the device, checked against the source
+            if name != "pinned H2D limit" and not torch.equal(outs[(len(batches) - 1) % 2].cpu(), last):
+                raise RuntimeError(f"h2d_paths: {name} delivered other rows than the source's")
         per_round = rounds.alternate(
             measures, args.rounds, lambda r, m, v, b=batch_size: report(f"batch {b} round {r}: {m} {v:.2f} GB/s")
         )
