@@ -18,9 +18,45 @@ bool add_length(const uint8_t* in, size_t size, size_t& at, size_t& length) {
   }
 }
 
+// Whether the block is valid (what check_lz4_block checks), at the speed of its sequences: pointers, one
+// bound check per length, no message. A block that fails is walked again for the message.
+bool lz4_block_valid(const uint8_t* in, size_t size, size_t out_size) {
+  const uint8_t* p = in;
+  const uint8_t* const end = in + size;
+  size_t written = 0;
+  const auto extend = [&](size_t& length) {
+    for (;;) {
+      if (p >= end) return false;
+      const uint8_t byte = *p++;
+      length += byte;
+      if (byte != 255) return true;
+    }
+  };
+  while (p < end) {
+    const unsigned token = *p++;
+    size_t literals = token >> 4;
+    if (literals == 15 && !extend(literals)) return false;
+    if (literals > static_cast<size_t>(end - p) || literals > out_size - written) return false;
+    p += literals;
+    written += literals;
+    if (p == end) return written == out_size;
+    if (end - p < 2) return false;
+    const size_t offset = size_t{p[0]} | size_t{p[1]} << 8;
+    p += 2;
+    if (offset - 1 >= written) return false;  // 0 (wraps) or before the start
+    size_t match = token & 15;
+    if (match == 15 && !extend(match)) return false;
+    match += 4;
+    if (match > out_size - written) return false;
+    written += match;
+  }
+  return false;  // no last sequence
+}
+
 }  // namespace
 
 std::string check_lz4_block(const uint8_t* in, size_t size, size_t out_size) {
+  if (in != nullptr && lz4_block_valid(in, size, out_size)) return "";
   size_t at = 0, written = 0;
   for (;;) {
     if (at >= size)
