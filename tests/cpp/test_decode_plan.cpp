@@ -609,6 +609,47 @@ TEST(StreamChecks, Lz4BlocksThatDecodeWithinBoundsPassAndOthersSayWhy) {
   EXPECT_EQ(check_lz4_block(nullptr, 0, 0).empty(), false);  // even an empty block has its last token
 }
 
+TEST(StreamChecks, Lz4BlocksThatPassDecodeToTheirSizeWhateverTheDamage) {
+  // Blocks of mostly zeros, damaged by a few overwritten bytes, cut short, or given the wrong size: every
+  // block the check passes decodes (LZ4's own safe decoder) to exactly its size, and one that does not
+  // decode so is refused with a reason.
+  std::mt19937 rng(11);
+  int passed = 0, refused = 0;
+  for (int b = 0; b < 60; ++b) {
+    const size_t n = 1 + rng() % 5000;
+    Bytes data(n);
+    for (uint8_t& x : data) x = rng() % 100 < 70 ? 0 : static_cast<uint8_t>(rng());
+    Bytes compressed(static_cast<size_t>(LZ4_compressBound(static_cast<int>(n))));
+    compressed.resize(static_cast<size_t>(
+        LZ4_compress_default(reinterpret_cast<const char*>(data.data()), reinterpret_cast<char*>(compressed.data()),
+                             static_cast<int>(n), static_cast<int>(compressed.size()))));
+    for (int m = 0; m < 100; ++m) {
+      Bytes block = compressed;
+      for (int e = 0, edits = m == 0 ? 0 : 1 + static_cast<int>(rng() % 3); e < edits; ++e) {
+        block[rng() % block.size()] = static_cast<uint8_t>(rng());
+      }
+      if (m % 7 == 3 && block.size() > 1) block.resize(block.size() - 1 - rng() % (block.size() - 1));
+      const size_t size = m % 11 == 5 ? n + rng() % 5 - 2 : n;
+      Bytes out(size + 64);
+      const int decoded =
+          LZ4_decompress_safe(reinterpret_cast<const char*>(block.data()), reinterpret_cast<char*>(out.data()),
+                              static_cast<int>(block.size()), static_cast<int>(size));
+      const std::string problem = check_lz4_block(block.data(), block.size(), size);
+      if (problem.empty()) {
+        ++passed;
+        EXPECT_EQ(decoded, static_cast<int>(size)) << "block " << b << " damage " << m;
+      } else {
+        ++refused;
+      }
+      if (decoded != static_cast<int>(size)) {
+        EXPECT_NE(problem, "") << "block " << b << " damage " << m;
+      }
+    }
+  }
+  EXPECT_GT(passed, 60);
+  EXPECT_GT(refused, 600);
+}
+
 TEST(StreamChecks, ZstdFramesWhoseBlocksFitPassAndOthersSayWhy) {
   const Bytes data = random_bytes(300000, 9, true);  // three blocks and more
   const Bytes frame = zstd_compress(data);
