@@ -117,7 +117,7 @@ at::Tensor ZarrDeviceDecoderImpl::decode(const DecodePlan& plan, at::ScalarType 
   }
   chunks_ += static_cast<int64_t>(plan.chunks.size());
   if (host_reason_.empty()) host_reason_ = plan.fallback_reason();
-  input_bytes_ += static_cast<int64_t>(plan.input_bytes);
+  input_bytes_ += static_cast<int64_t>(plan.input_bytes());
   fetch_us_ += plan.fetch_us;
   check_us_ += plan.check_us;
   return out;

@@ -110,6 +110,12 @@ const uint8_t* DecodePlan::piece_input(const Piece& piece) const {
   return inputs[piece.chunk].data() + piece.input_offset;
 }
 
+uint64_t DecodePlan::input_bytes() const {
+  uint64_t sum = 0;
+  for (const std::vector<uint8_t>& input : inputs) sum += input.size();
+  return sum;
+}
+
 bool DecodePlan::all_on_device() const {
   return std::none_of(chunks.begin(), chunks.end(), [](const PlannedChunk& c) { return c.kind == ChunkKind::kHost; });
 }
@@ -308,7 +314,6 @@ DecodePlan DecodePlanner::plan(const std::vector<Segment>& segments, core::Threa
     if (!fetched[i]) return;
     DecodePlan& part = alone[i];
     part.chunks.push_back(plan.chunks[i]);
-    part.chunks[0].input_size = fetched[i]->size();
     part.inputs.push_back(std::move(*fetched[i]));
     fetched[i].reset();
     try {
@@ -338,7 +343,6 @@ DecodePlan DecodePlanner::plan(const std::vector<Segment>& segments, core::Threa
     }
     const uint64_t scratch = plan.scratch_bytes;
     chunk = std::move(part.chunks[0]);
-    plan.input_bytes += part.inputs[0].size();
     plan.inputs[i] = std::move(part.inputs[0]);  // moved, not copied: the bytes stay where they were fetched
     for (Piece piece : part.pieces) {
       if (piece.to_scratch) piece.output_offset += scratch;
@@ -362,7 +366,7 @@ void DecodePlanner::plan_chunk(DecodePlan& plan, uint32_t index) const {
     return;
   }
   const uint8_t* bytes = plan.inputs[index].data();
-  size_t size = chunk.input_size;
+  size_t size = plan.inputs[index].size();
   const std::vector<BytesCodec>& chain = meta_.chain.bytes_codecs;
   // Checksums over the stored bytes: checked here, on the host, before anything is uploaded.
   bool verified = false;  // by a crc32c over the compressed bytes

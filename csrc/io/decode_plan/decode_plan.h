@@ -67,7 +67,6 @@ enum class ChunkKind : uint8_t {
 struct PlannedChunk {
   std::vector<int64_t> coords;  // in the grid of read chunks (inner chunks when sharded)
   ChunkKind kind = ChunkKind::kDevice;
-  uint64_t input_size = 0;  // its stored bytes, DecodePlan::inputs of its index (none for fills)
   // Where those bytes lie in their file, when the store can say (file chunks, shards): for messages and
   // for executors that read files themselves. file_offset is -1 otherwise.
   std::string file;
@@ -86,7 +85,6 @@ struct DecodePlan {
   size_t item_size = 1, chunk_bytes = 0, row_bytes = 0;
   // Each chunk's stored bytes as fetched (empty for fills): kept apart, never joined into one copy.
   std::vector<std::vector<uint8_t>> inputs;
-  uint64_t input_bytes = 0;  // their sum
   // Of making the plan, the microseconds spent fetching those bytes and planning (checking) the chunks;
   // the rest of its time is the serial work around them.
   int64_t fetch_us = 0, check_us = 0;
@@ -106,6 +104,7 @@ struct DecodePlan {
   // Whether the device decodes every chunk (fills included): else the
   // array falls back to the host path, with fallback_reason() as its notice.
   bool all_on_device() const;
+  uint64_t input_bytes() const;  // the sum of inputs' sizes
   // A piece's compressed bytes (in its chunk's input); logic_error if it lies outside them.
   const uint8_t* piece_input(const Piece& piece) const;
   std::string fallback_reason() const;
