@@ -184,7 +184,8 @@ class EpochReader {
   bool started_ = false;
   bool stopping_ = false;
   bool failed_ = false;
-  bool first_read_ = false;  // the first piece (one batch) was read: until then no other piece starts
+  bool first_read_ = false;  // the first piece (one batch) was read: until then, where reads wait on
+                             // no request, no other piece starts
 
   std::atomic<int64_t> rows_delivered_{0}, bytes_delivered_{0}, wait_us_{0}, read_us_{0};
   std::atomic<bool> reads_wait_{true};  // the last read's PlannedRead::waits_on_requests

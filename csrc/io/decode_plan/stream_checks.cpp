@@ -24,13 +24,11 @@ bool lz4_block_valid(const uint8_t* in, size_t size, size_t out_size) {
   const uint8_t* p = in;
   const uint8_t* const end = in + size;
   size_t written = 0;
-  const auto extend = [&](size_t& length) {
-    for (;;) {
-      if (p >= end) return false;
-      const uint8_t byte = *p++;
-      length += byte;
-      if (byte != 255) return true;
-    }
+  const auto extend = [&](size_t& length) {  // a length of 15 or more (rare): add_length's walk
+    size_t at = static_cast<size_t>(p - in);
+    const bool ended = add_length(in, size, at, length);
+    p = in + at;
+    return ended;
   };
   while (p < end) {
     const unsigned token = *p++;
