@@ -7,6 +7,11 @@ bucket in another building costs. Alternated rounds, each in a fresh process (it
 measured), the clock started at the first batch:
 
     local            torch_shards on the local collection (the reference of every ratio)
+    local, epoch 1 from disk
+                     torch_shards on the local collection with its files' pages evicted from the
+                     kernel's page cache first (posix_fadvise DONTNEED; mincore checks): one whole
+                     first epoch read from the disk, start-up included, as "remote, cache epoch 1"
+                     is timed (the files are read back into memory afterwards, for the server)
     remote           torch_shards on s3://, no cache: every epoch from the server
     remote, cache epoch 1
                      torch_shards on s3:// with cache_dir= empty (a fresh one each round): one
@@ -42,14 +47,22 @@ import tempfile
 import time
 
 try:
-    from benchmarks.harness import annbatch, cli, data, results, rounds, timing
+    from benchmarks.harness import annbatch, cli, data, page_cache, results, rounds, timing
 except ImportError:  # run as a file: benchmarks/ is on sys.path
-    from harness import annbatch, cli, data, results, rounds, timing
+    from harness import annbatch, cli, data, page_cache, results, rounds, timing
 
 BLOCK = 64
 BATCH = 256
 PRELOAD_NCHUNKS = 32
-METHODS = ["local", "remote", "remote, cache epoch 1", "remote, cache epoch 2", "annbatch local", "annbatch remote"]
+METHODS = [
+    "local",
+    "local, epoch 1 from disk",
+    "remote",
+    "remote, cache epoch 1",
+    "remote, cache epoch 2",
+    "annbatch local",
+    "annbatch remote",
+]
 
 
 def child(args):
@@ -211,6 +224,14 @@ def main():
                         server.reset_log()
                     if method == "local":
                         result = run_torch_shards(collection, args)
+                    elif method == "local, epoch 1 from disk":
+                        page_cache.evict(collection)
+                        resident = page_cache.resident_fraction(collection)
+                        try:
+                            result = run_torch_shards(collection, args, whole_epoch=True)
+                        finally:
+                            page_cache.warm(collection)  # the server reads the same files (hard links)
+                        result["resident_before"] = resident
                     elif method == "remote":
                         result = run_torch_shards(url, args)
                     elif method == "remote, cache epoch 1":
@@ -250,6 +271,8 @@ def report(args, measured, limits, request_limits, collection_bytes=None):
         "|---|---|---|---|",
     ]
     for method in METHODS:
+        if method not in measured:  # results of a run before the method was measured
+            continue
         rates = [r["rate"] for r in measured[method]]
         ratios = [rate / base for rate, base in zip(rates, local)]
         peaks = [r["peak_rss"] for r in measured[method] if r["peak_rss"]]
@@ -285,6 +308,15 @@ def report(args, measured, limits, request_limits, collection_bytes=None):
             + " of local; cache epoch 1 at "
             + ", ".join(f"{rate / limit:.2f}" for rate, limit in zip(cold, cold_limits))
             + " of it"
+        )
+    if "local, epoch 1 from disk" in measured:
+        disk = measured["local, epoch 1 from disk"]
+        lines.append(
+            "cold first epochs, start-up included: remote, cache epoch 1 / local, epoch 1 from disk, per round: "
+            + ", ".join(f"{a['rate'] / b['rate']:.2f}" for a, b in zip(measured["remote, cache epoch 1"], disk))
+            + " (the collection's pages in memory before the local one: "
+            + ", ".join(f"{r['resident_before']:.1%}" for r in disk)
+            + ")"
         )
     text = "\n".join(lines)
     print(text)
