@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
+from torch.utils.data import DataLoader
 from remote_servers import CredentialsServer, S3Server
 
 import torch_shards as ts
@@ -209,6 +210,33 @@ def test_a_containers_credentials_sign_the_requests(store, server, clean_env, mo
     monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://10.1.2.3/credentials")
     with pytest.raises(ValueError, match="AWS_CONTAINER_CREDENTIALS_FULL_URI='http://10.1.2.3/credentials'"):
         open_remote(server)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_forked_dataloader_workers_sign_with_what_their_parent_fetched(store, server, clean_env, monkeypatch, context):
+    # A process forked from one that fetched credentials (a DataLoader worker) signs with them until they
+    # are due, as its parent would: the service is not asked again per worker (and per epoch, where workers
+    # start afresh each one). A spawned worker is a process of its own: it fetches them once.
+    with CredentialsServer(role_credentials(server, name=context)) as service:
+        path = CredentialsServer.CONTAINER_PATH
+        monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", f"{service.url}{path}?{context}")
+        token = clean_env / "pod-token"
+        token.write_text("container-token\n")
+        monkeypatch.setenv("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", str(token))
+        remote = open_remote(server)
+        reads_as_local(store, remote)
+        assert service.count("GET", path) == 1
+        dataset = ts.ShardedDataset(remote, ts.BlockShuffling(block_size=10), batch_size=16)
+        loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=context)
+        local = ts.open(store)
+        for _ in range(2):  # workers started afresh each epoch
+            batches = list(loader)
+            assert sorted(torch.cat([batch["index"] for batch in batches]).tolist()) == list(range(100))
+            for batch in batches:
+                expected = local.read(batch["index"].tolist())
+                for key, value in expected.items():
+                    assert torch.equal(batch[key], value), key
+        assert service.count("GET", path) == (1 if context == "fork" else 1 + 2 * 2)
 
 
 @pytest.mark.parametrize("tokens", [True, False], ids=["imdsv2", "imdsv1"])

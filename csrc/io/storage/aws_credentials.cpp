@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -230,20 +231,59 @@ std::optional<AwsCredentials> section_credentials(const Values& values, const st
   return credentials;
 }
 
+// Credentials fetched by this process, or by the process it was forked from before the fork, by key, each
+// with when it is due to be fetched again. Each version is immutable once published (an atomic pointer to
+// the newest; those it replaced are never freed, as a thread may still be reading one: a fetch happens once
+// per key and lifetime), so that a forked child reads it without a lock that a thread of its parent may
+// have held at the fork.
+struct FetchedBefore {
+  std::map<std::string, std::pair<AwsCredentials, int64_t>> by_key;
+  const FetchedBefore* replaced = nullptr;  // the version before (kept: still reachable, never freed)
+};
+
+std::atomic<const FetchedBefore*>& fetched_before() {
+  static std::atomic<const FetchedBefore*> newest{nullptr};
+  return newest;
+}
+
+void remember_fetched(const std::string& key, const AwsCredentials& credentials, int64_t due) {
+  std::atomic<const FetchedBefore*>& newest = fetched_before();
+  const FetchedBefore* seen = newest.load(std::memory_order_acquire);
+  auto* next = new FetchedBefore();
+  do {
+    next->by_key = seen != nullptr ? seen->by_key : decltype(next->by_key){};
+    next->by_key[key] = {credentials, due};
+    next->replaced = seen;
+  } while (!newest.compare_exchange_weak(seen, next, std::memory_order_acq_rel, std::memory_order_acquire));
+}
+
 // Credentials from a program or a service (`fetch`), fetched once per process under `key` until they are
 // due to be fetched again (refresh_due): every opening resolves its options (where they are given, and
-// again for each store), and an SSO helper, STS or a metadata service is not asked for each.
+// again for each store), and an SSO helper, STS or a metadata service is not asked for each. A process
+// forked from one that fetched them (a DataLoader worker) starts with them, as its parent would sign with
+// them: eight workers per rank on 64 ranks, started afresh each epoch, would otherwise ask STS or a
+// metadata service 512 times an epoch.
 AwsCredentials fetched_once(const std::string& key, const std::function<AwsCredentials()>& fetch) {
   // One entry per key, each with its own lock: a role's fetch asks for its source's credentials (another
   // key) while its own entry is held.
   // Per process (per_process): a child forked while a thread of its parent fetched would otherwise find that
-  // entry locked for ever.
+  // entry locked for ever. It starts from what was fetched before the fork.
   struct Fetched {
     std::mutex mutex;
     AwsCredentials credentials;
     int64_t due = 0;  // 0: never fetched
   };
   struct Table {
+    Table() {
+      const FetchedBefore* before = fetched_before().load(std::memory_order_acquire);
+      if (before == nullptr) return;
+      for (const auto& [key, fetched] : before->by_key) {
+        auto entry = std::make_shared<Fetched>();
+        entry->credentials = fetched.first;
+        entry->due = fetched.second;
+        by_key.emplace(key, std::move(entry));
+      }
+    }
     std::mutex mutex;
     std::map<std::string, std::shared_ptr<Fetched>> by_key;
   };
@@ -261,6 +301,7 @@ AwsCredentials fetched_once(const std::string& key, const std::function<AwsCrede
   AwsCredentials credentials = fetch();
   entry->due = credentials.expiration ? refresh_due(*credentials.expiration, now) : INT64_MAX;
   entry->credentials = std::move(credentials);
+  remember_fetched(key, entry->credentials, entry->due);
   return entry->credentials;
 }
 
