@@ -5,7 +5,9 @@ starts and stops, listening on 127.0.0.1 only, on a free port:
   AWS Signature V4 is wrong;
 - RangeHTTPServer: the files under a local directory over HTTP/1.1 (keep-alive, Range, ETag, If-Match);
 - FaultProxy: an HTTP/1.1 reverse proxy in front of either that injects faults (error statuses,
-  connection resets, cut bodies, delays) into chosen requests.
+  connection resets, cut bodies, delays) into chosen requests;
+- CredentialsServer: the services that hand out AWS credentials (instance and container metadata, SSO);
+- SilentServer: a port that takes connections and never answers (a metadata service off EC2).
 
 Startup waits are bounded, and leaving the `with` block ends every process, thread and connection
 the server started, whether the test passed or not."""
@@ -881,3 +883,34 @@ class CredentialsServer(_HTTPService):
         if path == self._ROLES + self.role:
             return self._answer_credentials(handler)
         return handler.send_complete(404)
+
+
+# ---- a service that never answers ------------------------------------------------------------------
+
+
+class SilentServer:
+    """A port on 127.0.0.1 whose connections the kernel completes and nobody answers, as a metadata
+    service's address off EC2 behaves behind some networks: a client waits for its timeout.
+    `connections()` counts the connections made so far."""
+
+    def __enter__(self):
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind((HOST, 0))
+        self._socket.listen(128)
+        self._socket.setblocking(False)
+        self._taken = []
+        self.url = f"http://{HOST}:{self._socket.getsockname()[1]}"
+        return self
+
+    def connections(self) -> int:
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except BlockingIOError:
+                return len(self._taken)
+            self._taken.append(connection)  # kept open, never answered
+
+    def __exit__(self, *exc):
+        for connection in self._taken:
+            connection.close()
+        self._socket.close()

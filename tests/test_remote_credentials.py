@@ -6,6 +6,7 @@ small servers of the tests' own (remote_servers.CredentialsServer). Everything l
 
 import json
 import os
+import shutil
 import stat
 import time
 
@@ -14,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 import zarr
+from remote_servers import CredentialsServer, RangeHTTPServer, S3Server, SilentServer
 from torch.utils.data import DataLoader
-from remote_servers import CredentialsServer, S3Server
 
 import torch_shards as ts
 
@@ -268,6 +269,24 @@ def test_an_instance_without_a_role_leaves_the_requests_unsigned_saying_why(stor
         expected = rf"unsigned.*instance metadata \({service.url}: the instance has no IAM role\)"
         with pytest.raises(RuntimeError, match=expected):
             open_remote(server)
+
+
+def test_forked_dataloader_workers_do_not_wait_again_for_a_silent_metadata_service(store, clean_env, monkeypatch):
+    # Off EC2 with no credentials anywhere: the process waits once for the instance metadata service, then
+    # reads unsigned (a public bucket) and does not ask again for a minute; nor do its forked workers.
+    shutil.copytree(store, clean_env / "served" / "public" / "p")
+    with RangeHTTPServer(clean_env / "served", s3_listing=True) as server, SilentServer() as silent:
+        monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
+        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", silent.url)
+        monkeypatch.setenv("AWS_METADATA_SERVICE_TIMEOUT", "0.5")
+        remote = ts.open("s3://public/p", endpoint_url=server.url)
+        reads_as_local(store, remote)
+        assert silent.connections() == 1
+        dataset = ts.ShardedDataset(remote, ts.BlockShuffling(block_size=10), batch_size=16)
+        loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="fork")
+        for _ in range(2):  # workers started afresh each epoch
+            assert sorted(torch.cat([batch["index"] for batch in loader]).tolist()) == list(range(100))
+        assert silent.connections() == 1
 
 
 def write_sso_login(home, start_url, token, expires_in, refresh_token=None):

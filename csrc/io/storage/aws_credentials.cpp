@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -23,6 +22,7 @@
 #include "core/errors.h"
 #include "io/file.h"
 #include "io/storage/credential_process.h"
+#include "io/storage/inherited_table.h"
 #include "io/storage/metadata_credentials.h"
 #include "io/storage/refreshing_credentials.h"
 #include "io/storage/sso_credentials.h"
@@ -231,30 +231,11 @@ std::optional<AwsCredentials> section_credentials(const Values& values, const st
   return credentials;
 }
 
-// Credentials fetched by this process, or by the process it was forked from before the fork, by key, each
-// with when it is due to be fetched again. Each version is immutable once published (an atomic pointer to
-// the newest; those it replaced are never freed, as a thread may still be reading one: a fetch happens once
-// per key and lifetime), so that a forked child reads it without a lock that a thread of its parent may
-// have held at the fork.
-struct FetchedBefore {
-  std::map<std::string, std::pair<AwsCredentials, int64_t>> by_key;
-  const FetchedBefore* replaced = nullptr;  // the version before (kept: still reachable, never freed)
-};
-
-std::atomic<const FetchedBefore*>& fetched_before() {
-  static std::atomic<const FetchedBefore*> newest{nullptr};
-  return newest;
-}
-
-void remember_fetched(const std::string& key, const AwsCredentials& credentials, int64_t due) {
-  std::atomic<const FetchedBefore*>& newest = fetched_before();
-  const FetchedBefore* seen = newest.load(std::memory_order_acquire);
-  auto* next = new FetchedBefore();
-  do {
-    next->by_key = seen != nullptr ? seen->by_key : decltype(next->by_key){};
-    next->by_key[key] = {credentials, due};
-    next->replaced = seen;
-  } while (!newest.compare_exchange_weak(seen, next, std::memory_order_acq_rel, std::memory_order_acquire));
+// Credentials fetched, by key, each with when it is due to be fetched again: for the processes forked from
+// this one.
+InheritedTable<std::string, std::pair<AwsCredentials, int64_t>>& fetched_before() {
+  static InheritedTable<std::string, std::pair<AwsCredentials, int64_t>> table;
+  return table;
 }
 
 // Credentials from a program or a service (`fetch`), fetched once per process under `key` until they are
@@ -275,9 +256,7 @@ AwsCredentials fetched_once(const std::string& key, const std::function<AwsCrede
   };
   struct Table {
     Table() {
-      const FetchedBefore* before = fetched_before().load(std::memory_order_acquire);
-      if (before == nullptr) return;
-      for (const auto& [key, fetched] : before->by_key) {
+      for (const auto& [key, fetched] : fetched_before().snapshot()) {
         auto entry = std::make_shared<Fetched>();
         entry->credentials = fetched.first;
         entry->due = fetched.second;
@@ -301,7 +280,7 @@ AwsCredentials fetched_once(const std::string& key, const std::function<AwsCrede
   AwsCredentials credentials = fetch();
   entry->due = credentials.expiration ? refresh_due(*credentials.expiration, now) : INT64_MAX;
   entry->credentials = std::move(credentials);
-  remember_fetched(key, entry->credentials, entry->due);
+  fetched_before().put(key, {entry->credentials, entry->due});
   return entry->credentials;
 }
 

@@ -9,6 +9,7 @@
 #include "core/errors.h"
 #include "io/file.h"
 #include "io/storage/http_client.h"
+#include "io/storage/inherited_table.h"
 #include "io/storage/refreshing_credentials.h"
 
 namespace torch_shards::io::storage {
@@ -157,8 +158,11 @@ std::optional<AwsCredentials> instance_credentials(const Environment& env, std::
   const int attempts = positive_count(env, "AWS_METADATA_SERVICE_NUM_ATTEMPTS", 1);
   const bool v1_disabled = env_flag(env, "AWS_EC2_METADATA_V1_DISABLED") == true;
 
-  // Not on EC2, the service never answers: remembered for a while, per endpoint.
+  // Not on EC2, the service never answers: remembered for a while, per endpoint, and by the processes
+  // forked from this one (DataLoader workers do not each wait for it again).
+  static InheritedTable<std::string, int64_t> silent_before;
   struct Silences {
+    Silences() : until(silent_before.snapshot()) {}
     std::mutex mutex;
     std::map<std::string, int64_t> until;  // endpoint -> not asked again before
   };
@@ -185,6 +189,7 @@ std::optional<AwsCredentials> instance_credentials(const Environment& env, std::
   const auto silent = [&](const HttpResponse& response) -> std::optional<AwsCredentials> {
     std::lock_guard<std::mutex> lock(silences.mutex);
     silences.until[endpoint] = seconds_now() + kRememberSilenceSeconds;
+    silent_before.put(endpoint, silences.until[endpoint]);
     *why_not = concat("instance metadata (no answer from ", endpoint, ": ", response.error, ")");
     return std::nullopt;
   };
