@@ -77,10 +77,12 @@ CurlLibrary load_library() {
 }  // namespace
 
 const CurlLibrary& curl() {
-  // Loaded once; a failure is remembered and raised again (the same message) at every use.
+  // Loaded once; a failure is remembered and raised again (the same message) at every use. Never destroyed:
+  // a kept reader thread that ends while the process exits cleans its curl handles up through these
+  // (http_client.cpp's thread_local Handles), maybe after static destruction began.
   static std::once_flag once;
-  static CurlLibrary library;
-  static std::string failure;
+  static CurlLibrary& library = *new CurlLibrary();
+  static std::string& failure = *new std::string();
   std::call_once(once, [] {
     try {
       library = load_library();
