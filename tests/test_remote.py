@@ -707,6 +707,43 @@ def test_values_and_indices_are_requested_together(tmp_path, cached):
         assert server.arrived == set(names) and server.waited_out == []
 
 
+def ranged_bytes(requests, suffix):
+    """Bytes and count of the ranged GETs of objects whose path ends with suffix, in a server's log."""
+    sizes = []
+    for method, path, range_header in requests:
+        if method == "GET" and path.endswith(suffix) and range_header and range_header.startswith("bytes="):
+            first, _, last = range_header[len("bytes=") :].partition("-")
+            sizes.append(int(last) - int(first) + 1)
+    return sum(sizes), len(sizes)
+
+
+def test_chunks_far_apart_are_requested_each_alone_and_near_ones_together(tmp_path):
+    # A shard of 256 chunks of 4 KiB (random values: no compression). Chunks far apart are requested each on
+    # its own: a gap far larger than the bytes a request reads is not fetched (with 1 MiB gaps taken alone,
+    # sparse reads of small chunks fetched 14-17 times their bytes). Neighbours, and chunks within 64 KiB of
+    # each other, come in one request.
+    values = np.random.default_rng(0).standard_normal((4096, 64)).astype(np.float32)
+    store = tmp_path / "public" / "sparse.zarr"
+    shape = {"shape": values.shape, "chunks": (16, 64), "shards": (4096, 64), "dtype": "float32"}
+    zarr.create_array(store, **shape, compressors=None)[:] = values
+    chunk = 16 * 64 * 4
+    with RangeHTTPServer(tmp_path, s3_listing=True) as server:
+        remote = ts.open("s3://public/sparse.zarr", endpoint_url=server.url, anonymous=True)
+        local = ts.open(store)
+        cases = [
+            (range(0, 256, 40), 7 * chunk, 7 + 1),  # 156 KiB apart; the first read asks for the shard's index too
+            (range(100, 110), 10 * chunk, 1),  # neighbours
+            (range(0, 64, 4), 61 * chunk, 1),  # 12 KiB apart
+        ]
+        for chunks, most_bytes, requests in cases:
+            rows = torch.tensor([16 * index + 3 for index in chunks])
+            server.reset_log()
+            same_batches(local.read(rows), remote.read(rows))
+            fetched, made = ranged_bytes(server.requests, "/c/0/0")
+            index_bytes = 256 * 16 + 4 if made > len(chunks) else 0  # the shard index (offset, size per chunk; crc32c)
+            assert (fetched - index_bytes, made) == (most_bytes, requests), list(chunks)
+
+
 def test_shards_first_needed_once_others_are_held_whole_are_still_requested_together(tmp_path):
     # Once the shards read first are held whole in the cache, a later read that needs shards not open yet
     # still opens them at once (values and indices: each a stamp and a whole download), not one after the
