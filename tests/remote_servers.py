@@ -267,9 +267,11 @@ class _LoopbackServer(ThreadingHTTPServer):
     its threads hold open (keep-alive) and joins those threads. `owner` is the RangeHTTPServer or
     FaultProxy its handlers serve for; `closing` is set once it closes (handlers wait on it)."""
 
-    # Connections waiting to be accepted: a client opening dozens at once (a reader's threads) must not
-    # overflow the backlog (socketserver's default of 5), or its SYNs are dropped and retried seconds later.
-    request_queue_size = 256
+    # Connections waiting to be accepted: a client opening hundreds at once (a reader's 32 threads, each
+    # with its requests in flight) must not overflow the backlog (socketserver's default of 5; 256 dropped
+    # ~15,000 SYNs in a benchmark's epoch here), or its SYNs are dropped and retried a second later. The
+    # kernel caps it at net.core.somaxconn.
+    request_queue_size = 4096
 
     def __init__(self, handler_class, owner):
         self.owner = owner
