@@ -287,7 +287,7 @@ def report(args, measured, limits, request_limits, collection_bytes=None):
         "",
         f"the server (curl): {rounds.median(limits) / 1e6:,.0f} MB/s fetching 16 whole objects at once; "
         f"{rounds.median(request_limits):,.0f} requests/s for 48 KB ranges 32 at once (a new connection each)",
-        f"torch_shards remote: {bytes_per_row:,.0f} bytes and {requests_per_row * 1000:.1f} ranged requests per 1000 "
+        f"torch_shards remote: {bytes_per_row:,.0f} bytes a row and {requests_per_row * 1000:.1f} requests per 1000 "
         f"rows, so {rounds.median(remote) * requests_per_row:,.0f} requests/s and "
         f"{rounds.median(remote) * bytes_per_row / 1e6:,.0f} MB/s answered by the server",
         "torch_shards remote / annbatch remote, per round: "
