@@ -23,10 +23,11 @@ namespace {
 
 // Ranges this close are read with one request (the gap is read and dropped), up to kCoalesceLimit: a
 // request costs a round trip (and, on S3, a fee), a MB of gap may cost less (Rust's object_store coalesces
-// at 1 MiB). But a gap costs bandwidth (and, across regions or clouds, egress fees): beyond
-// kCoalesceFreeGap, a group takes a gap only as large as the bytes it reads for its ranges, so it never
-// fetches much more than twice what it needs. Sparse reads of small chunks (blocks of 64 rows of an
-// annbatch shard) fetched 14-17 times their bytes, and twice the memory, with 1 MiB gaps taken alone.
+// at 1 MiB). But a gap costs bandwidth (and, across regions or clouds, egress fees): a gap of up to
+// kCoalesceFreeGap is always taken (less than a request costs), a larger one only up to the bytes the
+// group reads for its ranges (such gaps at most double what it fetches). Sparse reads of small chunks
+// (blocks of 64 rows of an annbatch shard) fetched 14-17 times their bytes, and twice the memory, with
+// 1 MiB gaps taken alone.
 constexpr int64_t kCoalesceGap = int64_t{1} << 20;
 constexpr int64_t kCoalesceFreeGap = int64_t{64} << 10;
 constexpr int64_t kCoalesceLimit = int64_t{32} << 20;

@@ -82,8 +82,8 @@ class ObjectStore {
   // Reads every range of the object stamped `stamp`, all requested
   // together, from the cache where it holds them. Ranges are coalesced into
   // one request across a gap of up to 64 KiB, or up to the bytes the request
-  // reads for its ranges (at most twice what it needs), never more than
-  // coalesce_gap (-1: 1 MiB). what() names the bytes in messages.
+  // reads for its ranges, never more than coalesce_gap (-1: 1 MiB). what()
+  // names the bytes in messages.
   void read(const Url& url, const ObjectStamp& stamp, std::vector<RangeRead>& ranges,
             const std::function<std::string()>& what, int64_t coalesce_gap = -1) const;
   // The object's whole cache entry, mapped (fetched first when missing), or null (not cacheable whole,
