@@ -4,6 +4,7 @@ read compared with the same read of the local files."""
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -418,6 +419,28 @@ def test_missing_objects_raise_file_not_found(http, s3, s3_credentials):
         ts.open("s3://cells/stores/nothing.zarr")
     with pytest.raises(FileNotFoundError, match="s3://no-such-bucket/x.zarr"):
         ts.open("s3://no-such-bucket/x.zarr")
+
+
+def test_reading_urls_raises_the_soft_open_files_limit_to_the_hard_one(data_dir, http):
+    # Each reading thread keeps up to max_requests connections, more than a soft limit of 1024 allows for 32
+    # threads: the first URL read raises it to the hard limit (as Go's runtime does); local reads leave it.
+    script = (
+        "import resource, sys, torch, torch_shards as ts\n"
+        "soft = lambda: resource.getrlimit(resource.RLIMIT_NOFILE)[0]\n"
+        "print(soft(), resource.getrlimit(resource.RLIMIT_NOFILE)[1])\n"
+        "ts.open(sys.argv[1] + '/sharded.zarr').read(torch.arange(5))\n"
+        "print(soft())\n"
+        "ts.open(sys.argv[2] + '/sharded.zarr').read(torch.arange(5))\n"
+        "print(soft())\n"
+    )
+    command = 'ulimit -S -n 256 && exec "$0" -c "$1" "$2" "$3"'
+    done = subprocess.run(
+        ["bash", "-c", command, sys.executable, script, str(data_dir), http.url], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    (start, hard), (after_local,), (after_url,) = [line.split() for line in done.stdout.split("\n")[:3]]
+    assert start == after_local == "256"
+    assert after_url == hard or (hard == str(resource.RLIM_INFINITY) and int(after_url) > 256), done.stdout
 
 
 def test_bad_credentials_are_refused_naming_the_url(data_dir, monkeypatch, tmp_path):

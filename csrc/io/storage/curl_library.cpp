@@ -1,6 +1,7 @@
 #include "io/storage/curl_library.h"
 
 #include <dlfcn.h>
+#include <sys/resource.h>
 
 #include <mutex>
 
@@ -12,6 +13,8 @@ namespace {
 
 // What the library needs: CURLOPT_AWS_SIGV4 came with 7.75.
 constexpr unsigned kMinimumVersion = (7u << 16) | (75u << 8);
+// The soft limit of open files tried where the hard one is "unlimited" and cannot be set as it is.
+constexpr rlim_t kUnboundedOpenFiles = rlim_t{1} << 20;
 
 template <typename Function>
 void load(void* handle, const char* name, Function& out) {
@@ -20,6 +23,20 @@ void load(void* handle, const char* name, Function& out) {
     throw core::ReadError(
         core::concat("libcurl has no ", name, " (", ::dlerror(), "): reading URLs needs libcurl 7.75 or later"));
   }
+}
+
+// Connections are file descriptors: the 32 threads of a reader of URLs keep up to max_requests (64) each,
+// more than the soft limit many systems start processes with (1024), and libcurl then says only "Couldn't
+// connect to server". As Go's runtime does at start-up, the soft limit is raised to the hard one (the
+// administrator's bound, kept), once, when URLs are first read. Nothing is said if it cannot be.
+void raise_open_files_limit() {
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  struct rlimit raised = limit;
+  raised.rlim_cur = limit.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &raised) == 0 || limit.rlim_cur >= kUnboundedOpenFiles) return;
+  raised.rlim_cur = kUnboundedOpenFiles;  // a hard limit of "unlimited" that the kernel's nr_open refuses
+  (void)::setrlimit(RLIMIT_NOFILE, &raised);
 }
 
 CurlLibrary load_library() {
@@ -66,6 +83,7 @@ CurlLibrary load_library() {
   if (library.global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
     throw core::ReadError("libcurl failed to initialise (curl_global_init)");
   }
+  raise_open_files_limit();
   Dl_info where{};
   if (::dladdr(reinterpret_cast<void*>(library.easy_init), &where) != 0 && where.dli_fname != nullptr) {
     location = where.dli_fname;

@@ -1,5 +1,7 @@
 #include "io/storage/http_client.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -76,7 +78,28 @@ struct Transfer {
   bool done = false;
   bool overflow = false;  // the answer had more bytes than the range asked for
   int sink_error = 0;     // errno of the sink that refused bytes (0: none)
+  int socket_error = 0;   // errno of a socket that could not be made (0: none)
 };
+
+// Makes a connection's socket as libcurl does, keeping why it could not be (libcurl says only "Couldn't
+// connect to server", and CURLINFO_OS_ERRNO stays unset).
+curl_socket_t open_socket(void* user, curlsocktype /*purpose*/, curl_sockaddr* address) {
+  const curl_socket_t fd = ::socket(address->family, address->socktype, address->protocol);
+  if (fd == CURL_SOCKET_BAD) static_cast<Transfer*>(user)->socket_error = errno;
+  return fd;
+}
+
+// What a transfer that could not make a socket for want of file descriptors (EMFILE, ENFILE) adds to its
+// error, else "".
+std::string out_of_descriptors(const Transfer& transfer) {
+  if (transfer.socket_error != EMFILE && transfer.socket_error != ENFILE) return "";
+  struct rlimit limit {};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  return concat(" (", std::strerror(transfer.socket_error), ": this process may have ",
+                static_cast<long long>(limit.rlim_cur),
+                " open files (ulimit -n), and each thread reading URLs keeps up to max_requests connections: "
+                "raise the limit, or lower max_requests or num_threads)");
+}
 
 bool ok_status(long status) { return status >= 200 && status < 300; }
 
@@ -190,6 +213,7 @@ void HttpClient::perform(const std::vector<HttpRequest>& requests, std::vector<H
     response.error.clear();
     transfer.overflow = false;
     transfer.sink_error = 0;
+    transfer.socket_error = 0;
     CURL* easy = transfer.easy = handles.take();
     lib.easy_setopt(easy, CURLOPT_URL, request.url.c_str());
     lib.easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
@@ -198,6 +222,8 @@ void HttpClient::perform(const std::vector<HttpRequest>& requests, std::vector<H
     lib.easy_setopt(easy, CURLOPT_WRITEDATA, &transfer);
     lib.easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
     lib.easy_setopt(easy, CURLOPT_HEADERDATA, &transfer);
+    lib.easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+    lib.easy_setopt(easy, CURLOPT_OPENSOCKETDATA, &transfer);
     lib.easy_setopt(easy, CURLOPT_TIMEOUT_MS, static_cast<long>(settings_.timeout_s * 1000));
     lib.easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(settings_.connect_timeout_s * 1000));
     lib.easy_setopt(easy, CURLOPT_FOLLOWLOCATION, signing.sigv4.empty() ? 1L : 0L);
@@ -262,7 +288,7 @@ void HttpClient::perform(const std::vector<HttpRequest>& requests, std::vector<H
       response.error =
           concat("the server sent more than the ", request.size, " bytes asked for (does it ignore Range requests?)");
     } else if (code != CURLE_OK) {
-      response.error = concat("libcurl: ", lib.easy_strerror(code));
+      response.error = concat("libcurl: ", lib.easy_strerror(code), out_of_descriptors(transfer));
       response.status = 0;
       transient = code != CURLE_UNSUPPORTED_PROTOCOL && code != CURLE_URL_MALFORMAT &&
                   code != CURLE_COULDNT_RESOLVE_HOST && code != CURLE_PEER_FAILED_VERIFICATION &&
