@@ -34,8 +34,10 @@ void raise_open_files_limit() {
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
   struct rlimit raised = limit;
   raised.rlim_cur = limit.rlim_max;
-  if (::setrlimit(RLIMIT_NOFILE, &raised) == 0 || limit.rlim_cur >= kUnboundedOpenFiles) return;
-  raised.rlim_cur = kUnboundedOpenFiles;  // a hard limit of "unlimited" that the kernel's nr_open refuses
+  if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) return;
+  // A hard limit of "unlimited", which the kernel's nr_open refuses as a soft one: a large finite one.
+  if (limit.rlim_max != RLIM_INFINITY || limit.rlim_cur >= kUnboundedOpenFiles) return;
+  raised.rlim_cur = kUnboundedOpenFiles;
   (void)::setrlimit(RLIMIT_NOFILE, &raised);
 }
 
