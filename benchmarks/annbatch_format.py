@@ -55,9 +55,9 @@ import subprocess
 import warnings
 
 try:
-    from benchmarks.harness import annbatch, cli, data, limits, machine, native, results, rounds, timing
+    from benchmarks.harness import annbatch, cli, data, limits, machine, native, page_cache, results, rounds, timing
 except ImportError:  # run as a file: benchmarks/ is on sys.path
-    from harness import annbatch, cli, data, limits, machine, native, results, rounds, timing
+    from harness import annbatch, cli, data, limits, machine, native, page_cache, results, rounds, timing
 
 BATCH_SIZE = 256
 PRELOAD_NCHUNKS = 32
@@ -226,7 +226,7 @@ def main():
         return
     binary = native.build_decode_limit()
     program = native.build_iterate()
-    data.warm(collection)
+    page_cache.warm(collection)
     import torch_shards as ts
 
     rows = len(ts.open(collection))

@@ -12,9 +12,9 @@ import os
 import subprocess
 
 try:
-    from benchmarks.harness import cli, data, native, results, rounds, timing
+    from benchmarks.harness import cli, data, native, page_cache, results, rounds, timing
 except ImportError:  # run as a file: benchmarks/ is on sys.path
-    from harness import cli, data, native, results, rounds, timing
+    from harness import cli, data, native, page_cache, results, rounds, timing
 
 
 def python_rows_per_second(kind, path, block_size, threads, seconds):
@@ -48,7 +48,7 @@ def main():
         "dense.h5": ("hdf5", data.dense_h5(cli.DATA, args.dense_rows)),
     }
     for _, path in files.values():
-        data.warm(path)
+        page_cache.warm(path)
     program = native.build_iterate()
 
     found = []

@@ -20,9 +20,9 @@ import subprocess
 import sys
 
 try:
-    from benchmarks.harness import cli, data, results, rounds
+    from benchmarks.harness import cli, data, page_cache, results, rounds
 except ImportError:  # run as a file: benchmarks/ is on sys.path
-    from harness import cli, data, results, rounds
+    from harness import cli, data, page_cache, results, rounds
 
 WAYS = {"kept (default)": "1", "thread per epoch": "0"}
 CASES = [("TensorSource", 256), ("TensorSource", 4096), ("CSR .h5ad", 256), ("CSR .h5ad", 4096)]
@@ -70,7 +70,7 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=40, help="epochs timed per measurement")
     args = cli.parse(p, argv)
     csr = data.csr_h5ad(cli.DATA, 200_000)
-    data.warm(csr)
+    page_cache.warm(csr)
     report = results.Report()
     cpus = len(os.sched_getaffinity(0))
     report(f"in-process epochs, BlockShuffling(64), fetch_factor 16, {cpus} CPUs; {args.rounds} rounds")

@@ -42,9 +42,9 @@ import numpy as np
 import torch
 
 try:
-    from benchmarks.harness import cli, data, limits, results, timing
+    from benchmarks.harness import cli, data, limits, page_cache, results, timing
 except ImportError:  # run as a file: benchmarks/ is on sys.path
-    from harness import cli, data, limits, results, timing
+    from harness import cli, data, limits, page_cache, results, timing
 
 COLUMNS = data.COLUMNS
 BATCH_SIZE = 256
@@ -214,7 +214,7 @@ def main():
     csr_path = data.csr_h5ad(args.data_dir, args.rows)
     dense_path = data.dense_h5(args.data_dir, args.dense_rows)
     for path in (csr_path, dense_path):
-        data.warm(path)
+        page_cache.warm(path)
 
     with h5py.File(csr_path, "r") as f:
         nnz = f["X/data"].shape[0]

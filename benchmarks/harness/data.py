@@ -77,15 +77,6 @@ def dense_h5(data_dir, rows):
     return ensure(os.path.join(data_dir, f"dense_{rows}.h5"), write_dense_h5, rows)
 
 
-def warm(path):
-    """Reads a file, or every file under a directory, into the page cache."""
-    paths = [path] if os.path.isfile(path) else [os.path.join(d, n) for d, _, names in os.walk(path) for n in names]
-    for each in paths:
-        with open(each, "rb") as f:
-            while f.read(64 << 20):
-                pass
-
-
 def memory_dir(needed_bytes=6 << 30, name="torch_shards_benchmark"):
     """/dev/shm/<name> when /dev/shm has room (files there stay in memory: the page cache holding them
     is not reclaimed between measurements), else benchmarks/data."""

@@ -29,10 +29,10 @@ def evict(root):
 
 
 def warm(root):
-    """Reads every file under root once, so that its pages are in memory again."""
+    """Reads every file under root (root itself if it is a file) into the page cache."""
     for path in files(root):
         with open(path, "rb") as f:
-            while f.read(1 << 24):
+            while f.read(64 << 20):
                 pass
 
 
