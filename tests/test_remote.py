@@ -730,13 +730,12 @@ def test_values_and_indices_are_requested_together(tmp_path, cached):
         assert server.arrived == set(names) and server.waited_out == []
 
 
-def ranged_bytes(requests, suffix):
-    """Bytes and count of the ranged GETs of objects whose path ends with suffix, in a server's log."""
+def ranged_bytes(service, name):
+    """Bytes and count of the ranged GETs (`bytes=a-b`) of paths containing `name` (ranged_gets)."""
     sizes = []
-    for method, path, range_header in requests:
-        if method == "GET" and path.endswith(suffix) and range_header and range_header.startswith("bytes="):
-            first, _, last = range_header[len("bytes=") :].partition("-")
-            sizes.append(int(last) - int(first) + 1)
+    for _, _, range_header in ranged_gets(service, name):
+        first, _, last = range_header.removeprefix("bytes=").partition("-")
+        sizes.append(int(last) - int(first) + 1)
     return sum(sizes), len(sizes)
 
 
@@ -762,7 +761,7 @@ def test_chunks_far_apart_are_requested_each_alone_and_near_ones_together(tmp_pa
             rows = torch.tensor([16 * index + 3 for index in chunks])
             server.reset_log()
             same_batches(local.read(rows), remote.read(rows))
-            fetched, made = ranged_bytes(server.requests, "/c/0/0")
+            fetched, made = ranged_bytes(server, "/c/0/0")
             index_bytes = 256 * 16 + 4 if made > len(chunks) else 0  # the shard index (offset, size per chunk; crc32c)
             assert (fetched - index_bytes, made) == (most_bytes, requests), list(chunks)
 

@@ -188,8 +188,9 @@ std::optional<AwsCredentials> instance_credentials(const Environment& env, std::
   };
   const auto silent = [&](const HttpResponse& response) -> std::optional<AwsCredentials> {
     std::lock_guard<std::mutex> lock(silences.mutex);
-    silences.until[endpoint] = seconds_now() + kRememberSilenceSeconds;
-    silent_before.put(endpoint, silences.until[endpoint]);
+    const int64_t until = seconds_now() + kRememberSilenceSeconds;
+    silences.until[endpoint] = until;
+    silent_before.put(endpoint, until);
     *why_not = concat("instance metadata (no answer from ", endpoint, ": ", response.error, ")");
     return std::nullopt;
   };
