@@ -272,6 +272,8 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
   // 64 on 2 threads: 10-16% more rows/s with two); the planning of large ones (whose copies all
   // threads share) overlaps. prefetch_bytes bounds them.
   reader.prefetch = options_.prefetch.value_or(2 * reader.num_threads);
+  // A DataLoader worker packing units into items (take_units) reads one item ahead (unless prefetch is set).
+  reader.deepen_read_ahead = !options_.prefetch;
   reader.prefetch_bytes = options_.prefetch_bytes;
   reader.memory = memory;
   reader.batch_size = options_.batch_size;
@@ -782,6 +784,10 @@ std::vector<UnitCut> BatchIteratorImpl::take_units(int64_t timeout_ms, int64_t m
     translate_errors([&] { std::rethrow_exception(std::exchange(deferred_error_, nullptr)); });
   }
   std::vector<UnitCut> out;
+  // The readers read the next item while this one crosses (its packing, torch's queue, the main
+  // process asking for the next one), rather than stopping at `prefetch` units until it is back: one
+  // worker of TensorSource at batch 256 read 0.80-0.84 of in-process rather than 0.73-0.79.
+  reader_->read_ahead(max_bytes);
   if (!wait(timeout_ms)) return out;
   translate_errors([&] {
     if (!refill()) return;

@@ -275,8 +275,7 @@ void EpochReader::reader_loop(size_t thread) {
         // every helper, where reads wait on no request (local memory and files: the cores are what
         // it needs); the other threads start once it is in. Requests all go out at once.
         const bool first_pending = claimed_ > 0 && !first_read_ && !waits;
-        return stopping_ || failed_ || !more_pieces() ||
-               (!first_pending && out < limit && (out_bytes_ < options_.prefetch_bytes || out == 0));
+        return stopping_ || failed_ || !more_pieces() || (!first_pending && room_for_another(out, limit));
       });
       if (stopping_ || failed_ || !more_pieces()) return;
       // The helpers of this piece's large copies (made under this lock): while reads wait on no
@@ -334,8 +333,22 @@ bool EpochReader::consumer_should_wake() const {
   // Two in a row, unless no other piece is being read (none would follow), nothing was delivered yet
   // (the first batch: its wait is the epoch's start), or the readers wait for the room the consumer frees.
   if (ready >= 2 || in_flight_ == 0 || delivered_ == 0) return true;
-  const int64_t out = claimed_ - delivered_;
-  return out >= options_.prefetch || out_bytes_ >= options_.prefetch_bytes;
+  return !room_for_another(claimed_ - delivered_, options_.prefetch);
+}
+
+bool EpochReader::room_for_another(int64_t out, int64_t limit) const {
+  // None out always admits one, so that a piece larger than the budget still flows.
+  return out == 0 || ((out < limit || out_bytes_ < read_ahead_bytes_) && out_bytes_ < options_.prefetch_bytes);
+}
+
+void EpochReader::read_ahead(int64_t bytes) {
+  if (!options_.deepen_read_ahead || options_.prefetch == 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (bytes <= read_ahead_bytes_) return;
+    read_ahead_bytes_ = bytes;
+  }
+  room_.notify_all();
 }
 
 void EpochReader::check_open() const {

@@ -72,6 +72,8 @@ struct ReaderOptions {
   // CPUs and push the units out of the CPU's caches before they are taken. 0: as always.
   int64_t local_threads = 0;
   int64_t local_prefetch = 0;
+  // Whether read_ahead() may deepen the read-ahead beyond `prefetch` units (the user did not set prefetch).
+  bool deepen_read_ahead = false;
   // Whether reads wait on requests, carried from one epoch's reader to the next (null: assumed at first).
   // A reader whose last predecessor ended reading with no wait starts its local_threads only (and their
   // helpers): the other threads, and their helpers, start at the first read that waits. Starting 32
@@ -102,6 +104,11 @@ class EpochReader {
   std::optional<Unit> next();
   // Waits at most timeout_ms; true once next() will not block.
   bool wait(int64_t timeout_ms);
+  // For a consumer that takes units `bytes` at a time (a DataLoader worker packing them into one item,
+  // then away while it crosses): the threads go on reading until that many bytes are out, beyond
+  // `prefetch` units (within prefetch_bytes), instead of stopping at `prefetch` units while it is away.
+  // Only with ReaderOptions::deepen_read_ahead; never lowers it.
+  void read_ahead(int64_t bytes);
   // Stops reading (the reader threads finish their piece and exit); later
   // reads raise instead of waiting. Idempotent.
   void close();
@@ -139,6 +146,9 @@ class EpochReader {
   bool more_pieces() const;  // under mutex_
   // Under mutex_, after a piece is read: whether to wake the consumer now.
   bool consumer_should_wake() const;
+  // Under mutex_: whether `out` pieces out (claimed, not taken) leave room for another, `limit` of them
+  // allowed (prefetch, or local_prefetch).
+  bool room_for_another(int64_t out, int64_t limit) const;
   Piece claim();  // under mutex_
   Unit read_piece(const Piece& piece, core::ThreadPool& pool);
   int64_t estimate_bytes(int64_t rows) const;
@@ -181,6 +191,7 @@ class EpochReader {
   int64_t queued_bytes_ = 0;  // read, not yet taken
   int64_t out_bytes_ = 0;     // read or being read (estimated), not yet taken
   int64_t in_flight_ = 0;
+  int64_t read_ahead_bytes_ = 0;  // read_ahead()'s
   bool started_ = false;
   bool stopping_ = false;
   bool failed_ = false;

@@ -648,6 +648,37 @@ TEST(Dataset, ACheckpointCountsTheBatchesTheLoopTookWhicheverWayItIsWritten) {
   EXPECT_NE(error_of<c10::Error>([&] { *it; }).find("dereferenced at the end of the epoch"), std::string::npos);
 }
 
+TEST(Dataset, AWorkerPackingUnitsReadsAnItemAheadUnlessPrefetchIsSet) {
+  // ts.DataLoader's workers take units an item at a time (take_units), then are away while it crosses:
+  // the threads read the next item meanwhile, beyond the default two units per thread, within
+  // prefetch_bytes; a prefetch the user set is kept.
+  constexpr int64_t kUnitBytes = 16 * (64 * 4 + 8);  // 16 rows of 64 float32 and their index
+  constexpr int64_t kItemBytes = 16 * kUnitBytes;
+  // The most units read and not taken seen after one item was taken, once they stop growing.
+  const auto most_queued = [&](std::optional<int64_t> prefetch, int64_t prefetch_bytes) {
+    ts::DatasetOptions options{
+        .batch_size = 16, .fetch_factor = 1, .seed = 0, .num_threads = 2, .prefetch = prefetch, .prefetch_bytes = prefetch_bytes};
+    auto dataset = c10::make_intrusive<ts::ShardedDatasetImpl>(ts::TensorSource(torch::zeros({16384, 64})).native(),
+                                                               ts::Streaming().native(), options);
+    auto iterator = ts::DatasetDoor::iter_worker(*dataset, 0, 1, 1, false);
+    EXPECT_EQ(ts::DatasetDoor::take_units(*iterator, 10000, kItemBytes).size(), 16u);
+    int64_t most = 0, same_since = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (same_since < 20 && std::chrono::steady_clock::now() < deadline) {
+      const int64_t queued = iterator->stats().at("queue_depth");
+      same_since = queued == most && iterator->stats().at("in_flight") == 0 ? same_since + 1 : 0;
+      most = std::max(most, queued);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return most;
+  };
+  const int64_t deepened = most_queued(std::nullopt, int64_t{1} << 30);
+  EXPECT_GE(deepened, 15);  // an item's bytes (less the estimate of a unit being read at the end)
+  EXPECT_LE(deepened, 16 + 2);
+  EXPECT_EQ(most_queued(4, int64_t{1} << 30), 4);
+  EXPECT_LE(most_queued(std::nullopt, 5 * kUnitBytes), 5 + 2);  // prefetch_bytes still bounds it
+}
+
 TEST(Dataset, AWorkerCopysLoadedStateGivesTheMainObjectItsSeed) {
   // torchdata's StatefulDataLoader restores each DataLoader worker's own state in that worker: the main
   // process's object shares its words and must report and checkpoint the loaded seed.
