@@ -19,6 +19,7 @@ from torch.utils.data import get_worker_info
 
 from .dataset import ShardedDataset
 from .transfer import Unit, forget_dead_workers
+from .worker_queues import direct_context
 
 
 class _WholeUnits:
@@ -175,6 +176,8 @@ class DataLoader(torch.utils.data.DataLoader):
             and dataset.worker_transport == "handles"
         )
         if self._whole_units:
+            # Small items are written to torch's queues by the thread that puts them (worker_queues.py).
+            arguments["multiprocessing_context"] = direct_context(arguments.get("multiprocessing_context"))
             arguments["worker_init_fn"] = _WholeUnits(
                 arguments.get("worker_init_fn"), bool(arguments.get("persistent_workers", False))
             )
