@@ -42,7 +42,7 @@ from multiprocessing.reduction import ForkingPickler
 # Queued plus written bytes (with the 4-byte header) beyond which a put goes through the feeder thread.
 _DIRECT_BYTES = 16 << 10
 _SLOTS_BYTES = 64 << 10  # the pipe capacity _DIRECT_BYTES is safe for (16 pages)
-_LOCK_WAIT_SECONDS = 0.001  # the most a put waits for the write lock before going through the feeder
+_LOCK_WAIT_SECONDS = 0.05  # the most a put waits for the write lock before going through the feeder
 
 
 class _Pickled:
@@ -86,7 +86,9 @@ class DirectQueue(multiprocessing.queues.Queue):
         data = ForkingPickler.dumps(obj)
         if not self._sem.acquire(block, timeout):
             raise queue.Full
-        # Another process's writer holds the lock for a write's microseconds (unless it waits on a full pipe).
+        # Another writer holds the lock for a write's microseconds, or a few milliseconds when the scheduler
+        # preempts it there (waiting 1 ms instead sent 1 of 2 workers to their feeder thread within seconds on
+        # 2 CPUs); longer only while it waits for room in a full pipe, which this write would wait for too.
         if len(data) + 4 <= _DIRECT_BYTES and self._wlock.acquire(True, _LOCK_WAIT_SECONDS):
             try:
                 queued = struct.unpack("i", fcntl.ioctl(self._writer.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
