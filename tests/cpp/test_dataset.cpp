@@ -656,8 +656,12 @@ TEST(Dataset, AWorkerPackingUnitsReadsAnItemAheadUnlessPrefetchIsSet) {
   constexpr int64_t kItemBytes = 16 * kUnitBytes;
   // The most units read and not taken seen after one item was taken, once they stop growing.
   const auto most_queued = [&](std::optional<int64_t> prefetch, int64_t prefetch_bytes) {
-    ts::DatasetOptions options{
-        .batch_size = 16, .fetch_factor = 1, .seed = 0, .num_threads = 2, .prefetch = prefetch, .prefetch_bytes = prefetch_bytes};
+    ts::DatasetOptions options{.batch_size = 16,
+                               .fetch_factor = 1,
+                               .seed = 0,
+                               .num_threads = 2,
+                               .prefetch = prefetch,
+                               .prefetch_bytes = prefetch_bytes};
     auto dataset = c10::make_intrusive<ts::ShardedDatasetImpl>(ts::TensorSource(torch::zeros({16384, 64})).native(),
                                                                ts::Streaming().native(), options);
     auto iterator = ts::DatasetDoor::iter_worker(*dataset, 0, 1, 1, false);
