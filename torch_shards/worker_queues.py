@@ -43,6 +43,15 @@ from multiprocessing.reduction import ForkingPickler
 _DIRECT_BYTES = 16 << 10
 _SLOTS_BYTES = 64 << 10  # the pipe capacity _DIRECT_BYTES is safe for (16 pages)
 _LOCK_WAIT_SECONDS = 0.05  # the most a put waits for the write lock before going through the feeder
+_F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)  # Linux's (Python 3.9's fcntl lacks the name)
+
+
+def _pipe_capacity(fd):
+    """Bytes the pipe `fd` holds at most (0 where it cannot be told: another kind of file or system)."""
+    try:
+        return fcntl.fcntl(fd, _F_GETPIPE_SZ)
+    except OSError:
+        return 0
 
 
 class _Pickled:
@@ -75,9 +84,7 @@ class DirectQueue(multiprocessing.queues.Queue):
         pid = os.getpid()
         if self._direct_pid != pid:
             self._direct_pid = pid
-            self._direct_here = (
-                self._wlock is not None and fcntl.fcntl(self._writer.fileno(), fcntl.F_GETPIPE_SZ) >= _SLOTS_BYTES
-            )
+            self._direct_here = self._wlock is not None and _pipe_capacity(self._writer.fileno()) >= _SLOTS_BYTES
         return self._direct_here
 
     def put(self, obj, block=True, timeout=None):
