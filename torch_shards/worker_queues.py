@@ -130,6 +130,11 @@ class _ForkServer(_DirectQueues, multiprocessing.context.ForkServerContext):
 
 
 _BY_METHOD = {"fork": _Fork, "spawn": _Spawn, "forkserver": _ForkServer}
+_STANDARD = (
+    multiprocessing.context.ForkContext,
+    multiprocessing.context.SpawnContext,
+    multiprocessing.context.ForkServerContext,
+)
 
 
 def direct_context(context):
@@ -143,9 +148,7 @@ def direct_context(context):
         context = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
     if isinstance(context, str):
         method = context
-    elif isinstance(context, multiprocessing.context.BaseContext) and type(context) in (
-        type(multiprocessing.get_context(name)) for name in multiprocessing.get_all_start_methods()
-    ):
+    elif type(context) in _STANDARD:
         method = context.get_start_method()
     else:
         return context

@@ -342,7 +342,7 @@ bool EpochReader::room_for_another(int64_t out, int64_t limit) const {
 }
 
 void EpochReader::read_ahead(int64_t bytes) {
-  if (!options_.deepen_read_ahead || options_.prefetch == 0) return;
+  if (!options_.deepen_read_ahead) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (bytes <= read_ahead_bytes_) return;
