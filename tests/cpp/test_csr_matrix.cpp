@@ -1,0 +1,163 @@
+// CsrMatrix reads of a shuffled fetch's rows (each row a segment of its own,
+// read gathered through source order), over arrays stored as raw files: on
+// the calling thread alone and with helpers that split the read into parts,
+// the rows equal those computed from the arrays, placed rows included, and a
+// column index out of range in any part is a ReadError naming the array.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/errors.h"
+#include "core/thread_pool.h"
+#include "io/contiguous_array.h"
+#include "io/csr_matrix.h"
+#include "io/file.h"
+#include "temp_dir.h"
+
+namespace torch_shards::io {
+namespace {
+
+using testing_support::TempDir;
+
+constexpr int64_t kRows = 24000;
+constexpr int64_t kCols = 3000;
+
+struct Matrix {
+  std::vector<int64_t> indptr{0};
+  std::vector<int32_t> indices;
+  std::vector<float> values;
+};
+
+// Rows of 0-120 values (some empty), ~1.4M in all: a read of every row is several parts of 256 KB groups.
+Matrix make_matrix(uint32_t seed) {
+  std::mt19937 random(seed);
+  Matrix m;
+  for (int64_t row = 0; row < kRows; ++row) {
+    const int64_t count = row % 97 == 0 ? 0 : static_cast<int64_t>(random() % 121);
+    for (int64_t k = 0; k < count; ++k) {
+      m.indices.push_back(static_cast<int32_t>(random() % kCols));
+      m.values.push_back(static_cast<float>(row) + static_cast<float>(k) / 1024.0F);
+    }
+    m.indptr.push_back(static_cast<int64_t>(m.indices.size()));
+  }
+  return m;
+}
+
+template <typename T>
+std::shared_ptr<const Array> raw_array(const TempDir& dir, const std::string& name, const std::vector<T>& values,
+                                       DType dtype) {
+  const std::string path = dir / name;
+  testing_support::write_file(path,
+                              std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(values.data()),
+                                                   reinterpret_cast<const uint8_t*>(values.data() + values.size())));
+  ArrayInfo info{path, "/X/" + name, dtype, {static_cast<int64_t>(values.size())}, false};
+  return std::make_shared<ContiguousArray>(info, std::make_shared<File>(path), 0);
+}
+
+CsrMatrix csr_of(const TempDir& dir, const Matrix& m) {
+  return CsrMatrix(raw_array(dir, "indptr", m.indptr, DType::kInt64),
+                   raw_array(dir, "indices", m.indices, DType::kInt32),
+                   raw_array(dir, "data", m.values, DType::kFloat32), kRows, kCols);
+}
+
+// A fetch's rows: blocks of 16 consecutive rows (every block, or about three in four), then the rows
+// shuffled among themselves, and a few rows twice.
+std::vector<int64_t> shuffled_fetch(uint32_t seed, bool every_block = true) {
+  std::mt19937 random(seed);
+  std::vector<int64_t> blocks;
+  for (int64_t block = 0; block < kRows / 16; ++block) {
+    if (every_block || random() % 4 != 0) blocks.push_back(block);
+  }
+  std::shuffle(blocks.begin(), blocks.end(), random);
+  std::vector<int64_t> rows;
+  for (const int64_t block : blocks) {
+    for (int64_t row = block * 16; row < block * 16 + 16; ++row) rows.push_back(row);
+  }
+  for (int64_t row = 500; row < 540; ++row) rows.push_back(row);
+  std::shuffle(rows.begin(), rows.end(), random);
+  return rows;
+}
+
+void expect_rows(const Matrix& m, const std::vector<int64_t>& rows, const std::vector<int64_t>& starts,
+                 const std::vector<int32_t>& columns, const std::vector<float>& values) {
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const int64_t first = m.indptr[rows[k]], length = m.indptr[rows[k] + 1] - first;
+    for (int64_t j = 0; j < length; ++j) {
+      ASSERT_EQ(columns[starts[k] + j], m.indices[first + j]) << "row " << rows[k] << " (position " << k << ")";
+      ASSERT_EQ(values[starts[k] + j], m.values[first + j]) << "row " << rows[k] << " (position " << k << ")";
+    }
+  }
+}
+
+TEST(CsrMatrix, ShuffledRowsReadWithHelpersEqualTheStoredRows) {
+  TempDir dir("csr_matrix");
+  const Matrix m = make_matrix(5);
+  const CsrMatrix csr = csr_of(dir, m);
+  for (const auto& [helpers, every_block] : {std::pair{0, true}, {1, true}, {3, true}, {0, false}, {3, false}}) {
+    SCOPED_TRACE("helpers " + std::to_string(helpers) + (every_block ? ", every block" : ", some blocks"));
+    core::ThreadPool pool(helpers);
+    const std::vector<int64_t> rows = shuffled_fetch(11 + helpers, every_block);
+    const CsrPlan plan = csr.plan(rows, pool);
+    ASSERT_EQ(plan.nnz(), [&] {
+      int64_t nnz = 0;
+      for (const int64_t row : rows) nnz += m.indptr[row + 1] - m.indptr[row];
+      return nnz;
+    }());
+    std::vector<int32_t> columns(static_cast<size_t>(plan.nnz()), -1);
+    std::vector<float> values(static_cast<size_t>(plan.nnz()), -1.0F);
+    csr.read(plan, columns.data(), DType::kInt32, values.data(), pool);
+    expect_rows(m, rows, plan.row_offsets, columns, values);
+
+    // Placed: rows last to first, 5 elements apart, nothing written between them.
+    std::vector<int64_t> starts(rows.size());
+    int64_t end = 0;
+    for (size_t k = rows.size(); k-- > 0;) {
+      starts[k] = end + 5;
+      end = starts[k] + plan.row_offsets[k + 1] - plan.row_offsets[k];
+    }
+    std::vector<int32_t> placed_columns(static_cast<size_t>(end), -7);
+    std::vector<float> placed_values(static_cast<size_t>(end), -7.0F);
+    csr.read_placed(plan, starts, placed_columns.data(), DType::kInt32, placed_values.data(), pool);
+    expect_rows(m, rows, starts, placed_columns, placed_values);
+    for (size_t k = 0; k < rows.size(); ++k) {
+      for (int64_t gap = starts[k] - 5; gap < starts[k]; ++gap) {
+        ASSERT_EQ(placed_columns[gap], -7);
+        ASSERT_EQ(placed_values[gap], -7.0F);
+      }
+    }
+  }
+}
+
+TEST(CsrMatrix, AColumnIndexOutOfRangeInAnyPartIsAReadErrorNamingTheArray) {
+  for (const double where : {0.1, 0.5, 0.95}) {
+    SCOPED_TRACE("at " + std::to_string(where) + " of the values");
+    TempDir dir("csr_matrix");
+    Matrix m = make_matrix(9);
+    m.indices[static_cast<size_t>(where * static_cast<double>(m.indices.size()))] = static_cast<int32_t>(kCols + 4);
+    const CsrMatrix csr = csr_of(dir, m);
+    for (const int helpers : {0, 3}) {
+      core::ThreadPool pool(helpers);
+      const std::vector<int64_t> rows = shuffled_fetch(3);
+      const CsrPlan plan = csr.plan(rows, pool);
+      std::vector<int32_t> columns(static_cast<size_t>(plan.nnz()));
+      std::vector<float> values(static_cast<size_t>(plan.nnz()));
+      try {
+        csr.read(plan, columns.data(), DType::kInt32, values.data(), pool);
+        ADD_FAILURE() << "no error with " << helpers << " helpers";
+      } catch (const core::ReadError& error) {
+        const std::string message = error.what();
+        EXPECT_NE(message.find("/X/indices"), std::string::npos) << message;
+        EXPECT_NE(message.find("column index " + std::to_string(kCols + 4) + " out of range"), std::string::npos)
+            << message;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace torch_shards::io
