@@ -164,63 +164,75 @@ void runs_by_row(const std::vector<RowRun>& runs, std::vector<size_t>& by_row) {
 CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool) const {
   // Rows come in runs (blocks of consecutive rows): sorting the runs, not the
   // rows, orders the reads. Runs may overlap (a row delivered twice): each
-  // then reads its own indptr entries and values.
+  // then reads its own indptr entries and values. The runs are copied in row
+  // order once, and every pass after that walks them in that order: of a
+  // shuffled fetch (a run per row), only the copy, the rows' lengths written
+  // at their positions and their offsets read back are scattered accesses.
   // Working lists kept by the thread (a plan of a large fetch needs several of 8 bytes a row: made and
-  // freed for each, their pages would be taken from the system again every time).
-  thread_local std::vector<RowRun> runs;
-  thread_local std::vector<size_t> by_row;
-  thread_local std::vector<int64_t> base, pointers;
+  // freed for each, their pages would be taken from the system again every time), each looked up once.
+  thread_local std::vector<RowRun> kept_runs, kept_sorted;
+  thread_local std::vector<size_t> kept_by_row;
+  thread_local std::vector<int64_t> kept_base, kept_pointers;
+  std::vector<RowRun>& runs = kept_runs;
+  std::vector<RowRun>& sorted = kept_sorted;
+  std::vector<size_t>& by_row = kept_by_row;
+  std::vector<int64_t>& base = kept_base;
+  std::vector<int64_t>& pointers = kept_pointers;
   runs_of(rows, runs);
   runs_by_row(runs, by_row);
-  if (!runs.empty()) {
-    int64_t last = 0;
-    for (const RowRun& run : runs) last = std::max(last, run.row + run.length - 1);
-    const int64_t first = runs[by_row.front()].row;
-    if (first < 0 || last >= num_rows_) {
-      throw core::InvalidArgument(concat(where(), ": rows [", first, ", ", last, "] outside [0, ", num_rows_, ")"));
-    }
+  sorted.resize(runs.size());
+  int64_t last = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    sorted[i] = runs[by_row[i]];
+    last = std::max(last, sorted[i].row + sorted[i].length - 1);
   }
-  // indptr of each stretch of adjacent runs [b, e): entries b .. e; base[r]:
-  // where run r's first row's start lies among them.
+  if (!sorted.empty() && (sorted.front().row < 0 || last >= num_rows_)) {
+    throw core::InvalidArgument(
+        concat(where(), ": rows [", sorted.front().row, ", ", last, "] outside [0, ", num_rows_, ")"));
+  }
+  // indptr of each stretch of adjacent runs [b, e): entries b .. e; base[i]:
+  // where sorted run i's first row's start lies among them.
   std::vector<Segment> pointer_segments;
-  base.resize(runs.size());
+  base.resize(sorted.size());
   int64_t count = 0, end = -1;
-  for (size_t r : by_row) {
-    const RowRun& run = runs[r];
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const RowRun& run = sorted[i];
     if (run.row != end) {
       pointer_segments.push_back(Segment{run.row, 1, count});
       ++count;
     }
-    base[r] = count - 1;
+    base[i] = count - 1;
     pointer_segments.back().length += run.length;
     count += run.length;
     end = run.row + run.length;
   }
   read_pointers(*indptr_, pointer_segments, count, pool, pointers);
   CsrPlan plan;
+  // Each row's length at its position, then summed in delivery order.
   plan.row_offsets.assign(rows.size() + 1, 0);
-  for (size_t r = 0; r < runs.size(); ++r) {  // delivery order
-    const RowRun& run = runs[r];
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const RowRun& run = sorted[i];
     for (int64_t j = 0; j < run.length; ++j) {
-      const int64_t start = pointers[base[r] + j], stop = pointers[base[r] + j + 1];
+      const int64_t start = pointers[base[i] + j], stop = pointers[base[i] + j + 1];
       if (start < 0 || stop < start || stop > data_->num_rows()) {
         const int64_t row = run.row + j;
         throw ReadError(concat(indptr_->where(), ": inconsistent at row ", row, " (indptr[", row, "] = ", start,
                                ", indptr[", row + 1, "] = ", stop, ", ", data_->num_rows(),
                                " stored values): not monotone or out of range"));
       }
-      plan.row_offsets[run.dest + j + 1] = plan.row_offsets[run.dest + j] + (stop - start);
+      plan.row_offsets[run.dest + j + 1] = stop - start;
     }
   }
-  for (size_t r : by_row) {  // source order: each run's values are one stretch, in and out
-    const RowRun& run = runs[r];
-    const int64_t source = pointers[base[r]], length = pointers[base[r] + run.length] - source;
+  for (size_t k = 1; k < plan.row_offsets.size(); ++k) plan.row_offsets[k] += plan.row_offsets[k - 1];
+  for (size_t i = 0; i < sorted.size(); ++i) {  // source order: each run's values are one stretch, in and out
+    const RowRun& run = sorted[i];
+    const int64_t source = pointers[base[i]], length = pointers[base[i] + run.length] - source;
     const int64_t dest = plan.row_offsets[run.dest];
     if (length == 0) continue;
     if (!plan.segments.empty()) {
-      Segment& last = plan.segments.back();
-      if (source == last.source + last.length && dest == last.dest + last.length) {
-        last.length += length;
+      Segment& previous = plan.segments.back();
+      if (source == previous.source + previous.length && dest == previous.dest + previous.length) {
+        previous.length += length;
         continue;
       }
     }
