@@ -111,6 +111,25 @@ def test_ts_dataloader_over_direct_queues_gives_torchs_batches_in_torchs_order(c
         assert sorted(i for batch in ours for i in batch) == list(range(300))
 
 
+def test_ts_dataloader_without_a_context_starts_its_workers_by_the_default_method_when_it_iterates():
+    # torch's DataLoader reads the default start method when its workers start: a set_start_method
+    # after the loader was made is followed, as there.
+    before = multiprocessing.get_start_method(allow_none=True)
+    made = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    later = "spawn" if made != "spawn" else "forkserver"
+    loader = ts.DataLoader(dataset(), num_workers=2)
+    assert loader.multiprocessing_context.get_start_method() == made
+    try:
+        multiprocessing.set_start_method(later, force=True)
+        ours = [b["index"].tolist() for b in loader]
+        assert loader.multiprocessing_context.get_start_method() == later
+        assert isinstance(loader.multiprocessing_context.Queue(), DirectQueue)
+    finally:
+        multiprocessing.set_start_method(before, force=True)
+    assert ours == [b["index"].tolist() for b in DataLoader(dataset(), batch_size=None, num_workers=2)]
+    assert sorted(i for batch in ours for i in batch) == list(range(300))
+
+
 def _unpicklable(batch):
     return {**batch, "f": lambda: 0}
 

@@ -138,8 +138,9 @@ class DataLoader(torch.utils.data.DataLoader):
     fetches, so ``prefetch_factor`` counts fetches, not batches; with a
     ``collate_fn``, a ``batch_transform`` or ``worker_transport="torch"``
     they send batch by batch. ``loader.dataset`` is the dataset given. With
-    workers, ``multiprocessing_context`` (None: the default start method)
-    becomes a context of the same start method whose queues write small
+    workers, ``multiprocessing_context`` (None: the default start method when
+    an iteration starts, as torch reads it) becomes a context of the same
+    start method whose queues write small
     items in the thread that puts them, without a feeder thread; an item
     that cannot be pickled then fails the loop instead of hanging it. With
     any other dataset, or ``num_workers=0``, it is torch's DataLoader.
@@ -179,6 +180,9 @@ class DataLoader(torch.utils.data.DataLoader):
             and arguments.get("collate_fn") is None
             and dataset.worker_transport == "handles"
         )
+        # No multiprocessing_context: the default start method when the workers start (as torch's DataLoader
+        # does), read again at each iteration: a set_start_method after this is followed.
+        self._default_context = arguments.get("multiprocessing_context") is None
         if self._whole_units:
             # Small items are written to torch's queues by the thread that puts them (worker_queues.py).
             arguments["multiprocessing_context"] = direct_context(arguments.get("multiprocessing_context"))
@@ -198,6 +202,8 @@ class DataLoader(torch.utils.data.DataLoader):
         if not self._whole_units:
             return super().__iter__()
         length = None if self.dataset.cycle else len(self)
+        if self._default_context:
+            self.multiprocessing_context = direct_context(None)
         # Until a worker claims the new epoch, a checkpoint is its start (not the last epoch's, long finished).
         self.dataset.native.workers_starting()
         items = super().__iter__()
