@@ -647,6 +647,39 @@ def test_an_epoch_started_on_the_cpus_share_starts_the_other_threads_once_reads_
         assert stats["threads"] >= 32, (epoch, stats)  # all started: at the first read that waited
 
 
+def test_reads_behind_urls_keep_a_later_epochs_first_pieces_of_sparse_rows_within_the_budget(tmp_path):
+    # Behind URLs every reader thread starts a piece at once, each admitted under prefetch_bytes by its
+    # estimate. The bytes of a sparse row are known once one was read: carried from the last epoch's
+    # reader, a later epoch's first pieces are estimated whole (from the dense fields alone, the 8 threads
+    # each took a piece of CSR rows against a budget of 3 pieces: 9 read or in flight at once).
+    rows, per_row = 2048, 100
+    indices = np.tile(np.arange(per_row, dtype=np.int32) * 7, rows)
+    values = np.random.default_rng(6).random(rows * per_row, dtype=np.float32)
+    matrix = sp.csr_matrix((values, indices, np.arange(rows + 1) * per_row), shape=(rows, 1000))
+    ad.AnnData(X=matrix).write_zarr(tmp_path / "sparse.zarr")  # its chunks requested at each read
+    with RangeHTTPServer(tmp_path, latency=0.01) as server:
+        source = ts.open(f"{server.url}/sparse.zarr")
+        options = dict(batch_size=64, fetch_factor=1, seed=0, num_threads=8, prefetch=16)
+        first = ts.ShardedDataset(source, ts.Streaming(), prefetch_bytes=1 << 30, **options)
+        stats = None
+        for _ in first:
+            stats = first.reader_stats()[0] if first.reader_stats() else stats
+        unit_bytes = stats["bytes"] // stats["units"]  # every unit alike: 64 rows of 100 values
+        budget = 3 * unit_bytes
+        dataset = ts.ShardedDataset(source, ts.Streaming(), prefetch_bytes=budget, **options)
+        for epoch in range(3):
+            peak, seen = 0, []
+            for i, batch in enumerate(dataset):
+                if i % 4 == 0:
+                    time.sleep(0.02)  # a slow step: the readers run ahead until the budget stops them
+                seen += batch["index"].tolist()
+                for stats in dataset.reader_stats():
+                    peak = max(peak, stats["queued_bytes"] + stats["in_flight"] * unit_bytes)
+            assert seen == list(range(rows)), epoch
+            if epoch > 0:  # the first epoch's first pieces are estimated before any was read
+                assert 0 < peak <= budget + 2 * unit_bytes, (epoch, peak / unit_bytes)  # 9 units before
+
+
 def test_the_cache_never_serves_a_replaced_object(data_dir, tmp_path):
     served = tmp_path / "served"
     shutil.copytree(data_dir / "sharded.zarr", served / "a.zarr")

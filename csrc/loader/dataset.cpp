@@ -279,6 +279,7 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::start(Iteration iterat
   reader.batch_size = options_.batch_size;
   reader.buffers = buffers_;
   reader.reads_wait = reads_wait_;
+  reader.sparse_row_bytes = sparse_row_bytes_;
   // DataLoader workers hand host batches over; ts.DeviceLoader copies them in the main process.
   const bool on_device = options_.device.has_value() && !iteration.in_worker;
   auto iterator = translate_errors([&] {

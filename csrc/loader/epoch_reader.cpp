@@ -69,6 +69,7 @@ EpochReader::EpochReader(std::shared_ptr<const sources::Source> source, core::Un
     overflow |= __builtin_add_overflow(dense_row_bytes_, bytes, &dense_row_bytes_);
     if (overflow) dense_row_bytes_ = kMaxEstimate;  // such rows are refused when their output is allocated
   }
+  if (options_.sparse_row_bytes) sparse_row_bytes_ = options_.sparse_row_bytes->load(std::memory_order_relaxed);
   if (options_.prefetch == 0) {
     main_pool_ = std::make_unique<core::ThreadPool>(static_cast<int>(options_.num_threads - 1));
   } else {
@@ -220,7 +221,9 @@ EpochReader::Unit EpochReader::read_piece(const Piece& piece, core::ThreadPool& 
   unit.dealt_units = piece.dealt_units;
   // What a row costs beyond the dense fields (sparse ones), for the next estimates.
   if (count > 0) {
-    sparse_row_bytes_ = std::max<int64_t>(0, batch_bytes(unit.batch) / count - dense_row_bytes_);
+    const int64_t sparse = std::max<int64_t>(0, batch_bytes(unit.batch) / count - dense_row_bytes_);
+    sparse_row_bytes_ = sparse;
+    if (options_.sparse_row_bytes) options_.sparse_row_bytes->store(sparse, std::memory_order_relaxed);
   }
   return unit;
 }

@@ -271,6 +271,8 @@ class TORCH_SHARDS_API ShardedDatasetImpl : public torch::CustomClassHolder {
   std::shared_ptr<BufferPool> buffers_;
   // Whether the reads of this process's last iteration waited on requests when it ended (ReaderOptions).
   std::shared_ptr<std::atomic<bool>> reads_wait_ = std::make_shared<std::atomic<bool>>(true);
+  // Output bytes a row of the sparse fields took as this process's last iteration read them (ReaderOptions).
+  std::shared_ptr<std::atomic<int64_t>> sparse_row_bytes_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 // torch.classes.torch_shards.BatchIterator: one epoch of one rank's (or
