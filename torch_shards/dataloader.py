@@ -138,9 +138,9 @@ class DataLoader(torch.utils.data.DataLoader):
     fetches, so ``prefetch_factor`` counts fetches, not batches; with a
     ``collate_fn``, a ``batch_transform`` or ``worker_transport="torch"``
     they send batch by batch. ``loader.dataset`` is the dataset given. With
-    workers, ``multiprocessing_context`` (None: the default start method when
-    an iteration starts, as torch reads it) becomes a context of the same
-    start method whose queues write small
+    workers, ``multiprocessing_context`` (None: the default start method as
+    each iteration starts, where torch's DataLoader reads it) becomes a
+    context of the same start method whose queues write small
     items in the thread that puts them, without a feeder thread; an item
     that cannot be pickled then fails the loop instead of hanging it. With
     any other dataset, or ``num_workers=0``, it is torch's DataLoader.
