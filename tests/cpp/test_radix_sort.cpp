@@ -110,6 +110,21 @@ TEST(SortRows, RadixSortMatchesStdSortAboveItsSmallInputCutoff) {
   }
 }
 
+TEST(SortRows, RadixSortFromABitSortsValuesWhoseLowerBitsAreInOrder) {
+  // Keys of a row and a position below bit 13, listed by position: sorting on the rows' bits alone
+  // orders the whole keys (equal rows keep their positions' order).
+  for (uint64_t bound : {uint64_t{1}, uint64_t{50}, uint64_t{1} << 30}) {
+    const auto rows = random_rows(5000, bound, bound + 11);
+    std::vector<int64_t> keys;
+    for (size_t i = 0; i < rows.size(); ++i) keys.push_back((rows[i] << 13) | static_cast<int64_t>(i));
+    auto expected = keys;
+    std::sort(expected.begin(), expected.end());
+    std::vector<int64_t> scratch;
+    radix_sort_rows(keys, scratch, 13);
+    EXPECT_EQ(keys, expected) << "bound=" << bound;
+  }
+}
+
 // The positions std::stable_sort gives: ascending rows, equal rows in their order.
 std::vector<int64_t> stable_positions(const std::vector<int64_t>& rows) {
   std::vector<int64_t> order(rows.size());
