@@ -153,17 +153,24 @@ def test_an_obs_index_of_another_length_than_x_is_refused_at_open(tmp_path, null
         ts.open(path)
 
 
-def test_shuffled_epoch_through_workers_matches_anndata(tmp_path):
+@pytest.mark.parametrize("as_dense", [False, True])
+def test_shuffled_epoch_through_workers_matches_anndata(tmp_path, as_dense):
+    # dense=True: CSR rows of 148 bytes scattered into dense rows, streamed into the workers' slabs.
     adata, dense = make_adata("csr")
     path = write(adata, tmp_path, "h5ad")
     dataset = ts.ShardedDataset(
-        ts.AnnDataSource(path, obs=["cell_type"]), ts.BlockShuffling(8), batch_size=16, fetch_factor=2, seed=1
+        ts.AnnDataSource(path, obs=["cell_type"], dense=as_dense),
+        ts.BlockShuffling(8),
+        batch_size=16,
+        fetch_factor=2,
+        seed=1,
     )
     codes = adata.obs["cell_type"].cat.codes.to_numpy()
     for context in ("fork", "spawn"):
         seen = []
         for batch in DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=context):
             index = batch["index"].numpy()
+            assert batch["X"].layout == (torch.strided if as_dense else torch.sparse_csr)
             assert torch.equal(batch["X"].to_dense(), torch.from_numpy(dense[index]))
             assert batch["cell_type"].tolist() == codes[index].tolist()
             seen.extend(index.tolist())

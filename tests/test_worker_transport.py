@@ -202,6 +202,23 @@ def test_ts_dataloader_defaults_to_batch_size_none_for_a_sharded_dataset():
     assert rows(ts.DataLoader(dataset())) == list(range(ROWS))  # in the training process too
 
 
+@pytest.mark.parametrize("loader_class", [DataLoader, ts.DataLoader])
+@pytest.mark.parametrize("width", [16, 25, 700])
+def test_rows_of_a_cache_line_or_more_streamed_into_the_slabs_arrive_intact(loader_class, width):
+    # Rows of 64 bytes and more are written into the slabs with non-temporal stores (ReadContext::streams):
+    # 64 bytes, 100 (lines shared by two rows, stores of both kinds in one line) and 2800, in source order
+    # (BlockShuffling sorts the fetch) and as listed (Streaming), kept over later epochs.
+    table = torch.arange(ROWS * width, dtype=torch.float32).reshape(ROWS, width)
+    for strategy in (ts.BlockShuffling(8), ts.Streaming()):
+        ds = ts.ShardedDataset(ts.TensorSource({"X": table}), strategy, batch_size=16, fetch_factor=4, seed=5)
+        loader = loader_class(ds, batch_size=None, num_workers=2, persistent_workers=True)
+        kept = list(loader)
+        for batches in (kept, list(loader)):
+            assert rows(batches) == list(range(ROWS))
+            assert all(torch.equal(b["X"], table[b["index"]]) for b in batches)
+        assert all(torch.equal(b["X"], table[b["index"]]) for b in kept)
+
+
 def test_worker_transport_torch_delivers_the_same_batches_and_bad_values_are_refused():
     expected = [tuple(b["index"].tolist()) for b in DataLoader(dataset(), batch_size=None, num_workers=2)]
     old = list(DataLoader(dataset(worker_transport="torch"), batch_size=None, num_workers=2))

@@ -53,6 +53,8 @@ class TensorPool {
   ~TensorPool();
 
   Memory memory() const { return memory_; }
+  // Whether its tensors cross to another process (shared memory: Memory::kShared and kSharedPooled).
+  bool crosses() const { return memory_ == Memory::kShared || memory_ == Memory::kSharedPooled; }
   // Uninitialised contiguous tensors, one per spec, all views of one storage
   // (each 64-byte aligned). Every output of a read comes from here (pooled or
   // not): a storage that cannot be had (2^63 bytes or more, more than the

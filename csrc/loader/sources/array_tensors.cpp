@@ -110,13 +110,14 @@ inline void four_a_turn(int64_t begin, int64_t end, const Visit& visit) {
 // values start at `columns` and `values`, plan row k landing in output row
 // dests[k] (the plan reads the rows in source order). Each row is zeroed just
 // before its values land, while it is in cache: one pass over the output
-// instead of a memset of the whole fetch and a second, scattered pass. A large
-// output (past the caches) has each row built in a small buffer and streamed
-// out (core/streaming_copy.h): the output's lines are then never read, only
+// instead of a memset of the whole fetch and a second, scattered pass. A
+// streamed output (ReadContext::streams: large, or crossing to another
+// process) has each row built in a small buffer and streamed out
+// (core/streaming_copy.h): the output's lines are then never read, only
 // written.
 template <typename Index>
 void scatter_rows(const io::CsrPlan& plan, int64_t first, int64_t end, const Index* columns, const void* values,
-                  at::Tensor& out, const std::vector<int64_t>& dests, int64_t num_columns) {
+                  at::Tensor& out, const std::vector<int64_t>& dests, int64_t num_columns, bool streaming) {
   constexpr size_t kMaxStagedRow = size_t{64} << 10;  // bytes: stays in the L2 cache
   const int64_t base = plan.row_offsets[first];
   AT_DISPATCH_V2(
@@ -124,7 +125,7 @@ void scatter_rows(const io::CsrPlan& plan, int64_t first, int64_t end, const Ind
         const auto* source = static_cast<const scalar_t*>(values);
         scalar_t* dest = out.data_ptr<scalar_t>();
         const size_t row_bytes = sizeof(scalar_t) * num_columns;
-        const bool staged = core::streams(out.nbytes()) && row_bytes <= kMaxStagedRow;
+        const bool staged = streaming && row_bytes <= kMaxStagedRow;
         // Staged rows: the buffer starts zeroed and is zeroed again where values landed. Each row is
         // staged as far from a 64-byte line's start as its target is (the buffer's spare line), so that
         // every line streams out with whole loads (copies from cache on one core: 5.7e6 rows of 8000
@@ -191,13 +192,17 @@ at::Tensor CsrRead::fill(const std::vector<at::Tensor>& outputs, size_t first, R
     const io::DType columns = matrix->index_dtype() == io::DType::kUInt16          ? io::DType::kUInt16
                               : num_columns <= std::numeric_limits<int32_t>::max() ? io::DType::kInt32
                                                                                    : io::DType::kInt64;
+    const bool streaming = context.streams(out.nbytes(), out.element_size() * static_cast<size_t>(num_columns));
     matrix->read_groups(plan, columns, pool, [&](int64_t begin, int64_t end, const void* indices, const void* values) {
       if (columns == io::DType::kUInt16) {
-        scatter_rows(plan, begin, end, static_cast<const uint16_t*>(indices), values, out, dests, num_columns);
+        scatter_rows(plan, begin, end, static_cast<const uint16_t*>(indices), values, out, dests, num_columns,
+                     streaming);
       } else if (columns == io::DType::kInt32) {
-        scatter_rows(plan, begin, end, static_cast<const int32_t*>(indices), values, out, dests, num_columns);
+        scatter_rows(plan, begin, end, static_cast<const int32_t*>(indices), values, out, dests, num_columns,
+                     streaming);
       } else {
-        scatter_rows(plan, begin, end, static_cast<const int64_t*>(indices), values, out, dests, num_columns);
+        scatter_rows(plan, begin, end, static_cast<const int64_t*>(indices), values, out, dests, num_columns,
+                     streaming);
       }
     });
     return out;

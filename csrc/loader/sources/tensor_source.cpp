@@ -67,7 +67,8 @@ class TensorRead : public PlannedRead {
         const bool by_source = !listed_in_order && row_bytes >= kSortedRowBytes;
         if (by_source && order.empty()) core::sort_positions_by_row(rows, order, scratch);
         gather_rows(static_cast<const uint8_t*>(tensor.const_data_ptr()), row_bytes, request_,
-                    by_source ? &order : nullptr, static_cast<uint8_t*>(gathered.data_ptr()), context.pool);
+                    by_source ? &order : nullptr, static_cast<uint8_t*>(gathered.data_ptr()), context.pool,
+                    context.streams(static_cast<size_t>(request_.num_out_rows()) * row_bytes, row_bytes));
       } else if (request_.dests == nullptr) {
         at::index_select_out(gathered, tensor, 0, index);
       } else {
@@ -89,7 +90,7 @@ class TensorRead : public PlannedRead {
 }  // namespace
 
 void gather_rows(const uint8_t* source, size_t row_bytes, const RowRequest& request, const std::vector<int64_t>* order,
-                 uint8_t* out, core::ThreadPool& pool) {
+                 uint8_t* out, core::ThreadPool& pool, bool streaming) {
   const std::vector<int64_t>& rows = request.rows;
   const int64_t count = static_cast<int64_t>(rows.size());
   if (count == 0 || row_bytes == 0) return;
@@ -97,7 +98,6 @@ void gather_rows(const uint8_t* source, size_t row_bytes, const RowRequest& requ
   const auto position = [positions](int64_t k) { return positions != nullptr ? positions[k] : k; };
   const int64_t rows_per_task = std::max<int64_t>(1, static_cast<int64_t>(kTaskBytes / row_bytes));
   const int64_t tasks = (count + rows_per_task - 1) / rows_per_task;
-  const bool streaming = core::streams(static_cast<size_t>(request.num_out_rows()) * row_bytes);
   pool.parallel_for(tasks, [&](int64_t task) {
     const int64_t end = std::min(count, (task + 1) * rows_per_task);
     for (int64_t k = task * rows_per_task; k < end;) {

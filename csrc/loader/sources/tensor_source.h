@@ -29,8 +29,9 @@ class TensorSource : public Source {
 // Copies rows[i] of `source` (rows of row_bytes bytes, contiguous) to row
 // request.dest(i) of `out`, runs of consecutive rows at once, on the pool; in
 // the order of `order` (positions i, e.g. by ascending source row:
-// core::sort_positions_by_row), or as listed when it is null.
+// core::sort_positions_by_row), or as listed when it is null; with
+// non-temporal stores when `streaming` (ReadContext::streams).
 void gather_rows(const uint8_t* source, size_t row_bytes, const RowRequest& request, const std::vector<int64_t>* order,
-                 uint8_t* out, core::ThreadPool& pool);
+                 uint8_t* out, core::ThreadPool& pool, bool streaming);
 
 }  // namespace torch_shards::sources
