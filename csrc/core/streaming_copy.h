@@ -16,10 +16,22 @@
 
 namespace torch_shards::core {
 
-// Whether a read writing `output_bytes` (a unit or piece, as allocated)
-// writes them with non-temporal stores: from 8 MB, by the time it is read,
-// more than a typical last-level cache share has been written after it.
-inline bool streams(size_t output_bytes) { return output_bytes >= (size_t{8} << 20); }
+// Whether a read writing rows of `row_bytes` into an output of
+// `output_bytes` (a unit or piece, as allocated: 64-byte aligned) writes them
+// with non-temporal stores. The output must be one of 8 MB or more (by the
+// time it is read, more than a typical last-level cache share has been
+// written after it) or one that `crosses` to another process (a DataLoader
+// worker's slabs, recycled after tens of MB, long out of the caches:
+// ordinary stores read each line from memory first). And its rows must fill
+// whole 64-byte lines, or be of 4 KB or more: a row of another size shares
+// its first and last lines with its neighbours, which then take both kinds
+// of stores. TensorSource rows of 100, 200, 516 and 1028 bytes read 1.7-4x
+// slower streamed, rows of 4100 and 8004 bytes 5-15% faster
+// (benchmarks/NOTES.md).
+inline bool streams(size_t output_bytes, size_t row_bytes, bool crosses = false) {
+  const bool fills_lines = row_bytes % 64 == 0 || row_bytes >= (size_t{4} << 10);
+  return fills_lines && (crosses || output_bytes >= (size_t{8} << 20));
+}
 
 // Copies `bytes` from src to dst, non-temporally where the architecture
 // allows (any alignment; the unaligned edges are copied normally). Fastest

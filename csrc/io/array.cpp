@@ -175,7 +175,7 @@ void read_spans_together(const File& file, int64_t region_offset, const std::vec
 bool streams_output(const std::vector<Segment>& segments, size_t row_bytes) {
   int64_t rows = 0;
   for (const Segment& segment : segments) rows += segment.length;
-  return core::streams(static_cast<size_t>(rows) * row_bytes);
+  return core::streams(static_cast<size_t>(rows) * row_bytes, row_bytes);
 }
 
 MemoryArray::MemoryArray(ArrayInfo info, std::vector<uint8_t> bytes)

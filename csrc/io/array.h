@@ -109,8 +109,9 @@ void read_spans_together(const File& file, int64_t region_offset, const std::vec
                          const std::vector<Segment>& segments, size_t row_bytes, uint8_t* out,
                          core::FunctionRef<std::string()> what);
 
-// Whether a read of `segments` writes enough (core::streams) that its
-// output is read only once it has left the caches: it is then streamed out.
+// Whether a read of `segments` writes enough, in rows that fill whole lines
+// (core::streams), that its output is read only once it has left the
+// caches: it is then streamed out.
 bool streams_output(const std::vector<Segment>& segments, size_t row_bytes);
 
 // Bytes held in memory (small datasets, e.g. HDF5 compact layout).

@@ -70,5 +70,20 @@ TEST(StreamingCopy, CopyBytesChoosesEitherWayWithTheSameResult) {
   EXPECT_EQ(streamed, source);
 }
 
+TEST(StreamingCopy, StreamsLargeOrCrossingOutputsOfRowsThatFillWholeLines) {
+  constexpr size_t kLarge = size_t{8} << 20, kSmall = size_t{1} << 20;
+  // Rows of whole lines, or of 4 KB and more: from 8 MB, or at any size when the output crosses.
+  for (size_t row : {size_t{64}, size_t{256}, size_t{8000}, size_t{4096}, size_t{4100}}) {
+    EXPECT_TRUE(streams(kLarge, row)) << row;
+    EXPECT_TRUE(streams(kSmall, row, true)) << row;
+    EXPECT_FALSE(streams(kSmall, row)) << row;
+  }
+  // Rows sharing lines with their neighbours: never (1.7-4x slower streamed).
+  for (size_t row : {size_t{4}, size_t{24}, size_t{100}, size_t{200}, size_t{1028}, size_t{4095}}) {
+    EXPECT_FALSE(streams(kLarge, row)) << row;
+    EXPECT_FALSE(streams(kSmall, row, true)) << row;
+  }
+}
+
 }  // namespace
 }  // namespace torch_shards::core

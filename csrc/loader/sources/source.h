@@ -45,18 +45,13 @@ namespace torch_shards::sources {
 struct ReadContext {
   core::ThreadPool& pool;
   TensorPool& tensors;
-  // Whether a read writing `output_bytes`, in rows of `row_bytes`, writes
-  // them with non-temporal stores (core/streaming_copy.h): a large output
-  // (core::streams), or rows of a cache line or more in memory that crosses
-  // to another process (TensorPool::crosses), whose consumer reads them only
-  // after many more units are written there, never from this process's
-  // caches. Ordinary stores into those recycled slabs, long out of the
-  // caches, first read every line from memory (benchmarks/NOTES.md: the
-  // reader threads of two DataLoader workers took ~7% less CPU per epoch of
-  // TensorSource rows of 256 bytes). Smaller rows are copied normally: a
-  // line would take both kinds of stores.
+  // Whether a read writing rows of `row_bytes` into an output of
+  // `output_bytes` writes them with non-temporal stores: core::streams, the
+  // output crossing to another process when its memory does
+  // (TensorPool::crosses: its consumer reads it only after many more units
+  // are written there, never from this process's caches).
   bool streams(size_t output_bytes, size_t row_bytes) const {
-    return core::streams(output_bytes) || (tensors.crosses() && row_bytes >= 64);
+    return core::streams(output_bytes, row_bytes, tensors.crosses());
   }
 };
 
