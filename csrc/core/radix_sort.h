@@ -11,10 +11,10 @@
 
 namespace torch_shards::core {
 
-//
-// With first_bit > 0, only the bits from first_bit up are sorted on (the
-// passes are stable): rows already in ascending order of their lower bits
-// come out in ascending order of the whole values.
+// Sorts `rows` ascending (std::sort below 256 of them). With first_bit > 0,
+// only the bits from first_bit up are sorted on (the passes are stable):
+// rows already in ascending order of their lower bits come out in ascending
+// order of the whole values.
 inline void radix_sort_rows(std::vector<int64_t>& rows, std::vector<int64_t>& scratch, int first_bit = 0) {
   constexpr int kBits = 11;
   constexpr size_t kBuckets = size_t{1} << kBits;
