@@ -48,7 +48,8 @@
 // Fetch after fetch, the threads copy its rows (64 at a time) in
 // ascending source order to their places in the fetch (as the sources do),
 // into three recycled output buffers (huge pages asked for as the pool does),
-// with non-temporal stores from 8 MB (core::streams). The plan is made before
+// with non-temporal stores as the readers decide (core::streams: from 8 MB,
+// rows that fill whole lines). The plan is made before
 // the clock starts. "passes" are epochs of every row;
 // "gathered_rows" the rows of one.
 #include <sys/mman.h>
@@ -231,7 +232,7 @@ Timed gather_epochs(int64_t rows, size_t row_bytes, int64_t block, int64_t fetch
   }
   constexpr size_t kBuffers = 3;
   const size_t fetch_bytes = static_cast<size_t>(fetch_rows) * row_bytes;
-  const bool streaming = torch_shards::core::streams(fetch_bytes);
+  const bool streaming = torch_shards::core::streams(fetch_bytes, row_bytes);
   std::vector<std::unique_ptr<Memory>> outputs;
   for (size_t b = 0; b < kBuffers; ++b) outputs.push_back(std::make_unique<Memory>(fetch_bytes, true));
   // Fetch after fetch, its copy spread over the threads (as a reader spreads
