@@ -203,11 +203,11 @@ def test_ts_dataloader_defaults_to_batch_size_none_for_a_sharded_dataset():
 
 
 @pytest.mark.parametrize("loader_class", [DataLoader, ts.DataLoader])
-@pytest.mark.parametrize("width", [16, 25, 700])
-def test_rows_of_a_cache_line_or_more_streamed_into_the_slabs_arrive_intact(loader_class, width):
-    # Rows of 64 bytes and more are written into the slabs with non-temporal stores (ReadContext::streams):
-    # 64 bytes, 100 (lines shared by two rows, stores of both kinds in one line) and 2800, in source order
-    # (BlockShuffling sorts the fetch) and as listed (Streaming), kept over later epochs.
+@pytest.mark.parametrize("width", [16, 25, 700, 1025])
+def test_rows_streamed_into_the_slabs_or_not_arrive_intact(loader_class, width):
+    # Rows that fill whole lines (64 bytes) or of 4 KB and more (4100) are written into the slabs with
+    # non-temporal stores (core::streams); rows of 100 and 2800 bytes, sharing lines, with ordinary ones.
+    # In source order (BlockShuffling sorts the fetch) and as listed (Streaming), kept over later epochs.
     table = torch.arange(ROWS * width, dtype=torch.float32).reshape(ROWS, width)
     for strategy in (ts.BlockShuffling(8), ts.Streaming()):
         ds = ts.ShardedDataset(ts.TensorSource({"X": table}), strategy, batch_size=16, fetch_factor=4, seed=5)
