@@ -12,31 +12,51 @@ namespace torch_shards::core {
 Planner::Planner(std::shared_ptr<const SamplingPlan> plan, const LoaderOptions& options, int64_t world_size)
     : plan_(std::move(plan)), layout_(plan_->size(), options, world_size) {}
 
-void Planner::fetch_rows(uint64_t seed, int64_t epoch, int64_t fetch, std::vector<int64_t>& rows) const {
+void Planner::fetch_rows(uint64_t seed, int64_t epoch, int64_t fetch, std::vector<int64_t>& rows,
+                         std::vector<int64_t>* sorted) const {
   const int64_t count = layout_.fetch_rows(fetch);
   rows.resize(static_cast<size_t>(count));
+  if (sorted != nullptr) sorted->clear();
   plan_->fill(seed, epoch, layout_.fetch_begin(fetch), count, rows.data());
   if (!plan_->shuffles_within_fetch()) return;
   thread_local std::vector<int64_t> scratch;
   sort_rows(rows, scratch);
   // Fisher-Yates on a stream keyed by (seed, epoch, fetch): identical on every platform.
   SplitMixStream stream(derive_key(seed, epoch, Purpose::kFetchShuffle, static_cast<uint64_t>(fetch)));
+  if (sorted == nullptr) {
+    for (int64_t i = count - 1; i > 0; --i) {
+      const int64_t j = stream.bounded(static_cast<uint32_t>(i + 1));
+      std::swap(rows[i], rows[j]);
+    }
+    return;
+  }
+  // The same swaps on the sorted rows' ranks (scratch): position p then holds
+  // the rank of its row, so p is the rank-th position in row order.
+  scratch.resize(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) scratch[i] = i;
   for (int64_t i = count - 1; i > 0; --i) {
     const int64_t j = stream.bounded(static_cast<uint32_t>(i + 1));
-    std::swap(rows[i], rows[j]);
+    std::swap(scratch[i], scratch[j]);
   }
+  sorted->resize(static_cast<size_t>(count));
+  std::vector<int64_t>& ranks = scratch;
+  for (int64_t p = 0; p < count; ++p) (*sorted)[ranks[p]] = p;
+  for (int64_t p = 0; p < count; ++p) ranks[p] = rows[ranks[p]];  // the sorted rows, shuffled
+  rows.swap(ranks);
 }
 
 void Planner::unit_rows(uint64_t seed, int64_t epoch, const WorkUnit& unit, FetchCache& cache,
-                        std::vector<int64_t>& rows) const {
+                        std::vector<int64_t>& rows, std::vector<int64_t>* sorted) const {
   if (unit.fetch != cache.fetch) {
-    fetch_rows(seed, epoch, unit.fetch, cache.rows);
+    cache.fetch = -1;  // until it holds the fetch (fetch_rows may throw)
+    fetch_rows(seed, epoch, unit.fetch, cache.rows, &cache.sorted);
     cache.fetch = unit.fetch;
   }
   const int64_t begin = unit.first_batch * layout_.batch_size();
   const int64_t end =
       std::min<int64_t>(begin + unit.num_batches * layout_.batch_size(), static_cast<int64_t>(cache.rows.size()));
   rows.assign(cache.rows.begin() + begin, cache.rows.begin() + end);
+  if (sorted != nullptr) positions_within(cache.sorted, begin, end, *sorted);
 }
 
 UnitCursor::UnitCursor(std::shared_ptr<const Planner> planner, uint64_t seed, int64_t epoch, int64_t rank,
@@ -88,11 +108,11 @@ bool UnitCursor::peek(WorkUnit& unit) const {
   return true;
 }
 
-bool UnitCursor::next(WorkUnit& unit, std::vector<int64_t>& rows) {
+bool UnitCursor::next(WorkUnit& unit, std::vector<int64_t>& rows, std::vector<int64_t>* sorted) {
   if (!peek(unit)) return false;
   ++next_;
   first_offset_ = 0;
-  planner_->unit_rows(seed_, epoch_, unit, cache_, rows);
+  planner_->unit_rows(seed_, epoch_, unit, cache_, rows, sorted);
   return true;
 }
 

@@ -17,6 +17,7 @@ namespace torch_shards::core {
 struct FetchCache {
   int64_t fetch = -1;
   std::vector<int64_t> rows;
+  std::vector<int64_t> sorted;  // rows' positions in ascending row order; empty where not known
 };
 
 class Planner {
@@ -28,10 +29,15 @@ class Planner {
 
   // The rows of fetch f in delivery order: read in ascending order, then (for
   // shuffling strategies) permuted by a permutation keyed by (seed, epoch, f).
-  void fetch_rows(uint64_t seed, int64_t epoch, int64_t fetch, std::vector<int64_t>& rows) const;
-  // The rows a unit delivers, in delivery order.
-  void unit_rows(uint64_t seed, int64_t epoch, const WorkUnit& unit, FetchCache& cache,
-                 std::vector<int64_t>& rows) const;
+  // With `sorted`, a fetch so shuffled also gets the positions of its rows in
+  // ascending row order (known from the shuffle: readers then need not sort
+  // them again); other fetches leave it empty.
+  void fetch_rows(uint64_t seed, int64_t epoch, int64_t fetch, std::vector<int64_t>& rows,
+                  std::vector<int64_t>* sorted = nullptr) const;
+  // The rows a unit delivers, in delivery order; with `sorted`, their
+  // positions in ascending row order where the fetch's are known (else empty).
+  void unit_rows(uint64_t seed, int64_t epoch, const WorkUnit& unit, FetchCache& cache, std::vector<int64_t>& rows,
+                 std::vector<int64_t>* sorted = nullptr) const;
 
  private:
   std::shared_ptr<const SamplingPlan> plan_;
@@ -55,8 +61,10 @@ class UnitCursor {
   int64_t position() const { return next_; }
   // Skips units already delivered (e.g. when resuming).
   void skip(int64_t units);
-  // The next unit and its rows in delivery order; false once exhausted.
-  bool next(WorkUnit& unit, std::vector<int64_t>& rows);
+  // The next unit and its rows in delivery order (and, with `sorted`, their
+  // positions in ascending row order where known: Planner::unit_rows); false
+  // once exhausted.
+  bool next(WorkUnit& unit, std::vector<int64_t>& rows, std::vector<int64_t>* sorted = nullptr);
   // The unit next() returns next, without its rows; false once exhausted.
   bool peek(WorkUnit& unit) const;
 

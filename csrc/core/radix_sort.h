@@ -101,4 +101,21 @@ inline void sort_positions_by_row(const std::vector<int64_t>& rows, std::vector<
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows[a] < rows[b]; });
 }
 
+// Of `sorted` (positions in ascending row order, as sort_positions_by_row
+// gives them), those in [begin, end), less begin, in the same order: the
+// order of the rows [begin, end) alone. `out` is empty where `sorted` is.
+inline void positions_within(const std::vector<int64_t>& sorted, int64_t begin, int64_t end,
+                             std::vector<int64_t>& out) {
+  out.clear();
+  if (sorted.empty()) return;
+  if (begin == 0 && end == static_cast<int64_t>(sorted.size())) {
+    out = sorted;
+    return;
+  }
+  out.reserve(static_cast<size_t>(end - begin));
+  for (int64_t position : sorted) {
+    if (position >= begin && position < end) out.push_back(position - begin);
+  }
+}
+
 }  // namespace torch_shards::core

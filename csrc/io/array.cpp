@@ -70,17 +70,21 @@ std::vector<uint8_t> Array::read_range(int64_t begin, int64_t end, core::ThreadP
   return out;
 }
 
-std::vector<Segment> segments_for_rows(const std::vector<int64_t>& rows, const std::vector<int64_t>& dests) {
+std::vector<Segment> segments_for_rows(const std::vector<int64_t>& rows, const std::vector<int64_t>& dests,
+                                       const std::vector<int64_t>* sorted) {
   // Kept per thread (a leaf: nothing else runs on this thread while they are in use).
   thread_local std::vector<int64_t> order, scratch;
-  if (std::is_sorted(rows.begin(), rows.end())) {
-    order.resize(rows.size());
-    std::iota(order.begin(), order.end(), 0);
-  } else {
-    core::sort_positions_by_row(rows, order, scratch);
+  if (sorted == nullptr) {
+    if (std::is_sorted(rows.begin(), rows.end())) {
+      order.resize(rows.size());
+      std::iota(order.begin(), order.end(), 0);
+    } else {
+      core::sort_positions_by_row(rows, order, scratch);
+    }
+    sorted = &order;
   }
   std::vector<Segment> segments;
-  for (int64_t i : order) {
+  for (int64_t i : *sorted) {
     if (!segments.empty()) {
       Segment& last = segments.back();
       if (rows[i] == last.source + last.length && dests[i] == last.dest + last.length) {
@@ -93,10 +97,11 @@ std::vector<Segment> segments_for_rows(const std::vector<int64_t>& rows, const s
   return segments;
 }
 
-std::vector<Segment> segments_in_delivery_order(const std::vector<int64_t>& rows) {
+std::vector<Segment> segments_in_delivery_order(const std::vector<int64_t>& rows,
+                                                const std::vector<int64_t>* sorted) {
   std::vector<int64_t> dests(rows.size());
   std::iota(dests.begin(), dests.end(), 0);
-  return segments_for_rows(rows, dests);
+  return segments_for_rows(rows, dests, sorted);
 }
 
 std::vector<Span> plan_spans(const std::vector<Segment>& segments, size_t row_bytes, size_t max_gap_bytes,

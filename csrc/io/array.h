@@ -79,9 +79,13 @@ class Array {
 
 // Segments reading rows[i] into output row dests[i], sorted by source row,
 // with runs that are consecutive in both source and destination merged.
-std::vector<Segment> segments_for_rows(const std::vector<int64_t>& rows, const std::vector<int64_t>& dests);
+// `sorted`, when not null, holds the positions of `rows` in ascending row
+// order (the planner's: they are then not sorted again).
+std::vector<Segment> segments_for_rows(const std::vector<int64_t>& rows, const std::vector<int64_t>& dests,
+                                       const std::vector<int64_t>* sorted = nullptr);
 // Segments reading rows[i] into output row i (delivery order).
-std::vector<Segment> segments_in_delivery_order(const std::vector<int64_t>& rows);
+std::vector<Segment> segments_in_delivery_order(const std::vector<int64_t>& rows,
+                                                const std::vector<int64_t>* sorted = nullptr);
 
 // Consecutive segments grouped into one read when the rows between them cost
 // less to read through than a separate request: from the page cache a request

@@ -150,8 +150,21 @@ void runs_of(const std::vector<int64_t>& rows, std::vector<RowRun>& runs) {
 }
 
 // The runs' positions ordered by first row (a shuffled fetch has as many runs
-// as rows: core::sort_positions_by_row radix-sorts them).
-void runs_by_row(const std::vector<RowRun>& runs, std::vector<size_t>& by_row) {
+// as rows: core::sort_positions_by_row radix-sorts them). `sorted`, when not
+// null, holds the positions of the rows in ascending row order: the runs
+// come in the order of the positions they start at.
+void runs_by_row(const std::vector<RowRun>& runs, const std::vector<int64_t>* sorted, std::vector<size_t>& by_row) {
+  if (sorted != nullptr) {
+    thread_local std::vector<int64_t> run_at;  // the run starting at each position, or -1
+    run_at.assign(sorted->size(), -1);
+    for (size_t r = 0; r < runs.size(); ++r) run_at[static_cast<size_t>(runs[r].dest)] = static_cast<int64_t>(r);
+    by_row.clear();
+    for (int64_t position : *sorted) {
+      const int64_t run = run_at[static_cast<size_t>(position)];
+      if (run >= 0) by_row.push_back(static_cast<size_t>(run));
+    }
+    return;
+  }
   thread_local std::vector<int64_t> first_rows, order, scratch;
   first_rows.resize(runs.size());
   for (size_t r = 0; r < runs.size(); ++r) first_rows[r] = runs[r].row;
@@ -161,7 +174,8 @@ void runs_by_row(const std::vector<RowRun>& runs, std::vector<size_t>& by_row) {
 
 }  // namespace
 
-CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool) const {
+CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool,
+                        const std::vector<int64_t>* positions_by_row) const {
   // Rows come in runs (blocks of consecutive rows): sorting the runs, not the
   // rows, orders the reads. Runs may overlap (a row delivered twice): each
   // then reads its own indptr entries and values. The runs are copied in row
@@ -179,7 +193,11 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
   std::vector<int64_t>& base = kept_base;
   std::vector<int64_t>& pointers = kept_pointers;
   runs_of(rows, runs);
-  runs_by_row(runs, by_row);
+  if (positions_by_row != nullptr && positions_by_row->size() != rows.size()) {
+    throw std::logic_error(
+        concat(where(), ": plan got ", positions_by_row->size(), " sorted positions for ", rows.size(), " rows"));
+  }
+  runs_by_row(runs, positions_by_row, by_row);
   sorted.resize(runs.size());
   int64_t last = 0;
   for (size_t i = 0; i < runs.size(); ++i) {

@@ -45,7 +45,10 @@ class CsrMatrix {
 
   // Reads indptr for `rows` (delivery order, duplicates allowed), checks it is
   // monotone and within the arrays, and plans the element reads.
-  CsrPlan plan(const std::vector<int64_t>& rows, core::ThreadPool& pool) const;
+  // `positions_by_row`, when not null, holds the positions of `rows` in
+  // ascending row order (the planner's: they are then not sorted again).
+  CsrPlan plan(const std::vector<int64_t>& rows, core::ThreadPool& pool,
+               const std::vector<int64_t>* positions_by_row = nullptr) const;
   // Reads column indices (as `index_dtype`: kInt32, kInt64 or the stored
   // index_dtype(), left as it is) and values (the data dtype) of the planned
   // rows; checks every column index is in [0, num_cols).

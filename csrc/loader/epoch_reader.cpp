@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/errors.h"
+#include "core/radix_sort.h"
 #include "core/stopwatch.h"
 #include "io/file.h"
 #include "loader/python_gil.h"
@@ -129,9 +130,10 @@ EpochReader::Piece EpochReader::claim() {
   if (!unit_rows_ || unit_next_row_ >= static_cast<int64_t>(unit_rows_->size())) {
     core::WorkUnit work;
     auto rows = std::make_shared<std::vector<int64_t>>();
+    auto sorted = std::make_shared<std::vector<int64_t>>();
     int64_t dealt = 1;
     try {
-      cursor_.next(work, *rows);  // planning is cheap next to reading: done in order, under the lock
+      cursor_.next(work, *rows, sorted.get());  // planning is cheap next to reading: done in order, under the lock
       // The units that follow from the same fetch (tail batches this worker
       // takes in a row) are read with it; whole batches up to the last.
       core::WorkUnit following;
@@ -140,6 +142,7 @@ EpochReader::Piece EpochReader::claim() {
              following.fetch == work.fetch && !following.padding) {
         cursor_.next(following, more);
         rows->insert(rows->end(), more.begin(), more.end());
+        sorted->clear();  // the readers sort the rows joined
         ++dealt;
       }
     } catch (...) {
@@ -149,6 +152,7 @@ EpochReader::Piece EpochReader::claim() {
     }
     unit_dealt_units_ = dealt;
     unit_rows_ = std::move(rows);
+    unit_sorted_ = std::move(sorted);
     unit_padding_ = work.padding;
     unit_next_row_ = 0;
     // A unit larger than the budget is read in pieces of whole batches.
@@ -159,6 +163,7 @@ EpochReader::Piece EpochReader::claim() {
     }
   }
   piece.rows = unit_rows_;
+  piece.sorted = unit_sorted_;
   piece.padding = unit_padding_;
   piece.begin = unit_next_row_;
   // The reader's first piece is one batch: the consumer's first batch waits for that batch's rows, not for a
@@ -175,13 +180,21 @@ EpochReader::Piece EpochReader::claim() {
 
 EpochReader::Unit EpochReader::read_piece(const Piece& piece, core::ThreadPool& pool) {
   const bool whole = piece.first && piece.last;
-  std::vector<int64_t> part;
-  if (!whole) part.assign(piece.rows->begin() + piece.begin, piece.rows->begin() + piece.end);
+  std::vector<int64_t> part, part_sorted;
+  if (!whole) {
+    part.assign(piece.rows->begin() + piece.begin, piece.rows->begin() + piece.end);
+    core::positions_within(*piece.sorted, piece.begin, piece.end, part_sorted);
+  }
   const std::vector<int64_t>& rows = whole ? *piece.rows : part;
+  const std::vector<int64_t>& sorted = whole ? *piece.sorted : part_sorted;
+  TORCH_INTERNAL_ASSERT(sorted.empty() || sorted.size() == rows.size(), "EpochReader: ", sorted.size(),
+                        " sorted positions for ", rows.size(), " rows");
   const int64_t count = static_cast<int64_t>(rows.size());
   sources::ReadContext context{pool, tensors_};
   const int64_t since = io::use_clock();
-  std::unique_ptr<sources::PlannedRead> planned = source_->plan(sources::RowRequest{rows}, context);
+  sources::RowRequest request{rows};
+  if (!sorted.empty()) request.sorted = &sorted;
+  std::unique_ptr<sources::PlannedRead> planned = source_->plan(request, context);
   // Every output in one allocation: the fields, the row indices and, for
   // each CSR field, the row offsets of its batches.
   std::vector<sources::TensorSpec> specs = sources::tensor_specs(planned->outputs());

@@ -134,6 +134,8 @@ class EpochReader {
   struct Piece {
     int64_t item = 0;                                  // position in delivery order
     std::shared_ptr<const std::vector<int64_t>> rows;  // the unit's rows
+    // Their positions in ascending row order, where the planner knows them (else empty).
+    std::shared_ptr<const std::vector<int64_t>> sorted;
     int64_t begin = 0, end = 0;                        // this piece's
     bool padding = false, first = true, last = true;
     int64_t dealt_units = 1;   // the cursor's units the unit holds
@@ -171,6 +173,7 @@ class EpochReader {
 
   // The unit being cut into pieces (guarded by mutex_).
   std::shared_ptr<const std::vector<int64_t>> unit_rows_;
+  std::shared_ptr<const std::vector<int64_t>> unit_sorted_;  // as Piece::sorted
   bool unit_padding_ = false;
   int64_t unit_next_row_ = 0, piece_rows_ = 0, unit_dealt_units_ = 1;
 

@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/errors.h"
@@ -131,6 +133,37 @@ TEST(CsrMatrix, ShuffledRowsReadWithHelpersEqualTheStoredRows) {
       }
     }
   }
+}
+
+TEST(CsrMatrix, RowsPlannedWithThePlannersSortedPositionsReadAsWhenSortedHere) {
+  // A shuffled fetch's positions in row order come from the planner (its
+  // shuffle), repeated rows in any order among themselves: the plan and the
+  // rows read are those of a plan that sorts them itself.
+  TempDir dir("csr_matrix");
+  const Matrix m = make_matrix(6);
+  const CsrMatrix csr = csr_of(dir, m);
+  core::ThreadPool pool(2);
+  for (const bool every_block : {true, false}) {
+    SCOPED_TRACE(every_block ? "every block" : "some blocks");
+    std::vector<int64_t> rows = shuffled_fetch(23, every_block);
+    rows.insert(rows.begin() + 3, rows[10]);  // a row delivered twice, and a run of two rows
+    rows.insert(rows.begin() + 7, {200, 201});
+    std::mt19937 random(5);
+    std::vector<std::pair<int64_t, uint32_t>> keyed;  // (row, random tie-break)
+    for (const int64_t row : rows) keyed.emplace_back(row, random());
+    std::vector<int64_t> positions(rows.size());
+    std::iota(positions.begin(), positions.end(), 0);
+    std::sort(positions.begin(), positions.end(), [&](int64_t a, int64_t b) { return keyed[a] < keyed[b]; });
+    const CsrPlan own = csr.plan(rows, pool);
+    const CsrPlan given = csr.plan(rows, pool, &positions);
+    ASSERT_EQ(given.row_offsets, own.row_offsets);
+    std::vector<int32_t> columns(static_cast<size_t>(given.nnz()), -1);
+    std::vector<float> values(static_cast<size_t>(given.nnz()), -1.0F);
+    csr.read(given, columns.data(), DType::kInt32, values.data(), pool);
+    expect_rows(m, rows, given.row_offsets, columns, values);
+  }
+  const std::vector<int64_t> rows{5, 3, 9}, short_positions{1, 0};
+  EXPECT_THROW(csr.plan(rows, pool, &short_positions), std::logic_error);
 }
 
 TEST(CsrMatrix, AColumnIndexOutOfRangeInAnyPartIsAReadErrorNamingTheArray) {

@@ -64,6 +64,19 @@ std::vector<int64_t> sorted(std::vector<int64_t> values) {
   return values;
 }
 
+// Whether `sorted` lists every position of `rows` once, in ascending order of their rows.
+bool orders_rows(const std::vector<int64_t>& rows, const std::vector<int64_t>& sorted) {
+  if (sorted.size() != rows.size()) return false;
+  std::vector<bool> seen(rows.size(), false);
+  for (size_t k = 0; k < sorted.size(); ++k) {
+    const int64_t position = sorted[k];
+    if (position < 0 || position >= static_cast<int64_t>(rows.size()) || seen[position]) return false;
+    seen[position] = true;
+    if (k > 0 && rows[position] < rows[sorted[k - 1]]) return false;
+  }
+  return true;
+}
+
 // --- Planner::fetch_rows ----------------------------------------------------
 
 TEST(Planner, StreamingWithoutShuffleDeliversEachFetchInPlanOrder) {
@@ -88,6 +101,33 @@ TEST(Planner, ShufflingFetchHoldsThePlanSliceRowsInAPermutedOrder) {
     in_plan_order += rows == slice || rows == sorted(slice);
   }
   EXPECT_LE(in_plan_order, 1);  // only the 3-row fetch may come out unchanged by chance
+}
+
+TEST(Planner, AShuffledFetchsSortedPositionsOrderItsRowsWhichTheyLeaveUnchanged) {
+  // Readers read a shuffled fetch in ascending row order through the
+  // positions the planner derives from its shuffle: they must order the
+  // rows (repeated rows included), and asking for them must not change the
+  // rows or their order.
+  std::vector<int64_t> repeats;
+  for (int64_t i = 0; i < 300; ++i) repeats.push_back((i * 37) % 50);
+  const std::vector<std::pair<std::string, std::shared_ptr<const SamplingPlan>>> plans = {
+      {"BlockShuffling(8)", BlockShuffling(8).bind(1003)},
+      {"Streaming(shuffle)", Streaming(true).bind(500)},
+      {"repeated rows", std::make_shared<FixedPlan>(repeats, true)},
+  };
+  for (const auto& [name, plan] : plans) {
+    const auto planner = make_planner(plan, 7, 9);
+    for (int64_t f = 0; f < planner->layout().num_fetches(); ++f) {
+      SCOPED_TRACE(name + ", fetch " + std::to_string(f));
+      std::vector<int64_t> rows, positions{-1};
+      planner->fetch_rows(4, 1, f, rows, &positions);
+      EXPECT_EQ(rows, fetch(*planner, 4, 1, f));
+      EXPECT_TRUE(orders_rows(rows, positions));
+    }
+  }
+  std::vector<int64_t> rows, positions{-1};
+  make_planner(Streaming(false).bind(100), 5, 2)->fetch_rows(4, 1, 3, rows, &positions);
+  EXPECT_TRUE(positions.empty()) << "a fetch in plan order has no sorted positions";
 }
 
 TEST(Planner, StreamingWithShuffleShufflesWithinFetchesOnly) {
@@ -154,12 +194,13 @@ TEST(Planner, WithinFetchShuffleIsUniformOverAllOrders) {
 struct Delivery {
   WorkUnit unit;
   std::vector<int64_t> rows;
+  std::vector<int64_t> sorted;  // the rows' positions in ascending row order (shuffled fetches), else empty
 };
 
 std::vector<Delivery> walk(UnitCursor& cursor) {
   std::vector<Delivery> out;
   Delivery delivery;
-  while (cursor.next(delivery.unit, delivery.rows)) out.push_back(delivery);
+  while (cursor.next(delivery.unit, delivery.rows, &delivery.sorted)) out.push_back(delivery);
   return out;
 }
 
@@ -207,6 +248,13 @@ std::vector<int64_t> deliver_epoch(const std::shared_ptr<const Planner>& planner
         }
         EXPECT_TRUE(std::equal(delivery.rows.begin(), delivery.rows.end(), fetch_rows.begin() + begin))
             << "unit rows are not the fetch's batches";
+        if (planner->plan().shuffles_within_fetch()) {
+          EXPECT_TRUE(orders_rows(delivery.rows, delivery.sorted))
+              << "the unit's sorted positions do not order its rows (fetch " << unit.fetch << ", batches "
+              << unit.first_batch << "+" << unit.num_batches << ")";
+        } else {
+          EXPECT_TRUE(delivery.sorted.empty()) << "sorted positions of a fetch that is not shuffled";
+        }
         if (!unit.padding) delivered.insert(delivered.end(), delivery.rows.begin(), delivery.rows.end());
       }
       EXPECT_EQ(cursor.position(), cursor.num_units());

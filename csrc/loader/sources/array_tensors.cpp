@@ -64,8 +64,8 @@ void read_dense(const io::Array& array, const std::vector<io::Segment>& segments
 }
 
 std::vector<io::Segment> request_segments(const RowRequest& request) {
-  if (request.dests == nullptr) return io::segments_in_delivery_order(request.rows);
-  return io::segments_for_rows(request.rows, *request.dests);
+  if (request.dests == nullptr) return io::segments_in_delivery_order(request.rows, request.sorted);
+  return io::segments_for_rows(request.rows, *request.dests, request.sorted);
 }
 
 void write_row_offsets(const std::vector<int64_t>& offsets, at::Tensor& out) {
@@ -158,8 +158,8 @@ CsrRead CsrRead::plan_rows(const io::CsrMatrix& matrix, const RowRequest& reques
   if (dense) {
     // Each dense row is written to its own place anyway: the CSR rows are read in source order (a range
     // per block of consecutive rows instead of one per shuffled row), then scattered where they go.
-    std::vector<int64_t> order, scratch;
-    core::sort_positions_by_row(request.rows, order, scratch);
+    std::vector<int64_t> positions, scratch;
+    const std::vector<int64_t>& order = request.positions_by_row(positions, scratch);
     std::vector<int64_t> sorted(order.size());
     read.dests.resize(order.size());
     for (size_t k = 0; k < order.size(); ++k) {
@@ -171,7 +171,7 @@ CsrRead CsrRead::plan_rows(const io::CsrMatrix& matrix, const RowRequest& reques
         OutputSpec{field, OutputSpec::Part::kDense, TensorSpec{{request.num_out_rows(), matrix.num_cols()}, values}});
     return read;
   }
-  read.plan = matrix.plan(request.rows, pool);
+  read.plan = matrix.plan(request.rows, pool, request.sorted);
   read.index_type = csr_index_type(matrix, read.plan.nnz());
   const int64_t count = static_cast<int64_t>(request.rows.size());
   outputs.push_back(OutputSpec{field, OutputSpec::Part::kCsrOffsets, TensorSpec{{count + 1}, read.index_type}});

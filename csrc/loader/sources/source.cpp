@@ -5,9 +5,17 @@
 #include <sstream>
 
 #include "core/errors.h"
+#include "core/radix_sort.h"
 #include "io/file.h"
 
 namespace torch_shards::sources {
+
+const std::vector<int64_t>& RowRequest::positions_by_row(std::vector<int64_t>& order,
+                                                         std::vector<int64_t>& scratch) const {
+  if (sorted != nullptr) return *sorted;
+  core::sort_positions_by_row(rows, order, scratch);
+  return order;
+}
 
 std::string FieldSpec::describe() const {
   std::ostringstream out;

@@ -77,13 +77,19 @@ struct OutputSpec {
 // The rows of a read: rows[i] lands in row dests[i] of the dense outputs
 // (row i when dests is null), which have out_rows rows (rows.size() when
 // negative). Sparse CSR outputs always hold the rows in the order of `rows`:
-// the caller places them.
+// the caller places them. `sorted`, when not null, holds the positions of
+// `rows` in ascending row order, as the planner knows them from its shuffle.
 struct RowRequest {
   const std::vector<int64_t>& rows;
   const std::vector<int64_t>* dests = nullptr;
   int64_t out_rows = -1;
+  const std::vector<int64_t>* sorted = nullptr;
   int64_t num_out_rows() const { return out_rows >= 0 ? out_rows : static_cast<int64_t>(rows.size()); }
   int64_t dest(size_t i) const { return dests ? (*dests)[i] : static_cast<int64_t>(i); }
+  // The positions of `rows` in ascending row order, for reads in source
+  // order: `sorted` when given, else sorted here into `order` (`scratch`:
+  // working memory).
+  const std::vector<int64_t>& positions_by_row(std::vector<int64_t>& order, std::vector<int64_t>& scratch) const;
 };
 
 // A read whose outputs are known and not yet written (it refers to the

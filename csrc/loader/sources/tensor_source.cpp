@@ -9,7 +9,6 @@
 #include <sstream>
 
 #include "core/errors.h"
-#include "core/radix_sort.h"
 #include "core/streaming_copy.h"
 #include "io/text.h"
 #include "loader/batches.h"
@@ -52,7 +51,7 @@ class TensorRead : public PlannedRead {
     // field that reads that way.
     const bool listed_in_order = std::is_sorted(rows.begin(), rows.end());
     thread_local std::vector<int64_t> order, scratch;  // kept by the thread: a large fetch's would be new pages
-    order.clear();
+    const std::vector<int64_t>* by_row = nullptr;
     for (const auto& item : fields_) {
       const at::Tensor& tensor = item.value();
       if (!tensor.device().is_cpu()) {
@@ -65,9 +64,9 @@ class TensorRead : public PlannedRead {
       if (tensor.is_contiguous()) {
         const size_t row_bytes = tensor.size(0) == 0 ? 0 : tensor.nbytes() / static_cast<size_t>(tensor.size(0));
         const bool by_source = !listed_in_order && row_bytes >= kSortedRowBytes;
-        if (by_source && order.empty()) core::sort_positions_by_row(rows, order, scratch);
+        if (by_source && by_row == nullptr) by_row = &request_.positions_by_row(order, scratch);
         gather_rows(static_cast<const uint8_t*>(tensor.const_data_ptr()), row_bytes, request_,
-                    by_source ? &order : nullptr, static_cast<uint8_t*>(gathered.data_ptr()), context.pool,
+                    by_source ? by_row : nullptr, static_cast<uint8_t*>(gathered.data_ptr()), context.pool,
                     context.streams(static_cast<size_t>(request_.num_out_rows()) * row_bytes, row_bytes));
       } else if (request_.dests == nullptr) {
         at::index_select_out(gathered, tensor, 0, index);
