@@ -751,7 +751,8 @@ class ShardedDataset(IterableDataset, NativeBacked):
         Returns:
             list[dict[str, int]]: one dict per unfinished iteration: units, rows
             and bytes delivered, queue_depth, in_flight, wait_us (time the loop
-            waited for data), read_us, threads (started so far: an epoch after
+            waited for data), wakes (times the reader threads woke the loop
+            as units became ready), read_us, threads (started so far: an epoch after
             one whose reads ended waiting on no request starts the CPUs' share,
             and the others once a read waits) and thread<k>_units (each thread
             of the iteration), among others.

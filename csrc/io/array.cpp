@@ -97,8 +97,7 @@ std::vector<Segment> segments_for_rows(const std::vector<int64_t>& rows, const s
   return segments;
 }
 
-std::vector<Segment> segments_in_delivery_order(const std::vector<int64_t>& rows,
-                                                const std::vector<int64_t>* sorted) {
+std::vector<Segment> segments_in_delivery_order(const std::vector<int64_t>& rows, const std::vector<int64_t>* sorted) {
   std::vector<int64_t> dests(rows.size());
   std::iota(dests.begin(), dests.end(), 0);
   return segments_for_rows(rows, dests, sorted);

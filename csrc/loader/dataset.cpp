@@ -810,6 +810,7 @@ std::vector<UnitCut> BatchIteratorImpl::take_units(int64_t timeout_ms, int64_t m
       // ~0.5 ms of CPU, small beside that many bytes' batches.
       if (bytes >= max_bytes) return;
       try {
+        if (next_pending_ == current_batches_) reader_->wait_for_bytes(max_bytes - bytes);  // one wake, not one a unit
         if (!refill()) return;
       } catch (...) {
         deferred_error_ = std::current_exception();  // the units taken go first

@@ -335,14 +335,29 @@ void EpochReader::reader_loop(size_t thread) {
       result = Slot{};
       piece = Piece{};
       wake = consumer_should_wake();
+      if (wake && consumer_waits_) {  // counted once: notified, the consumer is no longer waiting
+        ++wakes_;
+        consumer_waits_ = false;
+      }
     }
     if (wake) unit_ready_.notify_all();
     room_.notify_all();
   }
 }
 
+bool EpochReader::bytes_ready(int64_t bytes) const {
+  if (stopping_ || failed_ || (in_flight_ == 0 && !more_pieces())) return true;
+  int64_t ready = 0;  // the bytes of the pieces the consumer can take in a row
+  for (const Slot& slot : slots_) {
+    if (!slot.ready) break;
+    ready += slot.bytes;
+  }
+  return ready >= bytes || !room_for_another(claimed_ - delivered_, options_.prefetch);
+}
+
 bool EpochReader::consumer_should_wake() const {
   if (stopping_ || failed_) return true;
+  if (wanted_bytes_ > 0) return bytes_ready(wanted_bytes_);
   size_t ready = 0;  // the pieces the consumer can take in a row
   while (ready < slots_.size() && slots_[ready].ready) ++ready;
   if (ready == 0) return false;
@@ -397,7 +412,9 @@ std::optional<EpochReader::Unit> EpochReader::next() {
   const auto ready = [&] {
     return stopping_ || (failed_ && slots_.empty()) || (!slots_.empty() && slots_.front().ready);
   };
+  consumer_waits_ = true;
   unit_ready_.wait(lock, ready);
+  consumer_waits_ = false;
   wait_us_ += core::microseconds_since(start);
   if (stopping_) throw std::runtime_error("EpochReader: read after close()");
   if (slots_.empty()) throw std::runtime_error("EpochReader: read after a failed read");
@@ -410,11 +427,27 @@ bool EpochReader::wait(int64_t timeout_ms) {
   const auto start = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
   if (!started_) start_threads_locked();
+  consumer_waits_ = true;
   const bool ready = unit_ready_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0)), [&] {
     return stopping_ || (failed_ && slots_.empty()) || (!slots_.empty() && slots_.front().ready);
   });
+  consumer_waits_ = false;
   wait_us_ += core::microseconds_since(start);
   return ready;
+}
+
+void EpochReader::wait_for_bytes(int64_t bytes) {
+  check_open();
+  if (options_.prefetch == 0 || bytes <= 0) return;
+  const auto start = Clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!started_) start_threads_locked();
+  wanted_bytes_ = bytes;
+  consumer_waits_ = true;
+  unit_ready_.wait(lock, [&] { return bytes_ready(bytes); });
+  consumer_waits_ = false;
+  wanted_bytes_ = 0;
+  wait_us_ += core::microseconds_since(start);
 }
 
 EpochReader::Unit EpochReader::take(Slot& slot) {
@@ -445,6 +478,7 @@ c10::Dict<std::string, int64_t> EpochReader::stats() const {
   out.insert("queued_bytes", queued_bytes_);
   out.insert("in_flight", in_flight_);
   out.insert("wait_us", wait_us_.load());
+  out.insert("wakes", wakes_);
   out.insert("read_us", read_us_.load());
   out.insert("threads", static_cast<int64_t>(threads_.size()));
   for (size_t t = 0; t < thread_units_.size(); ++t)

@@ -114,6 +114,11 @@ class EpochReader {
   // `prefetch` units (within prefetch_bytes), instead of stopping at `prefetch` units while it is away.
   // Only with ReaderOptions::deepen_read_ahead; never lowers it.
   void read_ahead(int64_t bytes);
+  // For that consumer, between the units of one item: waits until units of at least `bytes` are read
+  // and next in line, or none will follow (the epoch is read, a read failed, the reader closed), or
+  // the threads wait for the room the consumer frees. Meanwhile the threads wake it only then, not at
+  // every unit or two (which cost its thread a switch each: ~50 per epoch and worker at batch 256).
+  void wait_for_bytes(int64_t bytes);
   // Stops reading (the reader threads finish their piece and exit); later
   // reads raise instead of waiting. Idempotent.
   void close();
@@ -124,7 +129,8 @@ class EpochReader {
   BufferPool* buffers() const { return options_.buffers.get(); }
   int64_t units_done() const;
   // Counters for monitoring: units, rows, bytes delivered, queue_depth,
-  // queued_bytes, in_flight, wait_us (consumer waiting), read_us, threads,
+  // queued_bytes, in_flight, wait_us (consumer waiting), wakes (the reader
+  // threads woke the waiting consumer as units became ready), read_us, threads,
   // thread<k>_units, and the buffer pool's allocations, reuses, untracked
   // and kept_bytes.
   c10::Dict<std::string, int64_t> stats() const;
@@ -136,7 +142,7 @@ class EpochReader {
     std::shared_ptr<const std::vector<int64_t>> rows;  // the unit's rows
     // Their positions in ascending row order, where the planner knows them (else empty).
     std::shared_ptr<const std::vector<int64_t>> sorted;
-    int64_t begin = 0, end = 0;                        // this piece's
+    int64_t begin = 0, end = 0;  // this piece's
     bool padding = false, first = true, last = true;
     int64_t dealt_units = 1;   // the cursor's units the unit holds
     int64_t estimate = 0;      // bytes
@@ -153,6 +159,8 @@ class EpochReader {
   bool more_pieces() const;  // under mutex_
   // Under mutex_, after a piece is read: whether to wake the consumer now.
   bool consumer_should_wake() const;
+  // Under mutex_: whether wait_for_bytes(bytes) is done waiting.
+  bool bytes_ready(int64_t bytes) const;
   // Under mutex_: whether `out` pieces out (claimed, not taken) leave room for another, `limit` of them
   // allowed (prefetch, or local_prefetch).
   bool room_for_another(int64_t out, int64_t limit) const;
@@ -200,6 +208,9 @@ class EpochReader {
   int64_t out_bytes_ = 0;     // read or being read (estimated), not yet taken
   int64_t in_flight_ = 0;
   int64_t read_ahead_bytes_ = 0;  // read_ahead()'s
+  int64_t wanted_bytes_ = 0;      // wait_for_bytes()'s, while it waits (0: not waiting)
+  bool consumer_waits_ = false;   // the consumer waits on unit_ready_
+  int64_t wakes_ = 0;             // the waiting consumer woken by a reader thread (stats' "wakes")
   bool started_ = false;
   bool stopping_ = false;
   bool failed_ = false;

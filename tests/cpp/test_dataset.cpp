@@ -689,6 +689,42 @@ TEST(Dataset, AWorkerPackingUnitsReadsAnItemAheadUnlessPrefetchIsSet) {
   EXPECT_LE(most_queued(std::nullopt, 5 * kUnitBytes), 5 + 2);  // prefetch_bytes still bounds it
 }
 
+TEST(Dataset, AWorkerPackingUnitsIsWokenOncePerItemNotPerUnit) {
+  // take_units waits for an item's bytes at once (EpochReader::wait_for_bytes): the reader threads wake
+  // it when they are read, not at every unit or two; and it still returns at the epoch's end, with fewer
+  // bytes, and when prefetch_bytes leaves no room for the rest of the item. Each read takes 3 ms
+  // (LoggedSource): the worker waits for most units.
+  constexpr int64_t kUnitBytes = 16 * (8 + 8);  // 16 rows of "X" (int64) and their index
+  const auto take = [&](int64_t item_units, int64_t prefetch_bytes) {
+    ts::DatasetOptions options{
+        .batch_size = 16, .fetch_factor = 1, .seed = 0, .num_threads = 2, .prefetch_bytes = prefetch_bytes};
+    const ts::Source source(c10::make_intrusive<ts::SourceImpl>(
+        ts::SourceState{"LoggedSource", "{}", c10::Dict<std::string, at::Tensor>(), {}},
+        std::make_shared<LoggedSource>(16 * 64, std::make_shared<ReadLog>())));
+    auto dataset =
+        c10::make_intrusive<ts::ShardedDatasetImpl>(source.native(), ts::BlockShuffling(4).native(), options);
+    auto iterator = ts::DatasetDoor::iter_worker(*dataset, 0, 1, 1, false);
+    std::vector<int64_t> item_sizes;
+    int64_t wakes = 0;
+    while (true) {
+      const auto units = ts::DatasetDoor::take_units(*iterator, 10000, item_units * kUnitBytes);
+      if (units.empty()) break;
+      item_sizes.push_back(static_cast<int64_t>(units.size()));
+      if (!iterator->finished()) wakes = iterator->stats().at("wakes");
+    }
+    return std::pair{item_sizes, wakes};
+  };
+  const auto [items, wakes] = take(16, int64_t{1} << 30);  // 64 units: 4 items of 16
+  EXPECT_EQ(items, (std::vector<int64_t>{16, 16, 16, 16}));
+  EXPECT_LE(wakes, 4 * 2) << "woken " << wakes << " times for 4 items of 16 units";
+  const auto [tail, tail_wakes] = take(40, int64_t{1} << 30);  // the epoch ends within the second item
+  EXPECT_EQ(tail, (std::vector<int64_t>{40, 24}));
+  const auto [roomless, roomless_wakes] = take(16, 4 * kUnitBytes);  // room for 4 units out at a time
+  int64_t units = 0;
+  for (const int64_t size : roomless) units += size;
+  EXPECT_EQ(units, 64);
+}
+
 TEST(Dataset, AWorkerCopysLoadedStateGivesTheMainObjectItsSeed) {
   // torchdata's StatefulDataLoader restores each DataLoader worker's own state in that worker: the main
   // process's object shares its words and must report and checkpoint the loaded seed.
