@@ -1,8 +1,9 @@
 // CsrMatrix reads of a shuffled fetch's rows (each row a segment of its own,
 // read gathered through source order), over arrays stored as raw files: on
 // the calling thread alone and with helpers that split the read into parts,
-// the rows equal those computed from the arrays, placed rows included, and a
-// column index out of range in any part is a ReadError naming the array.
+// the rows equal those computed from the arrays, placed rows and indices
+// widened as they are placed included, and a column index out of range in
+// any part, checked as stored or as widened, is a ReadError naming the array.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -114,6 +115,10 @@ TEST(CsrMatrix, ShuffledRowsReadWithHelpersEqualTheStoredRows) {
     std::vector<float> values(static_cast<size_t>(plan.nnz()), -1.0F);
     csr.read(plan, columns.data(), DType::kInt32, values.data(), pool);
     expect_rows(m, rows, plan.row_offsets, columns, values);
+    // Widened as they are placed (stored as int32).
+    std::vector<int64_t> wide(static_cast<size_t>(plan.nnz()), -1);
+    csr.read(plan, wide.data(), DType::kInt64, values.data(), pool);
+    ASSERT_TRUE(std::equal(wide.begin(), wide.end(), columns.begin()));
 
     // Placed: rows last to first, 5 elements apart, nothing written between them.
     std::vector<int64_t> starts(rows.size());
@@ -173,15 +178,15 @@ TEST(CsrMatrix, AColumnIndexOutOfRangeInAnyPartIsAReadErrorNamingTheArray) {
     Matrix m = make_matrix(9);
     m.indices[static_cast<size_t>(where * static_cast<double>(m.indices.size()))] = static_cast<int32_t>(kCols + 4);
     const CsrMatrix csr = csr_of(dir, m);
-    for (const int helpers : {0, 3}) {
+    for (const auto& [helpers, index_dtype] : {std::pair{0, DType::kInt32}, {3, DType::kInt32}, {3, DType::kInt64}}) {
       core::ThreadPool pool(helpers);
       const std::vector<int64_t> rows = shuffled_fetch(3);
       const CsrPlan plan = csr.plan(rows, pool);
-      std::vector<int32_t> columns(static_cast<size_t>(plan.nnz()));
+      std::vector<int64_t> columns(static_cast<size_t>(plan.nnz()));  // wide enough for either
       std::vector<float> values(static_cast<size_t>(plan.nnz()));
       try {
-        csr.read(plan, columns.data(), DType::kInt32, values.data(), pool);
-        ADD_FAILURE() << "no error with " << helpers << " helpers";
+        csr.read(plan, columns.data(), index_dtype, values.data(), pool);
+        ADD_FAILURE() << "no error with " << helpers << " helpers, read as " << dtype_name(index_dtype);
       } catch (const core::ReadError& error) {
         const std::string message = error.what();
         EXPECT_NE(message.find("/X/indices"), std::string::npos) << message;
