@@ -150,21 +150,8 @@ void runs_of(const std::vector<int64_t>& rows, std::vector<RowRun>& runs) {
 }
 
 // The runs' positions ordered by first row (a shuffled fetch has as many runs
-// as rows: core::sort_positions_by_row radix-sorts them). `sorted`, when not
-// null, holds the positions of the rows in ascending row order: the runs
-// come in the order of the positions they start at.
-void runs_by_row(const std::vector<RowRun>& runs, const std::vector<int64_t>* sorted, std::vector<size_t>& by_row) {
-  if (sorted != nullptr) {
-    thread_local std::vector<int64_t> run_at;  // the run starting at each position, or -1
-    run_at.assign(sorted->size(), -1);
-    for (size_t r = 0; r < runs.size(); ++r) run_at[static_cast<size_t>(runs[r].dest)] = static_cast<int64_t>(r);
-    by_row.clear();
-    for (int64_t position : *sorted) {
-      const int64_t run = run_at[static_cast<size_t>(position)];
-      if (run >= 0) by_row.push_back(static_cast<size_t>(run));
-    }
-    return;
-  }
+// as rows: core::sort_positions_by_row radix-sorts them).
+void runs_by_row(const std::vector<RowRun>& runs, std::vector<size_t>& by_row) {
   thread_local std::vector<int64_t> first_rows, order, scratch;
   first_rows.resize(runs.size());
   for (size_t r = 0; r < runs.size(); ++r) first_rows[r] = runs[r].row;
@@ -176,6 +163,7 @@ void runs_by_row(const std::vector<RowRun>& runs, const std::vector<int64_t>* so
 
 CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool,
                         const std::vector<int64_t>* positions_by_row) const {
+  if (positions_by_row != nullptr) return plan_in_row_order(rows, *positions_by_row, pool);
   // Rows come in runs (blocks of consecutive rows): sorting the runs, not the
   // rows, orders the reads. Runs may overlap (a row delivered twice): each
   // then reads its own indptr entries and values. The runs are copied in row
@@ -193,11 +181,7 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
   std::vector<int64_t>& base = kept_base;
   std::vector<int64_t>& pointers = kept_pointers;
   runs_of(rows, runs);
-  if (positions_by_row != nullptr && positions_by_row->size() != rows.size()) {
-    throw std::logic_error(
-        concat(where(), ": plan got ", positions_by_row->size(), " sorted positions for ", rows.size(), " rows"));
-  }
-  runs_by_row(runs, positions_by_row, by_row);
+  runs_by_row(runs, by_row);
   sorted.resize(runs.size());
   int64_t last = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
@@ -232,12 +216,7 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
     const RowRun& run = sorted[i];
     for (int64_t j = 0; j < run.length; ++j) {
       const int64_t start = pointers[base[i] + j], stop = pointers[base[i] + j + 1];
-      if (start < 0 || stop < start || stop > data_->num_rows()) {
-        const int64_t row = run.row + j;
-        throw ReadError(concat(indptr_->where(), ": inconsistent at row ", row, " (indptr[", row, "] = ", start,
-                               ", indptr[", row + 1, "] = ", stop, ", ", data_->num_rows(),
-                               " stored values): not monotone or out of range"));
-      }
+      if (start < 0 || stop < start || stop > data_->num_rows()) throw_inconsistent(run.row + j, start, stop);
       plan.row_offsets[run.dest + j + 1] = stop - start;
     }
   }
@@ -256,6 +235,87 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
     }
     plan.segments.push_back(Segment{source, length, dest});
     plan.segment_rows.push_back(run.dest);
+  }
+  return plan;
+}
+
+void CsrMatrix::throw_inconsistent(int64_t row, int64_t start, int64_t stop) const {
+  throw ReadError(concat(indptr_->where(), ": inconsistent at row ", row, " (indptr[", row, "] = ", start, ", indptr[",
+                         row + 1, "] = ", stop, ", ", data_->num_rows(),
+                         " stored values): not monotone or out of range"));
+}
+
+CsrPlan CsrMatrix::plan_in_row_order(const std::vector<int64_t>& rows, const std::vector<int64_t>& sorted,
+                                     core::ThreadPool& pool) const {
+  // A shuffled fetch is a run of one row per position: its rows are walked in
+  // row order through the planner's positions, without runs to build and
+  // sort (each row's position read, its length written there, its offset
+  // read back: the only scattered accesses).
+  if (sorted.size() != rows.size()) {
+    throw std::logic_error(
+        concat(where(), ": plan got ", sorted.size(), " sorted positions for ", rows.size(), " rows"));
+  }
+  const size_t count = rows.size();
+  CsrPlan plan;
+  plan.row_offsets.assign(count + 1, 0);
+  if (count == 0) return plan;
+  const int64_t first = rows[sorted.front()], last = rows[sorted.back()];
+  if (first < 0 || last >= num_rows_) {
+    throw core::InvalidArgument(concat(where(), ": rows [", first, ", ", last, "] outside [0, ", num_rows_, ")"));
+  }
+  // indptr of each stretch of consecutive rows [a, b]: entries a .. b + 1;
+  // base[i]: where the i-th row in row order starts among them (a row
+  // delivered twice reads them once).
+  thread_local std::vector<int64_t> kept_base, kept_pointers;
+  std::vector<int64_t>& base = kept_base;
+  std::vector<int64_t>& pointers = kept_pointers;
+  base.resize(count);
+  std::vector<Segment> pointer_segments;
+  int64_t entries = 0, previous = -2;
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t row = rows[sorted[i]];
+    if (row < previous) {
+      throw std::logic_error(concat(where(), ": plan got positions out of row order (row ", row, " after ", previous,
+                                    " at position ", i, ")"));
+    }
+    if (row == previous) {
+      base[i] = base[i - 1];
+      continue;
+    }
+    if (row == previous + 1) {
+      ++pointer_segments.back().length;
+      base[i] = entries - 1;
+      ++entries;
+    } else {
+      pointer_segments.push_back(Segment{row, 2, entries});
+      base[i] = entries;
+      entries += 2;
+    }
+    previous = row;
+  }
+  read_pointers(*indptr_, pointer_segments, entries, pool, pointers);
+  // Each row's length at its position, then summed in delivery order.
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t start = pointers[base[i]], stop = pointers[base[i] + 1];
+    if (start < 0 || stop < start || stop > data_->num_rows()) throw_inconsistent(rows[sorted[i]], start, stop);
+    plan.row_offsets[sorted[i] + 1] = stop - start;
+  }
+  for (size_t k = 1; k <= count; ++k) plan.row_offsets[k] += plan.row_offsets[k - 1];
+  // Source order: rows next to each other in the file and in delivery order join one segment.
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t position = sorted[i];
+    const int64_t source = pointers[base[i]], length = pointers[base[i] + 1] - source;
+    const int64_t dest = plan.row_offsets[position];
+    if (length == 0) continue;
+    if (!plan.segments.empty()) {
+      Segment& segment = plan.segments.back();
+      if (source == segment.source + segment.length && dest == segment.dest + segment.length) {
+        segment.length += length;
+        continue;
+      }
+    }
+    plan.segments.push_back(Segment{source, length, dest});
+    plan.segment_rows.push_back(position);
   }
   return plan;
 }

@@ -73,6 +73,11 @@ class CsrMatrix {
   void convert_indices(const uint8_t* raw, int64_t count, DType index_dtype, void* out) const;
 
  private:
+  // plan() of rows whose positions in ascending row order are given.
+  CsrPlan plan_in_row_order(const std::vector<int64_t>& rows, const std::vector<int64_t>& sorted,
+                            core::ThreadPool& pool) const;
+  // The ReadError of indptr entries that are not monotone or out of range at `row`.
+  [[noreturn]] void throw_inconsistent(int64_t row, int64_t start, int64_t stop) const;
   // read() (starts == nullptr) and read_placed().
   void read_rows(const CsrPlan& plan, const std::vector<int64_t>* starts, void* indices_out, DType index_dtype,
                  void* values_out, core::ThreadPool& pool) const;

@@ -167,8 +167,9 @@ TEST(CsrMatrix, RowsPlannedWithThePlannersSortedPositionsReadAsWhenSortedHere) {
     csr.read(given, columns.data(), DType::kInt32, values.data(), pool);
     expect_rows(m, rows, given.row_offsets, columns, values);
   }
-  const std::vector<int64_t> rows{5, 3, 9}, short_positions{1, 0};
+  const std::vector<int64_t> rows{5, 3, 9}, short_positions{1, 0}, unordered{0, 1, 2};
   EXPECT_THROW(csr.plan(rows, pool, &short_positions), std::logic_error);
+  EXPECT_THROW(csr.plan(rows, pool, &unordered), std::logic_error);
 }
 
 TEST(CsrMatrix, AColumnIndexOutOfRangeInAnyPartIsAReadErrorNamingTheArray) {
