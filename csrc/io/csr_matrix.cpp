@@ -159,6 +159,22 @@ void runs_by_row(const std::vector<RowRun>& runs, std::vector<size_t>& by_row) {
   by_row.assign(order.begin(), order.end());
 }
 
+// Appends the values of the plan rows from `first_row` on (elements `segment.length` from
+// `segment.source`, placed at `segment.dest`) to the plan's segments, joined to the last one where
+// they follow it both in the file and in the output; none where empty.
+void add_segment(CsrPlan& plan, const Segment& segment, int64_t first_row) {
+  if (segment.length == 0) return;
+  if (!plan.segments.empty()) {
+    Segment& last = plan.segments.back();
+    if (segment.source == last.source + last.length && segment.dest == last.dest + last.length) {
+      last.length += segment.length;
+      return;
+    }
+  }
+  plan.segments.push_back(segment);
+  plan.segment_rows.push_back(first_row);
+}
+
 }  // namespace
 
 CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool,
@@ -224,17 +240,7 @@ CsrPlan CsrMatrix::plan(const std::vector<int64_t>& rows, core::ThreadPool& pool
   for (size_t i = 0; i < sorted.size(); ++i) {  // source order: each run's values are one stretch, in and out
     const RowRun& run = sorted[i];
     const int64_t source = pointers[base[i]], length = pointers[base[i] + run.length] - source;
-    const int64_t dest = plan.row_offsets[run.dest];
-    if (length == 0) continue;
-    if (!plan.segments.empty()) {
-      Segment& previous = plan.segments.back();
-      if (source == previous.source + previous.length && dest == previous.dest + previous.length) {
-        previous.length += length;
-        continue;
-      }
-    }
-    plan.segments.push_back(Segment{source, length, dest});
-    plan.segment_rows.push_back(run.dest);
+    add_segment(plan, Segment{source, length, plan.row_offsets[run.dest]}, run.dest);
   }
   return plan;
 }
@@ -305,17 +311,7 @@ CsrPlan CsrMatrix::plan_in_row_order(const std::vector<int64_t>& rows, const std
   for (size_t i = 0; i < count; ++i) {
     const int64_t position = sorted[i];
     const int64_t source = pointers[base[i]], length = pointers[base[i] + 1] - source;
-    const int64_t dest = plan.row_offsets[position];
-    if (length == 0) continue;
-    if (!plan.segments.empty()) {
-      Segment& segment = plan.segments.back();
-      if (source == segment.source + segment.length && dest == segment.dest + segment.length) {
-        segment.length += length;
-        continue;
-      }
-    }
-    plan.segments.push_back(Segment{source, length, dest});
-    plan.segment_rows.push_back(position);
+    add_segment(plan, Segment{source, length, plan.row_offsets[position]}, position);
   }
   return plan;
 }

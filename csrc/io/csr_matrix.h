@@ -46,7 +46,8 @@ class CsrMatrix {
   // Reads indptr for `rows` (delivery order, duplicates allowed), checks it is
   // monotone and within the arrays, and plans the element reads.
   // `positions_by_row`, when not null, holds the positions of `rows` in
-  // ascending row order (the planner's: they are then not sorted again).
+  // ascending row order (the planner's: the rows are then walked through
+  // them, not sorted again; a logic_error if they are not in row order).
   CsrPlan plan(const std::vector<int64_t>& rows, core::ThreadPool& pool,
                const std::vector<int64_t>* positions_by_row = nullptr) const;
   // Reads column indices (as `index_dtype`: kInt32, kInt64 or the stored
