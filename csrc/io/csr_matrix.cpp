@@ -652,7 +652,7 @@ void CsrMatrix::read_rows(const CsrPlan& plan, const std::vector<int64_t>* start
     // time as stored, or each segment's as it is converted into place:
     // placed rows are not one stretch of the output, and the output of a
     // large shuffled fetch (tens of MB at batch 4096) would otherwise be
-    // read from memory again to be checked (6-9% of an epoch at that batch).
+    // read from memory again to be checked (5-9% of an epoch at that batch).
     const size_t stored_bytes = dtype_size(stored), out_bytes = dtype_size(index_dtype);
     auto* out = static_cast<uint8_t*>(indices_out);
     read_gathered(
