@@ -64,6 +64,22 @@ void Array::read(const std::vector<Segment>& segments, void* out, core::ThreadPo
   }
 }
 
+bool Array::find_in_place(int64_t source, int64_t length, std::vector<InPlace>& pieces) const {
+  pieces.clear();
+  if (source < 0 || length <= 0 || source + length > num_rows() || row_bytes() == 0) return false;
+  if ((info_.big_endian && dtype_swap_unit(info_.dtype) > 1) || info_.dtype == DType::kBool) return false;
+  if (find_raw_in_place(source, length, pieces)) return true;
+  pieces.clear();
+  return false;
+}
+
+void Array::use_in_place(int64_t source, int64_t length, core::FunctionRef<void()> work) const {
+  if (!run_guarded(work)) {
+    throw core::ReadError(concat(where(), ": reading rows [", source, ", ", source + length,
+                                 ") failed: the file shrank or its storage failed while mapped"));
+  }
+}
+
 std::vector<uint8_t> Array::read_range(int64_t begin, int64_t end, core::ThreadPool& pool) const {
   std::vector<uint8_t> out(static_cast<size_t>(end - begin) * row_bytes());
   read({Segment{begin, end - begin, 0}}, out.data(), pool);

@@ -11,9 +11,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/function_ref.h"
 #include "core/thread_pool.h"
 #include "io/dtype.h"
 #include "io/file.h"
@@ -51,6 +53,25 @@ class Array {
   // Throws InvalidArgument for rows outside the array and ReadError (naming
   // the file and path) for anything wrong on disk.
   void read(const std::vector<Segment>& segments, void* out, core::ThreadPool& pool) const;
+  // Consecutive rows stored together in a mapped file, as read() returns them.
+  struct InPlace {
+    std::shared_ptr<const File> file;  // holds the mapping
+    const uint8_t* bytes = nullptr;
+    int64_t rows = 0;
+  };
+  // Rows [source, source + length) where they are stored, when they all lie
+  // in mapped local files as read() returns them (raw, in native byte order,
+  // not bool): `pieces` (cleared first) then covers them in order and true is
+  // returned; a caller uses them without copying them first. False otherwise
+  // (compressed, read by copy, behind URLs, a chunk never written...): the
+  // caller reads a copy, and read() raises whatever is wrong. The bytes may
+  // be read only inside use_in_place.
+  bool find_in_place(int64_t source, int64_t length, std::vector<InPlace>& pieces) const;
+  // Runs work(), which reads find_in_place's pieces of rows [source, source +
+  // length): a fault in the mapping (the file shrank, its storage failed)
+  // abandons it where it stands and raises a ReadError naming the rows.
+  // work() may throw; it must hold nothing that needs destroying.
+  void use_in_place(int64_t source, int64_t length, core::FunctionRef<void()> work) const;
   // Convenience: rows [begin, end) into a new buffer.
   std::vector<uint8_t> read_range(int64_t begin, int64_t end, core::ThreadPool& pool) const;
   // Adds the files that reads of this array use and that stay open (in this
@@ -72,6 +93,10 @@ class Array {
 
  protected:
   virtual void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const = 0;
+  // find_in_place for rows inside the array, stored in native byte order, not bool.
+  virtual bool find_raw_in_place(int64_t /*source*/, int64_t /*length*/, std::vector<InPlace>& /*pieces*/) const {
+    return false;
+  }
 
   ArrayInfo info_;
   int64_t row_elements_ = 1;

@@ -169,6 +169,36 @@ void ChunkedArray::read_raw_chunk_rows(int64_t chunk_row, const std::vector<cons
   }
 }
 
+bool ChunkedArray::find_raw_in_place(int64_t source, int64_t length, std::vector<InPlace>& pieces) const {
+  if (!whole_rows_ || !decoder_->stores_raw() || !store_->can_locate() || store_->reads_together() ||
+      store_->opens_objects()) {
+    return false;
+  }
+  const size_t row_size = row_bytes();
+  thread_local std::vector<int64_t> coords;
+  coords.assign(info_.shape.size(), 0);
+  for (int64_t row = source, end = source + length; row < end;) {
+    coords[0] = row / chunk_shape_[0];
+    const int64_t first_row = coords[0] * chunk_shape_[0];
+    const int64_t piece_end = std::min(end, first_row + chunk_shape_[0]);
+    std::optional<ChunkLocation> location;
+    try {
+      location = store_->locate(coords);
+    } catch (const std::exception&) {
+      return false;  // the read by copy raises it, naming the chunk
+    }
+    if (!location || static_cast<size_t>(location->size) != chunk_bytes_) return false;  // a fill, or as above
+    const uint8_t* bytes =
+        location->file->mapped_bytes(location->offset + (row - first_row) * static_cast<int64_t>(row_size),
+                                     static_cast<size_t>(piece_end - row) * row_size,
+                                     [&] { return concat(info_.path, " ", store_->describe_chunk(coords)); });
+    if (bytes == nullptr) return false;
+    pieces.push_back(InPlace{std::move(location->file), bytes, piece_end - row});
+    row = piece_end;
+  }
+  return true;
+}
+
 bool ChunkedArray::use_mapped_chunk(const std::vector<int64_t>& coords,
                                     core::FunctionRef<void(const uint8_t*, size_t)> use) const {
   if (!store_->maps_chunks() || store_->skipped_filters(coords) != 0) return false;

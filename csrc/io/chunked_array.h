@@ -127,6 +127,8 @@ class ChunkedArray : public Array {
 
  protected:
   void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override;
+  // Chunks of whole rows stored raw at known places of mapped files: a piece per chunk the rows touch.
+  bool find_raw_in_place(int64_t source, int64_t length, std::vector<InPlace>& pieces) const override;
 
  private:
   // Reads only the requested rows of chunks stored raw (see ChunkDecoder::stores_raw).

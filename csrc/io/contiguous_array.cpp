@@ -30,4 +30,13 @@ void ContiguousArray::read_raw(const std::vector<Segment>& segments, uint8_t* ou
   });
 }
 
+bool ContiguousArray::find_raw_in_place(int64_t source, int64_t length, std::vector<InPlace>& pieces) const {
+  const size_t row_size = row_bytes();
+  const uint8_t* bytes = file_->mapped_bytes(offset_ + source * static_cast<int64_t>(row_size),
+                                             static_cast<size_t>(length) * row_size, [&] { return info_.path; });
+  if (bytes == nullptr) return false;
+  pieces.push_back(InPlace{file_, bytes, length});
+  return true;
+}
+
 }  // namespace torch_shards::io

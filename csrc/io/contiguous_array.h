@@ -18,6 +18,7 @@ class ContiguousArray : public Array {
 
  protected:
   void read_raw(const std::vector<Segment>& segments, uint8_t* out, core::ThreadPool& pool) const override;
+  bool find_raw_in_place(int64_t source, int64_t length, std::vector<InPlace>& pieces) const override;
 
  private:
   std::shared_ptr<const File> file_;

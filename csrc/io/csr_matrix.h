@@ -69,8 +69,9 @@ class CsrMatrix {
   // (as read() takes it), checked. No output the size of the whole read.
   using GroupVisitor = core::FunctionRef<void(int64_t, int64_t, const void*, const void*)>;
   void read_groups(const CsrPlan& plan, DType index_dtype, core::ThreadPool& pool, GroupVisitor visit) const;
-  // Converts `count` column indices as stored at `raw` to index_dtype into
-  // `out` (kept as stored: only checks them, `out` unused), checking each.
+  // Converts (or copies) `count` column indices as stored at `raw` to
+  // index_dtype into `out`, checking each in the same pass. Kept as stored,
+  // `out` may be null or `raw` itself: they are then only checked.
   void convert_indices(const uint8_t* raw, int64_t count, DType index_dtype, void* out) const;
 
  private:

@@ -429,6 +429,14 @@ bool File::use_mapped(int64_t offset, size_t bytes, core::FunctionRef<void(const
   return true;
 }
 
+const uint8_t* File::mapped_bytes(int64_t offset, size_t bytes, core::FunctionRef<std::string()> what) const {
+  if (!contains(offset, bytes)) check_range(offset, bytes, what());  // raises; what() only for a message
+  if (remote_) return nullptr;
+  note_use();
+  const uint8_t* mapped = mapping();
+  return mapped == nullptr ? nullptr : mapped + offset;
+}
+
 void File::read_ranges(const std::vector<Range>& ranges, core::FunctionRef<std::string()> what) const {
   for (const Range& range : ranges) {
     if (!contains(range.offset, range.bytes)) check_range(range.offset, range.bytes, what());  // raises

@@ -120,6 +120,11 @@ class File {
   // True when reads copy from a mapping: a read then costs no system call, so
   // callers need not gather nearby reads into one.
   bool mapped() const { return mapping() != nullptr; }
+  // Bytes [offset, offset + bytes) of the mapping of a local file, no copy
+  // made, or null when the file is read by copy (opened kRead, behind a URL,
+  // TORCH_SHARDS_MMAP=0). Read them only inside run_guarded. Raises the
+  // ReadError of read_at for bytes outside the file.
+  const uint8_t* mapped_bytes(int64_t offset, size_t bytes, core::FunctionRef<std::string()> what) const;
   // Throws the ReadError of read_at unless [offset, offset + bytes) lies in the file.
   void check_range(int64_t offset, size_t bytes, const std::string& what) const;
   // Throws ReadError unless the file is still the one opened, unmodified

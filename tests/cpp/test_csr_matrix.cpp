@@ -1,10 +1,13 @@
 // CsrMatrix reads of a shuffled fetch's rows (each row a segment of its own,
-// read gathered through source order), over arrays stored as raw files: on
-// the calling thread alone and with helpers that split the read into parts,
-// the rows equal those computed from the arrays, placed rows and indices
-// widened as they are placed included, and a column index out of range in
-// any part, checked as stored or as widened, is a ReadError naming the array.
+// read gathered through source order), over arrays stored as raw files,
+// contiguous or in chunks, read by copy or in place from a mapping: on the
+// calling thread alone and with helpers that split the read into parts, the
+// rows equal those computed from the arrays, placed rows, rows across chunks
+// and indices widened as they are placed included; a column index out of
+// range in any part, checked as stored or as widened, is a ReadError naming
+// the array, and so is a mapped file that shrinks under a read in place.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -17,14 +20,15 @@
 
 #include "core/errors.h"
 #include "core/thread_pool.h"
-#include "io/contiguous_array.h"
 #include "io/csr_matrix.h"
 #include "io/file.h"
+#include "raw_arrays.h"
 #include "temp_dir.h"
 
 namespace torch_shards::io {
 namespace {
 
+using testing_support::RawLayout;
 using testing_support::TempDir;
 
 constexpr int64_t kRows = 24000;
@@ -51,21 +55,27 @@ Matrix make_matrix(uint32_t seed) {
   return m;
 }
 
-template <typename T>
-std::shared_ptr<const Array> raw_array(const TempDir& dir, const std::string& name, const std::vector<T>& values,
-                                       DType dtype) {
-  const std::string path = dir / name;
-  testing_support::write_file(path,
-                              std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(values.data()),
-                                                   reinterpret_cast<const uint8_t*>(values.data() + values.size())));
-  ArrayInfo info{path, "/X/" + name, dtype, {static_cast<int64_t>(values.size())}, false};
-  return std::make_shared<ContiguousArray>(info, std::make_shared<File>(path), 0);
-}
+// How the matrix's arrays are stored and read: contiguous or in chunks of 1,000 elements (rows of up to
+// 120 cross them), by copy or from a mapping (then in place).
+struct Storage {
+  RawLayout layout;
+  File::Access access;
+  std::string name() const {
+    return std::string(layout == RawLayout::kContiguous ? "contiguous" : "chunked") +
+           (access == File::Access::kRead ? ", read by copy" : ", mapped");
+  }
+};
+const std::vector<Storage> kStorages{{RawLayout::kContiguous, File::Access::kRead},
+                                     {RawLayout::kContiguous, File::Access::kMapped},
+                                     {RawLayout::kChunksLastFirst, File::Access::kRead},
+                                     {RawLayout::kChunksLastFirst, File::Access::kMapped}};
 
-CsrMatrix csr_of(const TempDir& dir, const Matrix& m) {
-  return CsrMatrix(raw_array(dir, "indptr", m.indptr, DType::kInt64),
-                   raw_array(dir, "indices", m.indices, DType::kInt32),
-                   raw_array(dir, "data", m.values, DType::kFloat32), kRows, kCols);
+CsrMatrix csr_of(const TempDir& dir, const Matrix& m, Storage storage = kStorages[0]) {
+  const auto array = [&](const std::string& name, const auto& values, DType dtype) {
+    return testing_support::raw_array(dir, name, values, dtype, storage.layout, storage.access);
+  };
+  return CsrMatrix(array("indptr", m.indptr, DType::kInt64), array("indices", m.indices, DType::kInt32),
+                   array("data", m.values, DType::kFloat32), kRows, kCols);
 }
 
 // A fetch's rows: blocks of 16 consecutive rows (every block, or about three in four), then the rows
@@ -97,10 +107,8 @@ void expect_rows(const Matrix& m, const std::vector<int64_t>& rows, const std::v
   }
 }
 
-TEST(CsrMatrix, ShuffledRowsReadWithHelpersEqualTheStoredRows) {
-  TempDir dir("csr_matrix");
-  const Matrix m = make_matrix(5);
-  const CsrMatrix csr = csr_of(dir, m);
+// Shuffled fetches read, placed and widened, on 0-3 helpers, equal the stored rows.
+void expect_shuffled_reads(const Matrix& m, const CsrMatrix& csr) {
   for (const auto& [helpers, every_block] : {std::pair{0, true}, {1, true}, {3, true}, {0, false}, {3, false}}) {
     SCOPED_TRACE("helpers " + std::to_string(helpers) + (every_block ? ", every block" : ", some blocks"));
     core::ThreadPool pool(helpers);
@@ -140,6 +148,16 @@ TEST(CsrMatrix, ShuffledRowsReadWithHelpersEqualTheStoredRows) {
   }
 }
 
+TEST(CsrMatrix, ShuffledRowsReadWithHelpersEqualTheStoredRows) {
+  const Matrix m = make_matrix(5);
+  for (const Storage& storage : kStorages) {
+    SCOPED_TRACE(storage.name());
+    TempDir dir("csr_matrix");
+    const CsrMatrix csr = csr_of(dir, m, storage);
+    expect_shuffled_reads(m, csr);
+  }
+}
+
 TEST(CsrMatrix, RowsPlannedWithThePlannersSortedPositionsReadAsWhenSortedHere) {
   // A shuffled fetch's positions in row order come from the planner (its
   // shuffle), repeated rows in any order among themselves: the plan and the
@@ -173,12 +191,12 @@ TEST(CsrMatrix, RowsPlannedWithThePlannersSortedPositionsReadAsWhenSortedHere) {
 }
 
 TEST(CsrMatrix, AColumnIndexOutOfRangeInAnyPartIsAReadErrorNamingTheArray) {
-  for (const double where : {0.1, 0.5, 0.95}) {
-    SCOPED_TRACE("at " + std::to_string(where) + " of the values");
+  for (const auto& [where, storage] : {std::pair{0.1, kStorages[0]}, {0.5, kStorages[3]}, {0.95, kStorages[1]}}) {
+    SCOPED_TRACE("at " + std::to_string(where) + " of the values, " + storage.name());
     TempDir dir("csr_matrix");
     Matrix m = make_matrix(9);
     m.indices[static_cast<size_t>(where * static_cast<double>(m.indices.size()))] = static_cast<int32_t>(kCols + 4);
-    const CsrMatrix csr = csr_of(dir, m);
+    const CsrMatrix csr = csr_of(dir, m, storage);
     for (const auto& [helpers, index_dtype] : {std::pair{0, DType::kInt32}, {3, DType::kInt32}, {3, DType::kInt64}}) {
       core::ThreadPool pool(helpers);
       const std::vector<int64_t> rows = shuffled_fetch(3);
@@ -194,6 +212,30 @@ TEST(CsrMatrix, AColumnIndexOutOfRangeInAnyPartIsAReadErrorNamingTheArray) {
         EXPECT_NE(message.find("column index " + std::to_string(kCols + 4) + " out of range"), std::string::npos)
             << message;
       }
+    }
+  }
+}
+
+TEST(CsrMatrix, AMappedFileThatShrinksUnderAReadInPlaceIsAReadErrorNamingIt) {
+  for (const Storage& storage : {kStorages[1], kStorages[3]}) {
+    SCOPED_TRACE(storage.name());
+    TempDir dir("csr_matrix");
+    const Matrix m = make_matrix(4);
+    const CsrMatrix csr = csr_of(dir, m, storage);
+    core::ThreadPool pool(1);
+    const std::vector<int64_t> rows = shuffled_fetch(8);
+    const CsrPlan plan = csr.plan(rows, pool);
+    std::vector<int32_t> columns(static_cast<size_t>(plan.nnz()));
+    std::vector<float> values(static_cast<size_t>(plan.nnz()));
+    csr.read(plan, columns.data(), DType::kInt32, values.data(), pool);  // mapped now
+    ASSERT_EQ(::truncate((dir / "data").c_str(), 4096), 0);
+    try {
+      csr.read(plan, columns.data(), DType::kInt32, values.data(), pool);
+      ADD_FAILURE() << "no error";
+    } catch (const core::ReadError& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find(dir / "data"), std::string::npos) << message;
+      EXPECT_NE(message.find("shrank"), std::string::npos) << message;
     }
   }
 }
