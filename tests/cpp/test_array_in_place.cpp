@@ -48,14 +48,14 @@ TEST(ArrayInPlace, MappedRawRowsAreFoundWhereTheyLieAPiecePerChunk) {
   TempDir dir("array_in_place");
   const std::vector<int32_t> values = counting(3500);
   std::vector<Array::InPlace> pieces;
-  const auto contiguous = testing_support::raw_array(dir, "contiguous", values, DType::kInt32,
-                                                     RawLayout::kContiguous, File::Access::kMapped);
+  const auto contiguous = testing_support::raw_array(dir, "contiguous", values, DType::kInt32, RawLayout::kContiguous,
+                                                     File::Access::kMapped);
   ASSERT_TRUE(contiguous->find_in_place(10, 3000, pieces));
   ASSERT_EQ(pieces.size(), 1u);
   EXPECT_EQ(rows_of(*contiguous, 10, 3000, pieces), std::vector<int32_t>(values.begin() + 10, values.begin() + 3010));
 
-  const auto chunked = testing_support::raw_array(dir, "chunked", values, DType::kInt32,
-                                                  RawLayout::kChunksLastFirst, File::Access::kMapped);
+  const auto chunked = testing_support::raw_array(dir, "chunked", values, DType::kInt32, RawLayout::kChunksLastFirst,
+                                                  File::Access::kMapped);
   // Rows [950, 3200): the end of chunk 0, chunks 1 and 2, the start of chunk 3 (of 500 rows, padded).
   ASSERT_TRUE(chunked->find_in_place(950, 2250, pieces));
   ASSERT_EQ(pieces.size(), 4u);
