@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <stdexcept>
 
 #include "core/errors.h"
 #include "core/scratch_buffer.h"
@@ -29,6 +30,7 @@ struct PartRows {
   std::vector<int64_t> local;
   std::vector<int64_t> order;
   std::vector<int64_t> dests;
+  std::vector<int64_t> sorted;  // positions in `local` in ascending row order, when the request has its own
   std::unique_ptr<PlannedRead> read;
   // Where its rows landed in the dense outputs.
   const std::vector<int64_t>& rows_in_output() const { return dests.empty() ? order : dests; }
@@ -516,17 +518,35 @@ std::unique_ptr<PlannedRead> CollectionSource::plan(const RowRequest& request, R
     part.order.reserve(static_cast<size_t>(counts[p]));
     if (request.dests) part.dests.reserve(static_cast<size_t>(counts[p]));
   }
+  std::vector<int64_t> index_in_part(request.sorted ? rows.size() : 0);
   for (size_t i = 0; i < rows.size(); ++i) {
     PartRows& part = parts[slot[part_of[i]]];
+    if (request.sorted) index_in_part[i] = static_cast<int64_t>(part.local.size());
     part.local.push_back(rows[i] - offsets_[part.part]);
     part.order.push_back(static_cast<int64_t>(i));
     if (request.dests) part.dests.push_back((*request.dests)[i]);
+  }
+  // The request's positions in ascending row order, split by part, are each part's in its own rows'
+  // ascending order (a part holds one range of the collection's rows): its reads sort nothing.
+  if (request.sorted) {
+    for (PartRows& part : parts) part.sorted.reserve(part.local.size());
+    if (request.sorted->size() != rows.size()) {
+      throw std::logic_error(
+          core::concat("Collection: ", request.sorted->size(), " sorted positions for ", rows.size(), " rows"));
+    }
+    for (const int64_t i : *request.sorted) {
+      const auto k = static_cast<size_t>(i);
+      if (k >= rows.size())
+        throw std::logic_error(core::concat("Collection: sorted position ", i, " of ", rows.size()));
+      parts[slot[part_of[k]]].sorted.push_back(index_in_part[k]);
+    }
   }
   // The rows of each part are read by the part straight into their places (its CSR arrays, in request order).
   for (PartRows& part : parts) {
     // Without destinations, request row i lands in row i: a part's are its rows' order.
     const std::vector<int64_t>* dests = request.dests ? &part.dests : &part.order;
-    part.read = parts_[part.part]->plan(RowRequest{part.local, dests, request.num_out_rows()}, context);
+    const std::vector<int64_t>* sorted = request.sorted ? &part.sorted : nullptr;
+    part.read = parts_[part.part]->plan(RowRequest{part.local, dests, request.num_out_rows(), sorted}, context);
   }
   if (parts.size() == 1) return std::make_unique<SinglePartRead>(std::move(parts), obs_columns_);
   return std::make_unique<CollectionRead>(fields_, obs_columns_, std::move(parts), request);
