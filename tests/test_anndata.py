@@ -2,6 +2,8 @@
 dense and CSR X, layers, obs columns, names and categories; CSR validation."""
 
 import os
+import subprocess
+import sys
 
 import anndata as ad
 import h5py
@@ -235,6 +237,43 @@ def test_large_csr_read_in_pieces_as_scipy_indexes_it(tmp_path, kind, index_dtyp
         assert torch.equal(got.col_indices().long(), torch.from_numpy(want.indices).long())
         assert torch.equal(got.values(), torch.from_numpy(want.data))
         assert torch.equal(dense.read(request, num_threads=2)["X"], torch.from_numpy(want.toarray()))
+
+
+def test_large_csr_reads_the_same_rows_from_a_mapping_and_by_copy(tmp_path):
+    """A shuffled fetch's CSR rows are copied into place from where they lie in a mapped .h5ad (chunks
+    of raw values), else through a staging of what was read by copy (TORCH_SHARDS_MMAP=0, read once per
+    process: a process of its own): the same rows both ways, rows across chunks included."""
+    rng = np.random.default_rng(8)
+    x = sp.random(6000, 200, density=0.3, format="csr", dtype=np.float32, random_state=rng)
+    path = tmp_path / "data.h5ad"
+    ad.AnnData(X=x).write_h5ad(path)
+    with h5py.File(path) as f:
+        assert f["X/data"].chunks is not None and f["X/data"].chunks[0] < x.nnz  # rows cross chunks
+    blocks = rng.permutation(6000 // 40)
+    rows = rng.permutation([r for b in blocks for r in range(b * 40, b * 40 + 40)] + list(range(100))).tolist()
+    script = (
+        "import sys, torch, torch_shards as ts\n"
+        "x = ts.AnnDataSource(sys.argv[1]).read([int(r) for r in sys.argv[3].split(',')], num_threads=2)['X']\n"
+        "torch.save([t.clone() for t in (x.crow_indices(), x.col_indices(), x.values())], sys.argv[2])\n"
+    )
+    outputs = {}
+    for mmap in ("1", "0"):
+        out = tmp_path / f"rows_{mmap}.pt"
+        env = dict(os.environ, TORCH_SHARDS_MMAP=mmap)
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(path), str(out), ",".join(map(str, rows))],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        outputs[mmap] = torch.load(out)
+    want = x[rows]
+    for got in outputs.values():
+        assert torch.equal(got[0].long(), torch.from_numpy(want.indptr).long())
+        assert torch.equal(got[1].long(), torch.from_numpy(want.indices).long())
+        assert torch.equal(got[2], torch.from_numpy(want.data))
 
 
 # ---- bad input ------------------------------------------------------------------------------------------
