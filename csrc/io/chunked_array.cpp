@@ -170,8 +170,8 @@ void ChunkedArray::read_raw_chunk_rows(int64_t chunk_row, const std::vector<cons
 }
 
 bool ChunkedArray::find_raw_in_place(int64_t source, int64_t length, std::vector<InPlace>& pieces) const {
-  if (!whole_rows_ || !decoder_->stores_raw() || !store_->can_locate() || store_->reads_together() ||
-      store_->opens_objects()) {
+  if (!whole_rows_ || !decoder_->stores_raw() || !store_->can_locate() || !store_->locates_in_kept_files() ||
+      store_->reads_together() || store_->opens_objects()) {
     return false;
   }
   const size_t row_size = row_bytes();

@@ -33,6 +33,10 @@ class ChunkStore {
   // Whether located chunks lie in long-lived mapped files (zarr shards): they
   // are then decoded from the mapping, never copied.
   virtual bool maps_chunks() const { return false; }
+  // Whether located chunks lie in files kept open that may be mapped (an
+  // HDF5 file, zarr shards), whose raw bytes can then be used where they lie;
+  // false where each locate() opens a file read by copy (zarr chunk files).
+  virtual bool locates_in_kept_files() const { return maps_chunks(); }
   // The file and byte range of a chunk, or nullopt if it was never written.
   virtual std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const;
   // The encoded bytes of the chunk at grid coordinates `coords`, or nullopt

@@ -464,6 +464,23 @@ void prefetch_for_writing(const PlacedOutput& output, const Segment& segment) {
   for (const uint8_t* line = first; line < last; line += kLine) __builtin_prefetch(line, 1, 3);
 }
 
+// The `length` elements from element `at` of a stretch held by `pieces` (piece
+// p holds element `at` and starts at element `piece_begin`): where they lie
+// when piece p holds them all, else copied whole into `joined` (a row across
+// two chunks).
+const uint8_t* elements_in_place(const std::vector<Array::InPlace>& pieces, size_t p, int64_t piece_begin, int64_t at,
+                                 int64_t length, size_t element_bytes, core::ScratchBuffer& joined) {
+  if (at + length <= piece_begin + pieces[p].rows) return pieces[p].bytes + (at - piece_begin) * element_bytes;
+  uint8_t* whole = joined.get(static_cast<size_t>(length) * element_bytes);
+  for (int64_t done = 0, begin = piece_begin; done < length; begin += pieces[p++].rows) {
+    const int64_t from = at + done - begin, take = std::min(length - done, pieces[p].rows - from);
+    std::memcpy(whole + done * element_bytes, pieces[p].bytes + from * element_bytes,
+                static_cast<size_t>(take) * element_bytes);
+    done += take;
+  }
+  return whole;
+}
+
 // Reads `segments` (sorted by source) of `array` through source order: a
 // shuffled fetch's rows are as many segments as rows, each a read of its own;
 // `stretches` (source_stretches of them) are one read per block of rows. Each
@@ -517,25 +534,12 @@ void read_gathered(const Array& array, const std::vector<Segment>& segments, con
     for (size_t first = first_stretch[part]; first < end;) {
       const Segment& stretch = stretches[first];
       if (array.find_in_place(stretch.source, stretch.length, pieces)) {
-        // Placed from where it is stored; a segment across pieces (chunks) joined first.
         array.use_in_place(stretch.source, stretch.length, [&] {
           size_t p = 0;
           for (int64_t at = 0, piece_begin = 0; at < stretch.length;) {
             while (at >= piece_begin + pieces[p].rows) piece_begin += pieces[p++].rows;
-            const int64_t length = segments[next].length;
-            if (at + length <= piece_begin + pieces[p].rows) {
-              at += place_next(pieces[p].bytes + (at - piece_begin) * element_bytes);
-              continue;
-            }
-            uint8_t* whole = joined.get(static_cast<size_t>(length) * element_bytes);
-            for (int64_t done = 0, q = static_cast<int64_t>(p), begin = piece_begin; done < length;
-                 begin += pieces[q++].rows) {
-              const int64_t from = at + done - begin, take = std::min(length - done, pieces[q].rows - from);
-              std::memcpy(whole + done * element_bytes, pieces[q].bytes + from * element_bytes,
-                          static_cast<size_t>(take) * element_bytes);
-              done += take;
-            }
-            at += place_next(whole);
+            at +=
+                place_next(elements_in_place(pieces, p, piece_begin, at, segments[next].length, element_bytes, joined));
           }
         });
         ++first;

@@ -307,6 +307,7 @@ class Hdf5ChunkStore : public ChunkStore {
   }
 
   bool can_locate() const override { return true; }
+  bool locates_in_kept_files() const override { return !file_->remote(); }
 
   std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const override {
     const ChunkEntry* entry = find_chunk(table_, linear(coords));

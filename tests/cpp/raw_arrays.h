@@ -27,6 +27,7 @@ class LastFirstChunks : public io::ChunkStore {
   LastFirstChunks(std::shared_ptr<const io::File> file, int64_t chunks, int64_t chunk_bytes)
       : file_(std::move(file)), chunks_(chunks), chunk_bytes_(chunk_bytes) {}
   bool can_locate() const override { return true; }
+  bool locates_in_kept_files() const override { return true; }
   std::optional<io::ChunkLocation> locate(const std::vector<int64_t>& coords) const override {
     return io::ChunkLocation{file_, (chunks_ - 1 - coords[0]) * chunk_bytes_, chunk_bytes_};
   }

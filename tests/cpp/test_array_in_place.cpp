@@ -2,17 +2,20 @@
 // where they lie (contiguous: one piece; in chunks: a piece per chunk they
 // touch, at the chunk's place in the file, which is not its place in the
 // array); nothing for arrays read by copy, stored byte-swapped or as bool,
-// or rows outside the array.
+// or rows outside the array, nor looked for in stores that open a file for
+// each chunk.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "io/array.h"
+#include "io/chunked_array.h"
 #include "io/contiguous_array.h"
 #include "io/file.h"
 #include "raw_arrays.h"
@@ -88,6 +91,29 @@ TEST(ArrayInPlace, RowsReadByCopyStoredSwappedOrAsBoolAreNotInPlace) {
   EXPECT_TRUE(native.find_in_place(0, 100, pieces));
   EXPECT_FALSE(swapped.find_in_place(0, 100, pieces));
   EXPECT_FALSE(flags.find_in_place(0, 100, pieces));
+}
+
+TEST(ArrayInPlace, ChunksOfAStoreThatOpensAFileForEachAreNotLookedFor) {
+  // A store whose locate() opens each chunk's file to read it by copy (zarr chunk files): finding rows
+  // in place would open it once more for nothing.
+  class OpensEachChunk : public testing_support::LastFirstChunks {
+   public:
+    using LastFirstChunks::LastFirstChunks;
+    bool locates_in_kept_files() const override { return false; }
+    std::optional<ChunkLocation> locate(const std::vector<int64_t>& coords) const override {
+      ++located;
+      return LastFirstChunks::locate(coords);
+    }
+    mutable int located = 0;
+  };
+  TempDir dir("array_in_place");
+  testing_support::write_file(dir / "chunks", std::vector<uint8_t>(8000, 0));
+  auto store = std::make_shared<OpensEachChunk>(std::make_shared<File>(dir / "chunks", File::Access::kMapped), 2, 4000);
+  const ChunkedArray array(ArrayInfo{dir / "chunks", "/x", DType::kInt32, {2000}, false}, {1000}, store,
+                           std::make_shared<testing_support::StoredRaw>(), {});
+  std::vector<Array::InPlace> pieces;
+  EXPECT_FALSE(array.find_in_place(0, 100, pieces));
+  EXPECT_EQ(store->located, 0);
 }
 
 }  // namespace
