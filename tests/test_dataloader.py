@@ -6,6 +6,8 @@ batches in torch's order, never overwritten while held."""
 import functools
 import json
 import os
+import subprocess
+import sys
 import time
 
 import anndata as ad
@@ -131,6 +133,32 @@ def test_packed_batches_of_a_sparse_anndata_arrive_equal(tmp_path):
             np.testing.assert_array_equal(batch["X"].to_dense().numpy(), dense[batch["index"].numpy()])
             rows.extend(batch["index"].tolist())
         assert sorted(rows) == list(range(300))
+
+
+BETA_WARNING = "Sparse CSR tensor support is in beta state"
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_torchs_sparse_csr_beta_warning_shows_once_not_once_per_worker(tmp_path, context):
+    # torch warns once per process; the workers' reader threads make CSR batches too, and printed it
+    # again on stderr from each worker (3 times with 2 workers). A fresh process: the warning is spent
+    # once in it.
+    path = str(tmp_path / "x.h5ad")
+    ad.AnnData(X=sp.random(200, 30, density=0.1, format="csr", dtype=np.float32, random_state=1)).write_h5ad(path)
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import torch_shards as ts\n"
+        "from torch.utils.data import DataLoader\n"
+        "if __name__ == '__main__':\n"
+        f"    ds = ts.ShardedDataset(ts.AnnDataSource({path!r}), ts.BlockShuffling(4), batch_size=8, seed=3)\n"
+        "    for loader_class in (DataLoader, ts.DataLoader):\n"
+        f"        loader = loader_class(ds, batch_size=None, num_workers=2, multiprocessing_context={context!r})\n"
+        "        assert sum(b['index'].numel() for b in loader) == 200\n"
+        "    print('OK')\n"
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "OK", result.stderr[-3000:]
+    assert result.stderr.count(BETA_WARNING) == 1, result.stderr[-3000:]
 
 
 def test_ts_dataloader_resumes_from_the_loops_count_like_torchs():
