@@ -5,6 +5,7 @@
 // but missing; half a key pair; AWS_NO_SIGN_REQUEST; endpoint checks. Files go
 // to a fresh mkdtemp directory; the environment is a map.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -762,6 +763,26 @@ TEST_F(AwsResolve, ACredentialProcessThatHangsIsKilledAtTheTimeout) {
   EXPECT_TRUE(contains(message, "did not finish within 0.5 s")) << message;
   env_["TORCH_SHARDS_CREDENTIAL_PROCESS_TIMEOUT"] = "soon";
   EXPECT_TRUE(contains(failure<InvalidArgument>(with_profile("proc")), "'soon'"));
+}
+
+TEST_F(AwsResolve, ACredentialProcessIsDoneWhenItExitsThoughAProcessItStartedHoldsItsOutput) {
+  // The background sleep inherits the program's standard output and error and outlives it; the program
+  // prints its credentials a while after starting it, then exits.
+  const std::string pid_file = dir_ + "/background.pid";
+  write_config("[profile proc]\ncredential_process = " +
+               write_program(dir_, "creds.sh",
+                             "sleep 30 &\necho $! > " + pid_file + "\nsleep 0.3\necho '" +
+                                 credentials_json("AKIDBACKGROUND") + "'") +
+               "\n");
+  const auto start = std::chrono::steady_clock::now();
+  const AwsSettings settings = resolve(with_profile("proc"));
+  const auto took = std::chrono::steady_clock::now() - start;
+  std::ifstream pid_in(pid_file);
+  pid_t background = 0;
+  pid_in >> background;
+  if (background > 0) ::kill(background, SIGKILL);
+  EXPECT_EQ(settings.credentials.access_key_id, "AKIDBACKGROUND");
+  EXPECT_LT(took, std::chrono::seconds(5));  // not the background's 30 s, nor the 60 s timeout
 }
 
 TEST(AwsEnvironment, ProcessEnvironmentReadsGetenv) {

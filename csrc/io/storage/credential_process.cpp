@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -59,7 +60,14 @@ struct Finished {
   bool timed_out = false;
 };
 
-// Runs argv[0] (found on PATH) with its output and error captured, for at most timeout_s.
+// After the program exits, its output is read until it has been quiet this long: what it wrote is in the
+// pipes already, and a process it started in the background (an agent, a cache daemon) may hold them open
+// for as long as it lives.
+constexpr std::chrono::milliseconds kQuietAfterExit{200};
+constexpr std::chrono::milliseconds kExitCheck{50};  // how often the program is looked at while it runs
+
+// Runs argv[0] (found on PATH) with its output and error captured, for at most timeout_s: until it has
+// exited and its output has ended (or gone quiet for kQuietAfterExit).
 Finished run(const std::vector<std::string>& argv, double timeout_s, const std::string& what) {
   Pipe out, err;
   if (!out.ok() || !err.ok()) throw ReadError(concat(what, ": cannot make a pipe: ", std::strerror(errno)));
@@ -78,17 +86,33 @@ Finished run(const std::vector<std::string>& argv, double timeout_s, const std::
   err.close_end(1);
 
   Finished finished;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  bool out_open = true, err_open = true;
-  while ((out_open || err_open) && !finished.timed_out) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      finished.timed_out = true;
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  bool out_open = true, err_open = true, exited = false;
+  Clock::time_point quiet_since;  // since its exit was seen, or its last output after that
+  for (;;) {
+    if (!exited) {
+      pid_t waited = 0;
+      while ((waited = ::waitpid(pid, &finished.status, WNOHANG)) < 0 && errno == EINTR) {
+      }
+      exited = waited == pid;
+      if (exited) quiet_since = Clock::now();
+    }
+    const auto now = Clock::now();
+    if (!out_open && !err_open && exited) break;
+    if (exited && now - quiet_since >= kQuietAfterExit) break;  // held open by a process it started
+    if (now >= deadline) {
+      finished.timed_out = !exited;
       break;
     }
+    auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now) + std::chrono::milliseconds(1);
+    wait = std::min(wait, exited ? kQuietAfterExit : kExitCheck);
     pollfd fds[2] = {{out_open ? out.fds[0] : -1, POLLIN, 0}, {err_open ? err.fds[0] : -1, POLLIN, 0}};
-    const int ready = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (!out_open && !err_open) {
+      ::poll(nullptr, 0, static_cast<int>(wait.count()));  // both ended: only its exit is awaited
+      continue;
+    }
+    const int ready = ::poll(fds, 2, static_cast<int>(wait.count()));
     if (ready < 0 && errno != EINTR) break;
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
@@ -99,13 +123,16 @@ Finished run(const std::vector<std::string>& argv, double timeout_s, const std::
         (i == 0 ? out_open : err_open) = false;
         continue;
       }
+      quiet_since = Clock::now();
       std::string& text = i == 0 ? finished.out : finished.err;
       const size_t keep = i == 0 ? kMaxOutput + 1 : kMaxErrorText;  // more than kMaxOutput: refused below
       text.append(buffer, std::min(static_cast<size_t>(got), keep - std::min(keep, text.size())));
     }
   }
-  if (finished.timed_out) ::kill(pid, SIGKILL);
-  while (::waitpid(pid, &finished.status, 0) < 0 && errno == EINTR) {
+  if (!exited) {
+    ::kill(pid, SIGKILL);  // timed out (or poll failed): never left running
+    while (::waitpid(pid, &finished.status, 0) < 0 && errno == EINTR) {
+    }
   }
   return finished;
 }

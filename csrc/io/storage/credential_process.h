@@ -10,10 +10,13 @@
 //
 // (SessionToken and Expiration optional). The program gets at most
 // timeout_s seconds (TORCH_SHARDS_CREDENTIAL_PROCESS_TIMEOUT, default 60),
-// then is killed. Failures are core::ReadError naming the profile, where it is
-// configured and the program (never its output: it holds the secret).
-// Expiration (ISO 8601, "Z" or an offset) becomes AwsCredentials::expiration;
-// a store runs the program again before then (refreshing_credentials.h).
+// then is killed. Its output is read until it ends or, once the program has
+// exited, until it has been quiet for 0.2 s: a process the program started in
+// the background (an agent, a cache) may hold it open as long as it lives.
+// Failures are core::ReadError naming the profile, where it is configured
+// and the program (never its output: it holds the secret). Expiration
+// (ISO 8601, "Z" or an offset) becomes AwsCredentials::expiration; a store
+// runs the program again before then (refreshing_credentials.h).
 #pragma once
 
 #include <cstdint>
