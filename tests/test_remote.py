@@ -893,6 +893,52 @@ def test_dataloader_workers_share_one_download_of_an_h5ad(data_dir, tmp_path, co
         assert ranged_gets(server, "cells.h5ad") == [("GET", "/cells.h5ad", f"bytes=0-{size - 1}")]
 
 
+def sockets_to(port):
+    """Inodes of this process's TCP sockets connected to 127.0.0.1:port (any state), from /proc."""
+    wanted = f":{port:04X}"
+    inodes = set()
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            if fields[2].endswith(wanted):  # rem_address
+                inodes.add(fields[9])
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in inodes:
+            mine.add(target[8:-1])
+    return mine
+
+
+class SocketsInWorker(torch.utils.data.Dataset):
+    def __init__(self, port):
+        self.port = port
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        return sorted(sockets_to(self.port))
+
+
+def test_a_forked_worker_closes_its_copies_of_the_parents_connections(data_dir):
+    # The parent reads over HTTP/1.1 keep-alive: its connections stay open, cached. A worker forked then
+    # used to hold a copy of each (half-open in the kernel once the parent or server closed them).
+    with RangeHTTPServer(data_dir) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        source = source_of(server.url, "plain.h5")
+        same_batches(source_of(data_dir, "plain.h5").read(ROW_SETS[0]), source.read(ROW_SETS[0]))
+        held = sockets_to(port)
+        assert held, "the parent keeps its connections to the server"
+        (in_worker,) = DataLoader(SocketsInWorker(port), batch_size=None, num_workers=1, multiprocessing_context="fork")
+        assert in_worker == []
+        assert sockets_to(port) == held  # the parent's own are untouched, and still serve it
+        same_batches(source_of(data_dir, "plain.h5").read(ROW_SETS[1]), source.read(ROW_SETS[1]))
+
+
 def test_a_damaged_whole_entry_is_fetched_again(data_dir, tmp_path):
     # A damaged entry is a miss (removed), never wrong data: read in a spawned process (which maps the
     # entries afresh; this process keeps its own mappings).

@@ -12,6 +12,7 @@
 
 #include "core/errors.h"
 #include "io/file.h"
+#include "io/storage/connection_sockets.h"
 #include "io/storage/curl_library.h"
 #include "io/storage/xml_text.h"
 
@@ -31,7 +32,8 @@ constexpr long kLargeBuffer = 512L << 10;
 // every call of the thread) and easy handles reused across requests. A
 // process forked from one that used them starts its own: the inherited
 // handles share their sockets with the parent, so they are abandoned, never
-// used or cleaned up.
+// used or cleaned up (the child closed its copies of those sockets at the
+// fork: connection_sockets.h).
 struct Handles {
   int pid = 0;
   CURLM* multi = nullptr;
@@ -83,11 +85,14 @@ struct Transfer {
 
 // Makes a connection's socket as libcurl does, keeping why it could not be (libcurl says only "Couldn't
 // connect to server", and CURLINFO_OS_ERRNO stays unset).
+// Recorded, so that a process forked from this one closes its copy (connection_sockets.h).
 curl_socket_t open_socket(void* user, curlsocktype /*purpose*/, curl_sockaddr* address) {
-  const curl_socket_t fd = ::socket(address->family, address->socktype, address->protocol);
+  const curl_socket_t fd = open_connection_socket(address->family, address->socktype, address->protocol);
   if (fd == CURL_SOCKET_BAD) static_cast<Transfer*>(user)->socket_error = errno;
   return fd;
 }
+
+int close_socket(void* /*user*/, curl_socket_t fd) { return close_connection_socket(fd); }
 
 // What a transfer that could not make a socket for want of file descriptors (EMFILE, ENFILE) adds to its
 // error, else "".
@@ -224,6 +229,7 @@ void HttpClient::perform(const std::vector<HttpRequest>& requests, std::vector<H
     lib.easy_setopt(easy, CURLOPT_HEADERDATA, &transfer);
     lib.easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, open_socket);
     lib.easy_setopt(easy, CURLOPT_OPENSOCKETDATA, &transfer);
+    lib.easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, close_socket);
     lib.easy_setopt(easy, CURLOPT_TIMEOUT_MS, static_cast<long>(settings_.timeout_s * 1000));
     lib.easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(settings_.connect_timeout_s * 1000));
     lib.easy_setopt(easy, CURLOPT_FOLLOWLOCATION, signing.sigv4.empty() ? 1L : 0L);
