@@ -141,8 +141,8 @@ BETA_WARNING = "Sparse CSR tensor support is in beta state"
 @pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
 def test_torchs_sparse_csr_beta_warning_shows_once_not_once_per_worker(tmp_path, context):
     # torch warns once per process; the workers' reader threads make CSR batches too, and printed it
-    # again on stderr from each worker (3 times with 2 workers). A fresh process: the warning is spent
-    # once in it.
+    # again on stderr from each worker (3 times with 2 workers). A fresh process: the training process
+    # shows it once (as it rebuilds the batches).
     path = str(tmp_path / "x.h5ad")
     ad.AnnData(X=sp.random(200, 30, density=0.1, format="csr", dtype=np.float32, random_state=1)).write_h5ad(path)
     script = tmp_path / "loop.py"
@@ -159,6 +159,27 @@ def test_torchs_sparse_csr_beta_warning_shows_once_not_once_per_worker(tmp_path,
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "OK", result.stderr[-3000:]
     assert result.stderr.count(BETA_WARNING) == 1, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("filtered", [False, True])
+def test_torchs_sparse_csr_beta_warning_is_a_python_warning_in_process(tmp_path, filtered):
+    # Raised where the iteration starts, not on a reader thread (where c10 printed it on stderr, past
+    # Python's filters): shown once as a UserWarning, and not at all when the user filters it.
+    path = str(tmp_path / "x.h5ad")
+    ad.AnnData(X=sp.random(200, 30, density=0.1, format="csr", dtype=np.float32, random_state=1)).write_h5ad(path)
+    script = (
+        "import warnings\n"
+        + (f"warnings.filterwarnings('ignore', message={BETA_WARNING!r})\n" if filtered else "")
+        + "import torch_shards as ts\n"
+        f"ds = ts.ShardedDataset(ts.AnnDataSource({path!r}), ts.BlockShuffling(4), batch_size=8, seed=3)\n"
+        "for epoch in range(2):\n"
+        "    assert sum(b['index'].numel() for b in ds) == 200\n"
+        "print('OK')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "OK", result.stderr[-3000:]
+    assert result.stderr.count(BETA_WARNING) == (0 if filtered else 1), result.stderr[-3000:]
+    assert filtered or f"UserWarning: {BETA_WARNING}" in result.stderr, result.stderr[-3000:]
 
 
 def test_ts_dataloader_resumes_from_the_loops_count_like_torchs():

@@ -32,7 +32,7 @@
 #include "loader/python_gil.h"
 #include "loader/state_dict_codec.h"
 #include "loader/topology.h"
-#include "loader/worker_warnings.h"
+#include "loader/sparse_csr_warning.h"
 
 namespace torch_shards {
 namespace {
@@ -170,6 +170,7 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter() {
     if (const c10::intrusive_ptr<c10d::ProcessGroup> group = default_process_group()) synchronize(group);
   }
   check_agreed();
+  raise_sparse_csr_warning_here(*source_->get());  // on this thread, not on a reader thread
   Iteration iteration;
   iteration.epoch = translate_errors([&] { return core::epoch_state_claim_main(words(shared_state_)); });
   core::set_last_workers(words(shared_state_), 0);
@@ -186,7 +187,7 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_worker(int64_t wo
   TORCH_CHECK_VALUE(num_workers >= 1 && worker >= 0 && worker < num_workers, kWho,
                     ": worker must be in [0, num_workers=", num_workers, "), got ", worker);
   check_agreed();
-  spend_sparse_csr_beta_warning();  // the training process shows it; its workers would repeat it
+  spend_sparse_csr_warning_silently();  // the training process shows it; its workers would repeat it
   Iteration iteration;
   if (worker_resume_) {
     // This worker's own state, restored in it (StatefulDataLoader): the same epoch, after what it delivered.
@@ -223,6 +224,7 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_worker(int64_t wo
 
 c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_epoch(int64_t epoch, int64_t worker,
                                                                      int64_t num_workers) {
+  raise_sparse_csr_warning_here(*source_->get());
   Iteration iteration;
   iteration.epoch = epoch;
   iteration.worker = worker;
