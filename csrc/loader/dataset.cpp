@@ -30,9 +30,9 @@
 #include "loader/iteration.h"
 #include "loader/process_group.h"
 #include "loader/python_gil.h"
+#include "loader/sparse_csr_warning.h"
 #include "loader/state_dict_codec.h"
 #include "loader/topology.h"
-#include "loader/sparse_csr_warning.h"
 
 namespace torch_shards {
 namespace {
