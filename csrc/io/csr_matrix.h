@@ -34,6 +34,8 @@ class CsrMatrix {
   int64_t num_cols() const { return num_cols_; }
   DType value_dtype() const { return data_->info().dtype; }
   DType index_dtype() const { return indices_->info().dtype; }
+  // Elements of its data array: the values of all its rows (as stored, without reading indptr).
+  int64_t stored_values() const { return data_->num_rows(); }
   const Array& data() const { return *data_; }
   std::string where() const;
   // Array::open_files of its three arrays.

@@ -71,6 +71,9 @@ EpochReader::EpochReader(std::shared_ptr<const sources::Source> source, core::Un
     if (overflow) dense_row_bytes_ = kMaxEstimate;  // such rows are refused when their output is allocated
   }
   if (options_.sparse_row_bytes) sparse_row_bytes_ = options_.sparse_row_bytes->load(std::memory_order_relaxed);
+  // Not read yet in this process: from the sizes of what is stored. From the dense fields alone, every
+  // thread started a piece at once (behind URLs, 32) whatever prefetch_bytes said.
+  if (sparse_row_bytes_.load() == 0) sparse_row_bytes_ = source_->sparse_row_bytes();
   if (options_.prefetch == 0) {
     main_pool_ = std::make_unique<core::ThreadPool>(static_cast<int>(options_.num_threads - 1));
   } else {
@@ -476,6 +479,7 @@ c10::Dict<std::string, int64_t> EpochReader::stats() const {
   for (const Slot& slot : slots_) ready += slot.ready;
   out.insert("queue_depth", ready);
   out.insert("queued_bytes", queued_bytes_);
+  out.insert("row_bytes_estimate", estimate_bytes(1));  // what a row is taken to cost, admitting pieces
   out.insert("in_flight", in_flight_);
   out.insert("wait_us", wait_us_.load());
   out.insert("wakes", wakes_);

@@ -81,9 +81,9 @@ struct ReaderOptions {
   // first batch and 6-9% of its rows/s (benchmarks/remote.py's, 34 ms).
   std::shared_ptr<std::atomic<bool>> reads_wait;
   // Output bytes a row of the sparse fields took as last read, carried from one epoch's reader to the next
-  // (null or 0: not known yet). A piece is admitted under prefetch_bytes by its estimate: behind URLs every
-  // thread starts one at once, and estimated from the dense fields alone, each epoch's first pieces of a
-  // CSR matrix took several times the budget.
+  // (null or 0: not read yet; taken from the stored sizes, Source::sparse_row_bytes). A piece is admitted under
+  // prefetch_bytes by its estimate: behind URLs every thread starts one at once, and estimated from the dense fields
+  // alone, each epoch's first pieces of a CSR matrix took several times the budget.
   std::shared_ptr<std::atomic<int64_t>> sparse_row_bytes;
 };
 

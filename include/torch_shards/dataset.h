@@ -322,7 +322,8 @@ class TORCH_SHARDS_API BatchIteratorImpl : public torch::CustomClassHolder {
   bool last_was_padding() const { return last_padding_; }
   // Whether close() ran: later reads raise.
   bool closed() const;
-  // units, rows and bytes delivered, queue_depth, in_flight, wait_us, read_us, threads, thread<k>_units.
+  // units, rows and bytes delivered, queue_depth, in_flight, wait_us, read_us, threads, thread<k>_units,
+  // row_bytes_estimate (the output bytes a row is taken to cost when pieces are admitted under prefetch_bytes).
   c10::Dict<std::string, int64_t> stats() const;
 
  private:

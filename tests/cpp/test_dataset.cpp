@@ -654,6 +654,30 @@ TEST(Dataset, ACheckpointCountsTheBatchesTheLoopTookWhicheverWayItIsWritten) {
   EXPECT_NE(error_of<c10::Error>([&] { *it; }).find("dereferenced at the end of the epoch"), std::string::npos);
 }
 
+TEST(Dataset, ACsrSourcesFirstPiecesAreAdmittedByTheStoredSizeOfItsRows) {
+  // Before anything is read, a row of an AnnData X in CSR is taken to cost what its stored arrays say
+  // (values and column indices of an average row, an offset, the index): from the dense fields alone
+  // (the index, 8 bytes), every reader thread started a piece at once, whatever prefetch_bytes said.
+  // A collection's is its parts', weighted by their rows.
+  const std::string data = std::string(TORCH_SHARDS_TEST_DATA) + "/anndata/anndata-0.13.4/";
+  const ts::AnnDataSource sparse(data + "obs.h5ad"), densified(data + "obs.h5ad", {.dense = true});
+  const ts::Collection both({sparse, sparse});
+  for (const ts::Source& source : std::vector<ts::Source>{sparse, densified, both}) {
+    auto dataset = c10::make_intrusive<ts::ShardedDatasetImpl>(source.native(), ts::Streaming().native(),
+                                                               ts::DatasetOptions{.batch_size = 8, .num_threads = 2});
+    auto batches = dataset->iter();
+    const int64_t estimate = batches->stats().at("row_bytes_estimate");  // no read has started
+    while (batches->next()) {
+    }
+    const c10::Dict<std::string, int64_t> read = batches->stats();
+    const double per_row = static_cast<double>(read.at("bytes")) / static_cast<double>(read.at("rows"));
+    EXPECT_EQ(read.at("rows"), source.size());
+    EXPECT_GT(per_row, 30.0);  // 143 values in 40 rows of 12 columns
+    EXPECT_GE(estimate, 0.8 * per_row) << source.native()->describe();
+    EXPECT_LE(estimate, 1.2 * per_row) << source.native()->describe();
+  }
+}
+
 TEST(Dataset, AWorkerPackingUnitsReadsAnItemAheadUnlessPrefetchIsSet) {
   // ts.DataLoader's workers take units an item at a time (take_units), then are away while it crosses:
   // the threads read the next item meanwhile, beyond the default two units per thread, within

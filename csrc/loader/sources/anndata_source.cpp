@@ -80,6 +80,15 @@ std::vector<FieldSpec> AnnDataSource::fields() const {
   return specs;
 }
 
+int64_t AnnDataSource::sparse_row_bytes() const {
+  int64_t bytes = 0;
+  if (dense_) return bytes;  // its CSR matrices are delivered as dense rows
+  for (const MatrixField& field : matrices_) {
+    if (field.matrix.csr) bytes += csr_row_bytes(*field.matrix.csr);
+  }
+  return bytes;
+}
+
 namespace {
 
 using MatrixField = AnnDataSource::MatrixField;

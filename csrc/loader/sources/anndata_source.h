@@ -36,6 +36,7 @@ class AnnDataSource : public Source {
   std::vector<FieldSpec> fields() const override;
   std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const override;
   std::string describe() const override;
+  int64_t sparse_row_bytes() const override;
   void opened_stamps(io::FileStamps& stamps) const override;
   std::optional<std::vector<ObsColumnKind>> obs_column_kinds() const override;
 

@@ -86,6 +86,19 @@ at::ScalarType csr_index_type(const io::CsrMatrix& matrix, int64_t values) {
   return matrix.num_cols() <= kLimit && values <= kLimit ? at::kInt : at::kLong;
 }
 
+}  // namespace
+
+int64_t csr_row_bytes(const io::CsrMatrix& matrix) {
+  const int64_t values = matrix.stored_values();
+  const int64_t index = static_cast<int64_t>(c10::elementSize(csr_index_type(matrix, values)));
+  const int64_t per_value = static_cast<int64_t>(c10::elementSize(to_scalar_type(matrix.value_dtype()))) + index;
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(values, per_value, &bytes)) return int64_t{1} << 40;  // refused when allocated
+  return bytes / std::max<int64_t>(1, matrix.num_rows()) + index;
+}
+
+namespace {
+
 // The io dtype column indices are read as into `columns` (int32 or int64).
 io::DType column_dtype(const at::Tensor& columns) {
   return columns.scalar_type() == at::kInt ? io::DType::kInt32 : io::DType::kInt64;

@@ -27,6 +27,10 @@ void read_dense(const io::Array& array, const std::vector<io::Segment>& segments
 // The segments of a request (sorted by source row, runs merged).
 std::vector<io::Segment> request_segments(const RowRequest& request);
 
+// Output bytes of an average row of a CSR matrix delivered sparse (values and column indices at the
+// widths read() gives them, a row offset), from its stored sizes: Source::sparse_row_bytes.
+int64_t csr_row_bytes(const io::CsrMatrix& matrix);
+
 // Rows of a CSR matrix, planned: the row offsets are read.
 struct CsrRead {
   const io::CsrMatrix* matrix = nullptr;

@@ -552,6 +552,12 @@ std::unique_ptr<PlannedRead> CollectionSource::plan(const RowRequest& request, R
   return std::make_unique<CollectionRead>(fields_, obs_columns_, std::move(parts), request);
 }
 
+int64_t CollectionSource::sparse_row_bytes() const {
+  double bytes = 0;  // an estimate: sums of bytes * rows may pass 2^63
+  for (const auto& part : parts_) bytes += static_cast<double>(part->sparse_row_bytes()) * part->num_rows();
+  return static_cast<int64_t>(bytes / static_cast<double>(std::max<int64_t>(1, num_rows())));
+}
+
 std::string CollectionSource::describe() const {
   std::string text = core::concat("Collection(", parts_.size(), " sources, ", num_rows(), " rows: ");
   for (size_t p = 0; p < parts_.size(); ++p) text += (p ? ", " : "") + parts_[p]->describe();

@@ -57,6 +57,7 @@ class CollectionSource : public Source {
   std::vector<FieldSpec> fields() const override { return fields_; }
   std::unique_ptr<PlannedRead> plan(const RowRequest& request, ReadContext& context) const override;
   std::string describe() const override;
+  int64_t sparse_row_bytes() const override;  // its parts', weighted by their rows
   void opened_stamps(io::FileStamps& stamps) const override {
     for (const auto& part : parts_) part->opened_stamps(stamps);
   }

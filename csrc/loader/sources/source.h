@@ -163,6 +163,11 @@ class Source {
   // The obs columns it delivers (an AnnData source's; a collection's, their
   // categories united), or nullopt for a source without obs.
   virtual std::optional<std::vector<ObsColumnKind>> obs_column_kinds() const { return std::nullopt; }
+  // Output bytes of an average row of its sparse CSR fields (values, column
+  // indices and a row offset), from the sizes of what is stored; 0 without
+  // any. A reader admits its first pieces under prefetch_bytes by it, before
+  // any has been read (EpochReader).
+  virtual int64_t sparse_row_bytes() const { return 0; }
 
   // One tensor per field, row i of each holding source row rows[i]: plan,
   // one allocation from the context's TensorPool, fill.
