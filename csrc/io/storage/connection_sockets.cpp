@@ -7,7 +7,6 @@
 
 #include <cerrno>
 #include <mutex>
-#include <new>
 #include <unordered_map>
 
 namespace torch_shards::io::storage {
