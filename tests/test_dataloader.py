@@ -138,13 +138,18 @@ def test_packed_batches_of_a_sparse_anndata_arrive_equal(tmp_path):
 BETA_WARNING = "Sparse CSR tensor support is in beta state"
 
 
+def small_csr_h5ad(tmp_path):
+    path = str(tmp_path / "x.h5ad")
+    ad.AnnData(X=sp.random(200, 30, density=0.1, format="csr", dtype=np.float32, random_state=1)).write_h5ad(path)
+    return path
+
+
 @pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
 def test_torchs_sparse_csr_beta_warning_shows_once_not_once_per_worker(tmp_path, context):
     # torch warns once per process; the workers' reader threads make CSR batches too, and printed it
     # again on stderr from each worker (3 times with 2 workers). A fresh process: the training process
     # shows it once (as it rebuilds the batches).
-    path = str(tmp_path / "x.h5ad")
-    ad.AnnData(X=sp.random(200, 30, density=0.1, format="csr", dtype=np.float32, random_state=1)).write_h5ad(path)
+    path = small_csr_h5ad(tmp_path)
     script = tmp_path / "loop.py"
     script.write_text(
         "import torch_shards as ts\n"
@@ -165,8 +170,7 @@ def test_torchs_sparse_csr_beta_warning_shows_once_not_once_per_worker(tmp_path,
 def test_torchs_sparse_csr_beta_warning_is_a_python_warning_in_process(tmp_path, filtered):
     # Raised where the iteration starts, not on a reader thread (where c10 printed it on stderr, past
     # Python's filters): shown once as a UserWarning, and not at all when the user filters it.
-    path = str(tmp_path / "x.h5ad")
-    ad.AnnData(X=sp.random(200, 30, density=0.1, format="csr", dtype=np.float32, random_state=1)).write_h5ad(path)
+    path = small_csr_h5ad(tmp_path)
     script = (
         "import warnings\n"
         + (f"warnings.filterwarnings('ignore', message={BETA_WARNING!r})\n" if filtered else "")

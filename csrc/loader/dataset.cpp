@@ -187,7 +187,7 @@ c10::intrusive_ptr<BatchIteratorImpl> ShardedDatasetImpl::iter_worker(int64_t wo
   TORCH_CHECK_VALUE(num_workers >= 1 && worker >= 0 && worker < num_workers, kWho,
                     ": worker must be in [0, num_workers=", num_workers, "), got ", worker);
   check_agreed();
-  spend_sparse_csr_warning_silently();  // the training process shows it; its workers would repeat it
+  spend_sparse_csr_warning_silently(*source_->get());  // the training process shows it; its workers would repeat it
   Iteration iteration;
   if (worker_resume_) {
     // This worker's own state, restored in it (StatefulDataLoader): the same epoch, after what it delivered.

@@ -20,7 +20,8 @@ namespace torch_shards {
 // (a no-op once the warning has been raised in this process).
 void raise_sparse_csr_warning_here(const sources::Source& source);
 
-// In a DataLoader worker: spends the warning under a handler that drops it.
-void spend_sparse_csr_warning_silently();
+// In a DataLoader worker: spends the warning under a handler that drops it,
+// if the source has a CSR field.
+void spend_sparse_csr_warning_silently(const sources::Source& source);
 
 }  // namespace torch_shards
