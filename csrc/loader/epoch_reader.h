@@ -18,7 +18,8 @@
 // taken from a reader thread's core. Each thread reads its own unit; a large
 // unit (a few MB and more) is read with the help of num_threads - 1 shared
 // pool threads, so that the copy work of one fetch is spread over every
-// thread. Threads start on the
+// thread, and so is the epoch's first piece (one batch, which the consumer
+// waits for while the other threads wait for it) from 256 KB. Threads start on the
 // first read (inside iteration, never before a fork) and are joined by
 // close(), whatever ended the iteration. They are the process's cached threads
 // (core/thread_cache.h): an epoch's readers and helpers are the last epoch's,
