@@ -5,16 +5,30 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/epoch_layout.h"
+#include "core/row_lists.h"
 #include "core/strategy.h"
 
 namespace torch_shards::core {
 
 // The rows of the last fetch computed, kept by each caller: consecutive
-// tail batches often come from one fetch.
+// tail batches often come from one fetch. Its lists are the thread's kept
+// ones (core/row_lists.h): a cursor an epoch, made and dropped on the thread
+// that iterates, reuses the last one's memory.
 struct FetchCache {
+  FetchCache() : rows(take_row_list()), sorted(take_row_list()) {}
+  ~FetchCache() {
+    keep_row_list(std::move(rows));
+    keep_row_list(std::move(sorted));
+  }
+  FetchCache(FetchCache&&) noexcept = default;
+  FetchCache& operator=(FetchCache&&) noexcept = default;
+  FetchCache(const FetchCache&) = delete;
+  FetchCache& operator=(const FetchCache&) = delete;
+
   int64_t fetch = -1;
   std::vector<int64_t> rows;
   std::vector<int64_t> sorted;  // rows' positions in ascending row order; empty where not known

@@ -8,6 +8,7 @@
 
 #include "core/errors.h"
 #include "core/radix_sort.h"
+#include "core/row_lists.h"
 #include "core/stopwatch.h"
 #include "io/file.h"
 #include "loader/python_gil.h"
@@ -136,8 +137,9 @@ EpochReader::Piece EpochReader::claim() {
   const int64_t batch = options_.batch_size;
   if (!unit_rows_ || unit_next_row_ >= static_cast<int64_t>(unit_rows_->size())) {
     core::WorkUnit work;
-    auto rows = std::make_shared<std::vector<int64_t>>();
-    auto sorted = std::make_shared<std::vector<int64_t>>();
+    // Recycled by the reader threads (core/row_lists.h): a large fetch's lists took new pages every unit.
+    std::shared_ptr<std::vector<int64_t>> rows = core::share_row_list();
+    std::shared_ptr<std::vector<int64_t>> sorted = core::share_row_list();
     int64_t dealt = 1;
     try {
       cursor_.next(work, *rows, sorted.get());  // planning is cheap next to reading: done in order, under the lock
@@ -187,13 +189,13 @@ EpochReader::Piece EpochReader::claim() {
 
 EpochReader::Unit EpochReader::read_piece(const Piece& piece, core::ThreadPool& pool) {
   const bool whole = piece.first && piece.last;
-  std::vector<int64_t> part, part_sorted;
+  core::KeptRowList part, part_sorted;  // the reader thread's (a large piece's took new pages)
   if (!whole) {
-    part.assign(piece.rows->begin() + piece.begin, piece.rows->begin() + piece.end);
-    core::positions_within(*piece.sorted, piece.begin, piece.end, part_sorted);
+    part.list.assign(piece.rows->begin() + piece.begin, piece.rows->begin() + piece.end);
+    core::positions_within(*piece.sorted, piece.begin, piece.end, part_sorted.list);
   }
-  const std::vector<int64_t>& rows = whole ? *piece.rows : part;
-  const std::vector<int64_t>& sorted = whole ? *piece.sorted : part_sorted;
+  const std::vector<int64_t>& rows = whole ? *piece.rows : part.list;
+  const std::vector<int64_t>& sorted = whole ? *piece.sorted : part_sorted.list;
   TORCH_INTERNAL_ASSERT(sorted.empty() || sorted.size() == rows.size(), "EpochReader: ", sorted.size(),
                         " sorted positions for ", rows.size(), " rows");
   const int64_t count = static_cast<int64_t>(rows.size());
