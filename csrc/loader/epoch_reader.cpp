@@ -11,6 +11,7 @@
 #include "core/row_lists.h"
 #include "core/stopwatch.h"
 #include "io/file.h"
+#include "loader/batches.h"
 #include "loader/python_gil.h"
 
 namespace torch_shards {
@@ -32,22 +33,6 @@ bool reads_locally_on_fewer(const ReaderOptions& options) {
   return options.local_threads > 0 && options.local_threads < options.num_threads;
 }
 
-int64_t tensor_bytes(const at::Tensor& tensor) {
-  if (tensor.layout() == at::kSparseCsr) {
-    return tensor_bytes(tensor.crow_indices()) + tensor_bytes(tensor.col_indices()) + tensor_bytes(tensor.values());
-  }
-  return tensor.numel() * static_cast<int64_t>(tensor.element_size());
-}
-
-int64_t batch_bytes(const sources::Batch& batch) {
-  int64_t bytes = 0;
-  for (const auto& item : batch) bytes += tensor_bytes(item.value());
-  return bytes;
-}
-
-}  // namespace
-
-namespace {
 // Estimates of wider rows or larger pieces are capped (their outputs are
 // refused when allocated): sums of a few of them stay below 2^63.
 constexpr int64_t kMaxEstimate = int64_t{1} << 60;
