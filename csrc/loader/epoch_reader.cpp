@@ -174,13 +174,16 @@ EpochReader::Piece EpochReader::claim() {
 
 EpochReader::Unit EpochReader::read_piece(const Piece& piece, core::ThreadPool& pool) {
   const bool whole = piece.first && piece.last;
-  core::KeptRowList part, part_sorted;  // the reader thread's (a large piece's took new pages)
+  // A part's lists: the reader thread's kept ones (a large piece's took new pages); a whole unit needs none.
+  std::optional<core::KeptRowList> part, part_sorted;
   if (!whole) {
-    part.list.assign(piece.rows->begin() + piece.begin, piece.rows->begin() + piece.end);
-    core::positions_within(*piece.sorted, piece.begin, piece.end, part_sorted.list);
+    part.emplace();
+    part_sorted.emplace();
+    part->list.assign(piece.rows->begin() + piece.begin, piece.rows->begin() + piece.end);
+    core::positions_within(*piece.sorted, piece.begin, piece.end, part_sorted->list);
   }
-  const std::vector<int64_t>& rows = whole ? *piece.rows : part.list;
-  const std::vector<int64_t>& sorted = whole ? *piece.sorted : part_sorted.list;
+  const std::vector<int64_t>& rows = whole ? *piece.rows : part->list;
+  const std::vector<int64_t>& sorted = whole ? *piece.sorted : part_sorted->list;
   TORCH_INTERNAL_ASSERT(sorted.empty() || sorted.size() == rows.size(), "EpochReader: ", sorted.size(),
                         " sorted positions for ", rows.size(), " rows");
   const int64_t count = static_cast<int64_t>(rows.size());
