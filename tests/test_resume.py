@@ -10,6 +10,7 @@ TorchScript follow below."""
 
 import collections
 import copy
+import random
 
 import pytest
 import torch
@@ -178,6 +179,60 @@ def test_successive_resumes_in_one_epoch_stay_exact():
                 rank.dataset.load_state_dict(state)
         delivered += run(ranks)
         assert real(delivered) == uninterrupted(strategy_name), strategy_name
+
+
+def random_job(config, world_size, num_workers, state=None):
+    """The ranks of a job of `config` (rows, strategy, block and ShardedDataset arguments), resumed from `state`."""
+    rows, name, block, arguments = config
+    ranks = []
+    for rank in range(world_size):
+        dataset = ts.ShardedDataset(
+            rows_source(rows), make_strategy(name, rows, block), seed=7 if state is None else None, rank=rank,
+            world_size=world_size, prefetch=0, num_threads=1, **arguments,
+        )  # fmt: skip
+        if state is not None:
+            dataset.load_state_dict(state)
+        ranks.append(Rank(dataset, num_workers))
+    return ranks
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_jobs_resume_twice_on_random_topologies_exactly_once(seed):
+    # Configurations the tests above fix, drawn at random (seeded): rows, batch size, fetch factor,
+    # drop_last, even_batches, block size, up to 64 ranks of up to 8 workers, two interruptions at random
+    # steps, each resumed on another topology.
+    rng = random.Random(seed)
+    for trial in range(60):
+        rows, name, block = rng.choice([1, 5, 61, 257, 1000]), rng.choice(STRATEGIES), rng.choice([1, 3, 8])
+        arguments = dict(batch_size=rng.randint(1, 9), fetch_factor=rng.randint(1, 5), drop_last=rng.random() < 0.3)
+        even_batches = arguments["even_batches"] = rng.choice(["pad", "drop", None])
+        config = (rows, name, block, arguments)
+        topologies = [(rng.choice([1, 2, 7, 16, 64]), rng.choice([0, 1, 3, 8])) for _ in range(3)]
+        context = (trial, config, topologies)
+        delivered, state = collections.Counter(), None
+        for segment, (world_size, num_workers) in enumerate(topologies):
+            ranks = random_job(config, world_size, num_workers, state)
+            lengths = [len(rank.dataset) for rank in ranks]
+            stop = None if segment == 2 else rng.randint(0, lengths[0])
+            part = run(ranks, stop)
+            steps = {len(batches) for batches in part}
+            if even_batches is not None:
+                assert len(set(lengths)) == 1 and steps == {lengths[0] if stop is None else stop}, context
+            if stop is None:
+                assert [len(batches) for batches in part] == lengths, context
+            delivered += real(part)
+            if stop is None:
+                break
+            state = ranks[0].dataset.state_dict(consumed_batches=stop if num_workers else None)
+            if state["epoch"] == 1:  # the whole epoch was consumed
+                break
+        reference = random_job(config, 1, 0)[0].dataset
+        expected = collections.Counter(tuple(batch["index"].tolist()) for batch in reference)
+        if even_batches == "drop":  # at most world_size - 1 batches of the epoch's end left out, none added
+            assert not delivered - expected, context
+            assert sum((expected - delivered).values()) <= world_size - 1, context
+        else:
+            assert delivered == expected, context
 
 
 def test_thousands_of_restarts_in_one_epoch_keep_the_state_small():
