@@ -387,6 +387,50 @@ def test_dataloader_workers_resume_from_the_loops_step(context):
         assert collections.Counter(taken + rest) == uninterrupted("StreamingShuffle"), num_workers
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_random_loaders_broken_out_of_resume_exactly_once(seed):
+    # Real workers (fork or forkserver, persistent or not, ts.DataLoader or torch's), random
+    # configurations as in the emulated test above: a loop that breaks at a random step, a state at
+    # that step, and the rest read on another number of workers.
+    rng = random.Random(seed)
+    for trial in range(3):
+        rows, name, block = rng.choice([7, 61, 300]), rng.choice(STRATEGIES), rng.choice([1, 3, 8])
+        arguments = dict(batch_size=rng.randint(1, 9), fetch_factor=rng.randint(1, 5), drop_last=rng.random() < 0.3)
+        world_size = rng.randint(1, 3)
+        arguments.update(even_batches=None, rank=rng.randrange(world_size), world_size=world_size)
+        before, after = rng.randint(1, 3), rng.randint(0, 3)
+        loader_type = rng.choice([ts.DataLoader, DataLoader])
+        workers = dict(multiprocessing_context=rng.choice(["fork", "forkserver"]))
+        workers["persistent_workers"] = rng.random() < 0.5
+        context = (trial, rows, name, block, arguments, before, after, loader_type.__module__, workers)
+
+        def dataset(seed, config=(rows, name, block, arguments)):
+            rows, name, block, arguments = config
+            return ts.ShardedDataset(rows_source(rows), make_strategy(name, rows, block), seed=seed, **arguments)
+
+        expected = collections.Counter(tuple(batch["index"].tolist()) for batch in dataset(7))
+        first = dataset(7)
+        loader = loader_type(first, batch_size=None, num_workers=before, **workers)
+        steps = len(loader)
+        assert steps == sum(expected.values()), context
+        stop = rng.randint(0, steps)
+        taken = collections.Counter()
+        for step, batch in enumerate(loader):
+            if step == stop:
+                break
+            taken[tuple(batch["index"].tolist())] += 1
+        state = first.state_dict(consumed_batches=stop)
+        resumed = dataset(None)
+        resumed.load_state_dict(state)
+        rest = loader_type(resumed, batch_size=None, num_workers=after, **(workers if after else {}))
+        length = len(rest)
+        rest = [tuple(batch["index"].tolist()) for batch in rest]
+        if stop < steps:  # else the state points at the next epoch
+            assert len(rest) == length, context
+            taken.update(rest)
+        assert taken == expected, context
+
+
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_stateful_dataloader_resumes_twice_in_one_epoch(context):
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
