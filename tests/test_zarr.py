@@ -3,6 +3,7 @@ every compressor), value by value; bad stores named precisely."""
 
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -42,9 +43,14 @@ V3_CODECS = {
 }
 
 
+def expected_of(array):
+    """The tensor torch_shards reads for a numpy array: native byte order, contiguous."""
+    return torch.from_numpy(np.ascontiguousarray(array.astype(array.dtype.newbyteorder("="))))
+
+
 def check(path, data, array="/"):
     got = ts.ZarrSource(path, array).read(ROWS, num_threads=3)["X"]
-    want = torch.from_numpy(np.ascontiguousarray(data[ROWS].astype(data.dtype.newbyteorder("="))))
+    want = expected_of(data[ROWS])
     assert got.dtype == want.dtype and torch.equal(got, want)
 
 
@@ -144,6 +150,35 @@ def test_zarr_v3_big_endian_and_transpose(tmp_path):
     )
     z[:] = data
     check(path, data)
+
+
+def test_random_arrays_match_zarr_python(tmp_path):
+    # Shapes, chunks, shards and codecs the tests above fix, drawn at random (seeded): 1 to 3 dimensions,
+    # chunks that do not divide the shape or exceed it, shards of 1-3 chunks a side, arrays written in
+    # part (unwritten chunks read as the fill value), rows unsorted with repeats, 1-3 threads.
+    rng = random.Random(0)
+    for trial in range(120):
+        rows = rng.choice([1, 2, 5, 31, 100])
+        shape = (rows,) + tuple(rng.choice([1, 2, 3, 7, 16]) for _ in range(rng.choice([0, 1, 1, 2])))
+        chunks = tuple(rng.choice([1, 2, 3, 5, 8, 64, size]) for size in shape)
+        dtype, layout = rng.choice(DTYPES + ["complex64"]), rng.choice(["v2", "v3", "v3 sharded"])
+        data = values_of(dtype, shape, seed=trial)
+        path = tmp_path / f"{trial}.zarr"
+        if layout == "v2":
+            compressor = V2_COMPRESSORS[rng.choice(list(V2_COMPRESSORS))]
+            kwargs = dict(zarr_format=2, compressors=compressor, order=rng.choice(["C", "F"]))
+        else:
+            kwargs = dict(zarr_format=3, compressors=V3_CODECS[rng.choice(list(V3_CODECS))])
+            if layout == "v3 sharded":
+                kwargs["shards"] = tuple(chunk * rng.randint(1, 3) for chunk in chunks)
+        z = zarr.create_array(path, shape=shape, chunks=chunks, dtype=data.dtype, **kwargs)
+        written = rng.randint(0, rows) if rng.random() < 0.3 else rows
+        z[:written] = data[:written]
+        expected = np.asarray(z[:])
+        wanted = [rng.randrange(rows) for _ in range(rng.choice([1, 3, 17, 64]))]
+        got = ts.ZarrSource(path).read(wanted, num_threads=rng.randint(1, 3))["X"]
+        want = expected_of(expected[wanted])
+        assert got.dtype == want.dtype and torch.equal(got, want), (trial, layout, dtype, shape, chunks, kwargs)
 
 
 @pytest.mark.parametrize("zarr_format", [2, 3])
