@@ -2,6 +2,7 @@
 dense and CSR X, layers, obs columns, names and categories; CSR validation."""
 
 import os
+import random
 import subprocess
 import sys
 
@@ -124,6 +125,70 @@ def test_layers_and_obs_columns(tmp_path, kind):
     assert batch["is_doublet"].tolist() == adata.obs["is_doublet"].iloc[ROWS].tolist()
     dense_layer = ts.AnnDataSource(path, layer="dense_layer").read(ROWS)["X"]
     assert torch.equal(dense_layer, torch.from_numpy(dense[ROWS] * 2))
+
+
+def random_anndata(rng, n_obs):
+    """An AnnData of random sizes and kinds (seeded by rng): X dense or CSR of a random dtype and density
+    (rows without entries at both ends, explicit zeros or not), a CSR or dense layer, an obsm array, and
+    obs columns of every encoding torch_shards reads, with missing values."""
+    values = np.random.default_rng(rng.randrange(1 << 30))
+    n_vars = rng.choice([1, 3, 50, 200])
+    x = sp.random(n_obs, n_vars, density=rng.choice([0.0, 0.01, 0.1, 0.5, 1.0]), format="csr", random_state=values)
+    x = (x * 100).astype(rng.choice([np.float32, np.float64, np.int32, np.int64, np.int8]))
+    if rng.random() < 0.3:
+        x = sp.vstack([sp.csr_matrix((1, n_vars), dtype=x.dtype), x[1:-1], sp.csr_matrix((1, n_vars), dtype=x.dtype)])
+        x = x.tocsr()[:n_obs]
+    elif rng.random() < 0.5:
+        x.eliminate_zeros()
+    categories = ["a", "b", "c", "d"][: rng.randint(1, 4)]
+    obs = pd.DataFrame(
+        {
+            "category": pd.Categorical(values.choice(categories + [None], size=n_obs), categories=categories),
+            "integer": values.integers(-5, 5, n_obs),
+            "float": values.standard_normal(n_obs).astype(np.float32),
+            "boolean": values.random(n_obs) > 0.5,
+            "string": pd.array(values.choice(["x", "yy", "zzz", "é"], size=n_obs), dtype=object),
+            "nullable_integer": pd.array([None if v < 0.2 else int(v * 10) for v in values.random(n_obs)], "Int32"),
+            "nullable_boolean": pd.array([None if v < 0.2 else bool(v > 0.6) for v in values.random(n_obs)], "boolean"),
+        },
+        index=[f"cell{i}" for i in range(n_obs)],
+    )
+    adata = ad.AnnData(X=x.toarray() if rng.random() < 0.3 else x, obs=obs)
+    adata.layers["counts"] = x.copy() if rng.random() < 0.5 else x.toarray()
+    adata.obsm["pca"] = values.standard_normal((n_obs, rng.choice([1, 2, 5]))).astype(np.float32)
+    return adata
+
+
+def test_random_anndata_matches_anndata(tmp_path):
+    # What the tests above fix, drawn at random (seeded): sizes, dtypes, densities, dense or CSR X and
+    # layer, every obs encoding with missing values, .h5ad or zarr v2 / v3, rows in any order with repeats.
+    rng = random.Random(0)
+    columns = ["category", "integer", "float", "boolean", "string", "nullable_integer", "nullable_boolean"]
+    for trial in range(30):
+        n_obs = rng.choice([1, 2, 7, 64, 300])
+        (tmp_path / str(trial)).mkdir()
+        path = write(random_anndata(rng, n_obs), tmp_path / str(trial), rng.choice(KINDS))
+        adata = read_anndata(path)
+        dense = rng.random() < 0.3
+        source = ts.AnnDataSource(path, obs=columns, dense=dense, fields={"counts": "layers/counts", "pca": "obsm/pca"})
+        rows = [rng.randrange(n_obs) for _ in range(rng.choice([1, 5, 40]))]
+        batch = source.read(rows, num_threads=rng.randint(1, 2))
+        context = (trial, path, rows)
+        assert (batch["X"].layout == torch.sparse_csr) == (sp.issparse(adata.X) and not dense), context
+        for field, element in (("X", "X"), ("counts", "layers/counts"), ("pca", "obsm/pca")):
+            assert_field_rows(batch, field, element_of(adata, element), rows)
+        obs = adata.obs.iloc[rows]
+        for column in ("integer", "float", "boolean"):
+            assert torch.equal(batch[column], torch.from_numpy(obs[column].to_numpy())), (column, context)
+        for column in ("category", "string"):
+            values = source.categories(column)
+            got = [None if code < 0 else values[code] for code in batch[column].tolist()]
+            assert got == [None if pd.isna(value) else value for value in obs[column]], (column, context)
+        for column in ("nullable_integer", "nullable_boolean"):
+            missing = obs[column].isna().to_numpy()
+            assert batch[f"{column}_mask"].tolist() == missing.tolist(), (column, context)
+            present = obs[column].to_numpy()[~missing].astype(batch[column].numpy().dtype)
+            assert batch[column].numpy()[~missing].tolist() == present.tolist(), (column, context)
 
 
 @pytest.mark.parametrize("kind", KINDS)
