@@ -15,7 +15,16 @@ import pytest
 import scipy.sparse as sp
 import torch
 import zarr
-from conftest import PER_CELL_FIELDS, assert_field_rows, element_of, per_cell_anndata, read_anndata, write_anndata
+from conftest import (
+    PER_CELL_FIELDS,
+    STRATEGIES,
+    assert_field_rows,
+    element_of,
+    make_strategy,
+    per_cell_anndata,
+    read_anndata,
+    write_anndata,
+)
 from torch.utils.data import DataLoader
 
 import torch_shards as ts
@@ -189,6 +198,42 @@ def test_random_anndata_matches_anndata(tmp_path):
             assert batch[f"{column}_mask"].tolist() == missing.tolist(), (column, context)
             present = obs[column].to_numpy()[~missing].astype(batch[column].numpy().dtype)
             assert batch[column].numpy()[~missing].tolist() == present.tolist(), (column, context)
+
+
+def test_random_datasets_deliver_the_rows_of_their_index(tmp_path):
+    # Random AnnData through random ShardedDatasets (strategy, batch size, fetch factor, threads, read-ahead,
+    # prefetch_bytes small enough to read fetches in pieces), in-process or through DataLoader workers: every
+    # batch holds the rows its "index" names, batches kept across steps stay intact, len() is exact.
+    rng = random.Random(1)
+    for trial in range(30):
+        n_obs = rng.choice([1, 7, 64, 300, 2000])
+        (tmp_path / str(trial)).mkdir()
+        path = write(random_anndata(rng, n_obs), tmp_path / str(trial), rng.choice(KINDS))
+        adata = read_anndata(path)
+        source = ts.AnnDataSource(path, dense=rng.random() < 0.3, fields={"counts": "layers/counts"})
+        strategy = make_strategy(rng.choice(STRATEGIES), n_obs, block_size=rng.choice([1, 3, 8]))
+        dataset = ts.ShardedDataset(
+            source, strategy, batch_size=rng.choice([1, 3, 16, 64, 256]), fetch_factor=rng.choice([1, 2, 16]),
+            num_threads=rng.randint(1, 3), prefetch=rng.choice([None, 0, 1, 4]),
+            prefetch_bytes=rng.choice([1 << 30, 1 << 16, 4096]), drop_last=rng.random() < 0.2, seed=trial,
+        )  # fmt: skip
+        workers = rng.choice([0, 0, 1, 2])
+        loader_type = rng.choice([ts.DataLoader, DataLoader])
+        fork = {"multiprocessing_context": "fork"} if workers else {}
+        loader = loader_type(dataset, batch_size=None, num_workers=workers, **fork)
+        context = (trial, path, dataset.strategy, dataset.batch_size, workers, loader_type.__module__)
+        kept, steps = [], 0
+        for batch in loader:
+            for field, element in (("X", "X"), ("counts", "layers/counts")):
+                assert_field_rows(batch, field, element_of(adata, element), batch["index"].numpy())
+            if rng.random() < 0.1:
+                kept.append(
+                    (batch, {name: value.clone() for name, value in batch.items() if value.layout == torch.strided})
+                )
+            steps += 1
+        assert steps == len(loader), context
+        for batch, copy in kept:
+            assert all(torch.equal(batch[name], value) for name, value in copy.items()), context
 
 
 @pytest.mark.parametrize("kind", KINDS)
