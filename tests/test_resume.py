@@ -10,6 +10,7 @@ TorchScript follow below."""
 
 import collections
 import copy
+import itertools
 import random
 
 import pytest
@@ -730,6 +731,55 @@ def test_sampler_resumes_on_another_number_of_replicas(drop_last):
         if not drop_last:
             assert set(counts) == set(range(53))
         assert sum(counts.values()) - len(counts) < replicas + new_replicas  # padding only
+
+
+def test_random_samplers_resume_on_another_number_of_replicas():
+    # Sizes, replicas, shuffle, drop_last, strategies and epochs drawn at random (seeded): every replica
+    # stops at the same random step, the rest is read on another number of replicas; together the plan
+    # exactly once, but for the padding or trimming of the epoch's end (fewer entries than the replicas
+    # that end it).
+    rng = random.Random(0)
+    for trial in range(400):
+        size, replicas, new_replicas = rng.choice([1, 2, 7, 53, 64, 257]), rng.randint(1, 9), rng.randint(1, 9)
+        name, block = (
+            rng.choice([None, "Streaming", "BlockShuffling", "BlockWeightedSampling", "ClassBalancedSampling"]),
+            rng.choice([1, 3, 8]),
+        )
+        arguments = dict(shuffle=rng.random() < 0.5, drop_last=rng.random() < 0.5)
+        epoch = rng.randint(0, 3)
+
+        def sampler(num_replicas, rank, seed=5, config=(size, name, block, arguments)):
+            size, name, block, arguments = config
+            strategy = None if name is None else make_strategy(name, size, block)
+            return ts.DistributedSampler(range(size), num_replicas, rank, seed=seed, strategy=strategy, **arguments)
+
+        whole = sampler(1, 0)
+        whole.set_epoch(epoch)
+        plan = collections.Counter(whole)
+        before = [sampler(replicas, rank) for rank in range(replicas)]
+        stop = rng.randint(0, len(before[0]))
+        taken = collections.Counter()
+        for replica in before:
+            replica.set_epoch(epoch)
+            taken.update(itertools.islice(iter(replica), stop))
+        state = before[0].state_dict()
+        context = (trial, size, replicas, new_replicas, name, block, arguments, epoch, stop)
+        finishing = new_replicas  # the replicas that pad or trim the epoch's end
+        if state["epoch"] == epoch:
+            for rank in range(new_replicas):
+                after = sampler(new_replicas, rank, seed=0)
+                after.load_state_dict(state)
+                length = len(after)
+                rest = list(after)
+                assert len(rest) == length, context
+                taken.update(rest)
+        else:  # the whole epoch was consumed
+            assert stop == len(before[0]) and state["epoch"] == epoch + 1, context
+            finishing = replicas
+        if arguments["drop_last"]:
+            assert not taken - plan and sum((plan - taken).values()) < finishing, context
+        else:
+            assert not plan - taken and sum((taken - plan).values()) < finishing, context
 
 
 def test_sampler_epoch_advances_only_after_a_finished_iteration():
