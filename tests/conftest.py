@@ -165,6 +165,38 @@ def per_cell_anndata(n_obs, seed, n_vars=11):
     return adata
 
 
+def random_anndata(rng, n_obs):
+    """An AnnData of random sizes and kinds (seeded by rng): X dense or CSR of a random dtype and density
+    (rows without entries at both ends, explicit zeros or not), a CSR or dense layer, an obsm array, and
+    obs columns of every encoding torch_shards reads, with missing values."""
+    values = np.random.default_rng(rng.randrange(1 << 30))
+    n_vars = rng.choice([1, 3, 50, 200])
+    x = sp.random(n_obs, n_vars, density=rng.choice([0.0, 0.01, 0.1, 0.5, 1.0]), format="csr", random_state=values)
+    x = (x * 100).astype(rng.choice([np.float32, np.float64, np.int32, np.int64, np.int8]))
+    if rng.random() < 0.3:
+        x = sp.vstack([sp.csr_matrix((1, n_vars), dtype=x.dtype), x[1:-1], sp.csr_matrix((1, n_vars), dtype=x.dtype)])
+        x = x.tocsr()[:n_obs]
+    elif rng.random() < 0.5:
+        x.eliminate_zeros()
+    categories = ["a", "b", "c", "d"][: rng.randint(1, 4)]
+    obs = pd.DataFrame(
+        {
+            "category": pd.Categorical(values.choice(categories + [None], size=n_obs), categories=categories),
+            "integer": values.integers(-5, 5, n_obs),
+            "float": values.standard_normal(n_obs).astype(np.float32),
+            "boolean": values.random(n_obs) > 0.5,
+            "string": pd.array(values.choice(["x", "yy", "zzz", "é"], size=n_obs), dtype=object),
+            "nullable_integer": pd.array([None if v < 0.2 else int(v * 10) for v in values.random(n_obs)], "Int32"),
+            "nullable_boolean": pd.array([None if v < 0.2 else bool(v > 0.6) for v in values.random(n_obs)], "boolean"),
+        },
+        index=[f"cell{i}" for i in range(n_obs)],
+    )
+    adata = ad.AnnData(X=x.toarray() if rng.random() < 0.3 else x, obs=obs)
+    adata.layers["counts"] = x.copy() if rng.random() < 0.5 else x.toarray()
+    adata.obsm["pca"] = values.standard_normal((n_obs, rng.choice([1, 2, 5]))).astype(np.float32)
+    return adata
+
+
 def write_anndata(adata, path):
     """Writes adata at path: .h5ad, or a zarr store (zarr v2 for *.zarr2.zarr, else v3)."""
     path = str(path)

@@ -1,5 +1,7 @@
 """Collection (many files as one row space) and torch_shards.open."""
 
+import random
+
 import anndata as ad
 import h5py
 import numpy as np
@@ -10,9 +12,12 @@ import torch
 import zarr
 from conftest import (
     PER_CELL_FIELDS_ACROSS_FILES,
+    STRATEGIES,
     assert_field_rows,
     element_of,
+    make_strategy,
     per_cell_anndata,
+    random_anndata,
     read_anndata,
     write_anndata,
 )
@@ -365,6 +370,38 @@ def test_nested_collections_unite_their_unions(samples):
     rows = list(range(15))
     reordered = read_back([samples[i] for i in (3, 4, 2, 0)], "cell_type")
     assert decoded(backwards.read(rows)["cell_type"], backwards.categories("cell_type")) == reordered
+
+
+def test_random_collections_deliver_the_rows_of_their_index(tmp_path):
+    # Collections of 1-4 random AnnData parts (seeded: sizes, .h5ad or zarr v2 / v3, categories that differ
+    # between parts) through random datasets: every batch holds the concatenation's rows at its "index", and
+    # its categorical and string codes name the concatenation's values.
+    rng = random.Random(0)
+    for trial in range(12):
+        paths = []
+        for part in range(rng.randint(1, 4)):
+            n_obs = rng.choice([1, 7, 64, 300])
+            adata = random_anndata(random.Random(trial), n_obs)  # the same fields and dtypes in every part
+            categories = ["a", "b", "c", "q"][: rng.randint(1, 4)]
+            adata.obs["category"] = pd.Categorical([rng.choice(categories) for _ in range(n_obs)])
+            paths.append(
+                write_anndata(adata, tmp_path / f"{trial}-{part}{rng.choice(['.h5ad', '.zarr2.zarr', '.zarr'])}")
+            )
+        whole = ad.concat([read_anndata(path) for path in paths], merge="same")
+        source = ts.open(paths, obs=["category", "string"], fields={"counts": "layers/counts"})
+        strategy = make_strategy(rng.choice(STRATEGIES), whole.n_obs, block_size=rng.choice([1, 3, 8]))
+        dataset = ts.ShardedDataset(
+            source, strategy, batch_size=rng.choice([1, 5, 64]), fetch_factor=rng.choice([1, 4]), seed=trial,
+            num_threads=rng.randint(1, 3),
+        )  # fmt: skip
+        names = {column: source.categories(column) for column in ("category", "string")}
+        for batch in dataset:
+            rows = batch["index"].numpy()
+            for field, element in (("X", "X"), ("counts", "layers/counts")):
+                assert_field_rows(batch, field, element_of(whole, element), rows)
+            for column, values in names.items():
+                got = [None if code < 0 else values[code] for code in batch[column].tolist()]
+                assert got == list(whole.obs[column].iloc[rows]), (trial, paths, column)
 
 
 def test_parts_that_agree_keep_their_codes(tmp_path):
