@@ -23,11 +23,11 @@ import torch_shards as ts
 ROWS = 61  # a short last batch, fetch and rank share at every batch size below
 
 
-def make(strategy_name, world_size=1, rank=0, **kwargs):
+def make(strategy_name, world_size=1, rank=0, rows=ROWS, block_size=3, **kwargs):
     arguments = dict(batch_size=4, fetch_factor=3, seed=7, prefetch=0, num_threads=1)
     arguments.update(kwargs)
     return ts.ShardedDataset(
-        rows_source(ROWS), make_strategy(strategy_name, ROWS), rank=rank, world_size=world_size, **arguments
+        rows_source(rows), make_strategy(strategy_name, rows, block_size), rank=rank, world_size=world_size, **arguments
     )
 
 
@@ -182,21 +182,6 @@ def test_successive_resumes_in_one_epoch_stay_exact():
         assert real(delivered) == uninterrupted(strategy_name), strategy_name
 
 
-def random_job(config, world_size, num_workers, state=None):
-    """The ranks of a job of `config` (rows, strategy, block and ShardedDataset arguments), resumed from `state`."""
-    rows, name, block, arguments = config
-    ranks = []
-    for rank in range(world_size):
-        dataset = ts.ShardedDataset(
-            rows_source(rows), make_strategy(name, rows, block), seed=7 if state is None else None, rank=rank,
-            world_size=world_size, prefetch=0, num_threads=1, **arguments,
-        )  # fmt: skip
-        if state is not None:
-            dataset.load_state_dict(state)
-        ranks.append(Rank(dataset, num_workers))
-    return ranks
-
-
 @pytest.mark.parametrize("seed", range(4))
 def test_random_jobs_resume_twice_on_random_topologies_exactly_once(seed):
     # Configurations the tests above fix, drawn at random (seeded): rows, batch size, fetch factor,
@@ -204,15 +189,18 @@ def test_random_jobs_resume_twice_on_random_topologies_exactly_once(seed):
     # steps, each resumed on another topology.
     rng = random.Random(seed)
     for trial in range(60):
-        rows, name, block = rng.choice([1, 5, 61, 257, 1000]), rng.choice(STRATEGIES), rng.choice([1, 3, 8])
-        arguments = dict(batch_size=rng.randint(1, 9), fetch_factor=rng.randint(1, 5), drop_last=rng.random() < 0.3)
+        name = rng.choice(STRATEGIES)
+        arguments = dict(rows=rng.choice([1, 5, 61, 257, 1000]), block_size=rng.choice([1, 3, 8]))
+        arguments.update(batch_size=rng.randint(1, 9), fetch_factor=rng.randint(1, 5), drop_last=rng.random() < 0.3)
         even_batches = arguments["even_batches"] = rng.choice(["pad", "drop", None])
-        config = (rows, name, block, arguments)
         topologies = [(rng.choice([1, 2, 7, 16, 64]), rng.choice([0, 1, 3, 8])) for _ in range(3)]
-        context = (trial, config, topologies)
+        context = (trial, name, arguments, topologies)
         delivered, state = collections.Counter(), None
         for segment, (world_size, num_workers) in enumerate(topologies):
-            ranks = random_job(config, world_size, num_workers, state)
+            ranks = job(name, world_size, num_workers, seed=7 if state is None else None, **arguments)
+            if state is not None:
+                for rank in ranks:
+                    rank.dataset.load_state_dict(state)
             lengths = [len(rank.dataset) for rank in ranks]
             stop = None if segment == 2 else rng.randint(0, lengths[0])
             part = run(ranks, stop)
@@ -227,7 +215,7 @@ def test_random_jobs_resume_twice_on_random_topologies_exactly_once(seed):
             state = ranks[0].dataset.state_dict(consumed_batches=stop if num_workers else None)
             if state["epoch"] == 1:  # the whole epoch was consumed
                 break
-        reference = random_job(config, 1, 0)[0].dataset
+        reference = make(name, **arguments)
         expected = collections.Counter(tuple(batch["index"].tolist()) for batch in reference)
         if even_batches == "drop":  # at most world_size - 1 batches of the epoch's end left out, none added
             assert not delivered - expected, context
@@ -395,22 +383,19 @@ def test_random_loaders_broken_out_of_resume_exactly_once(seed):
     # that step, and the rest read on another number of workers.
     rng = random.Random(seed)
     for trial in range(3):
-        rows, name, block = rng.choice([7, 61, 300]), rng.choice(STRATEGIES), rng.choice([1, 3, 8])
-        arguments = dict(batch_size=rng.randint(1, 9), fetch_factor=rng.randint(1, 5), drop_last=rng.random() < 0.3)
+        name = rng.choice(STRATEGIES)
+        arguments = dict(rows=rng.choice([7, 61, 300]), block_size=rng.choice([1, 3, 8]))
+        arguments.update(batch_size=rng.randint(1, 9), fetch_factor=rng.randint(1, 5), drop_last=rng.random() < 0.3)
         world_size = rng.randint(1, 3)
         arguments.update(even_batches=None, rank=rng.randrange(world_size), world_size=world_size)
+        arguments.update(prefetch=None, num_threads=None)  # the reader's defaults, in the workers
         before, after = rng.randint(1, 3), rng.randint(0, 3)
         loader_type = rng.choice([ts.DataLoader, DataLoader])
         workers = dict(multiprocessing_context=rng.choice(["fork", "forkserver"]))
         workers["persistent_workers"] = rng.random() < 0.5
-        context = (trial, rows, name, block, arguments, before, after, loader_type.__module__, workers)
-
-        def dataset(seed, config=(rows, name, block, arguments)):
-            rows, name, block, arguments = config
-            return ts.ShardedDataset(rows_source(rows), make_strategy(name, rows, block), seed=seed, **arguments)
-
-        expected = collections.Counter(tuple(batch["index"].tolist()) for batch in dataset(7))
-        first = dataset(7)
+        context = (trial, name, arguments, before, after, loader_type.__module__, workers)
+        expected = collections.Counter(tuple(batch["index"].tolist()) for batch in make(name, **arguments))
+        first = make(name, **arguments)
         loader = loader_type(first, batch_size=None, num_workers=before, **workers)
         steps = len(loader)
         assert steps == sum(expected.values()), context
@@ -421,7 +406,7 @@ def test_random_loaders_broken_out_of_resume_exactly_once(seed):
                 break
             taken[tuple(batch["index"].tolist())] += 1
         state = first.state_dict(consumed_batches=stop)
-        resumed = dataset(None)
+        resumed = make(name, seed=None, **arguments)
         resumed.load_state_dict(state)
         rest = loader_type(resumed, batch_size=None, num_workers=after, **(workers if after else {}))
         length = len(rest)
