@@ -165,6 +165,17 @@ def per_cell_anndata(n_obs, seed, n_vars=11):
     return adata
 
 
+def expected_tensor(array):
+    """The tensor torch_shards reads for a numpy array: native byte order, contiguous."""
+    native = array.astype(array.dtype.newbyteorder("="))
+    return torch.from_numpy(np.ascontiguousarray(native))
+
+
+def decoded(codes, categories):
+    """Codes of a categorical or string obs column as their values (None: missing)."""
+    return [categories[code] if code >= 0 else None for code in codes.tolist()]
+
+
 def random_anndata(rng, n_obs):
     """An AnnData of random sizes and kinds (seeded by rng): X dense or CSR of a random dtype and density
     (rows without entries at both ends, explicit zeros or not), a CSR or dense layer, an obsm array, and

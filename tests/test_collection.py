@@ -14,6 +14,7 @@ from conftest import (
     PER_CELL_FIELDS_ACROSS_FILES,
     STRATEGIES,
     assert_field_rows,
+    decoded,
     element_of,
     make_strategy,
     per_cell_anndata,
@@ -255,10 +256,6 @@ def read_back(paths, column):
     return values
 
 
-def decoded(codes, categories):
-    return [categories[code] if code >= 0 else None for code in codes.tolist()]
-
-
 COLUMNS = ["cell_type", "plate", "barcode"]
 
 
@@ -400,8 +397,7 @@ def test_random_collections_deliver_the_rows_of_their_index(tmp_path):
             for field, element in (("X", "X"), ("counts", "layers/counts")):
                 assert_field_rows(batch, field, element_of(whole, element), rows)
             for column, values in names.items():
-                got = [None if code < 0 else values[code] for code in batch[column].tolist()]
-                assert got == list(whole.obs[column].iloc[rows]), (trial, paths, column)
+                assert decoded(batch[column], values) == list(whole.obs[column].iloc[rows]), (trial, paths, column)
 
 
 def test_parts_that_agree_keep_their_codes(tmp_path):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import DTYPES as NATIVE_DTYPES
-from conftest import values_of
+from conftest import expected_tensor, values_of
 from torch.utils.data import DataLoader
 
 import torch_shards as ts
@@ -44,11 +44,6 @@ LAYOUTS = {
     "fletcher32": {"chunks": (8, 13), "fletcher32": True},
     "scaleoffset": {"chunks": (8, 13), "scaleoffset": 0},
 }
-
-
-def expected_tensor(array):
-    native = array.astype(array.dtype.newbyteorder("="))
-    return torch.from_numpy(np.ascontiguousarray(native))
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from conftest import DTYPES, values_of
+from conftest import DTYPES, expected_tensor, values_of
 from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, TransposeCodec, ZstdCodec
 
 import torch_shards as ts
@@ -43,14 +43,9 @@ V3_CODECS = {
 }
 
 
-def expected_of(array):
-    """The tensor torch_shards reads for a numpy array: native byte order, contiguous."""
-    return torch.from_numpy(np.ascontiguousarray(array.astype(array.dtype.newbyteorder("="))))
-
-
 def check(path, data, array="/"):
     got = ts.ZarrSource(path, array).read(ROWS, num_threads=3)["X"]
-    want = expected_of(data[ROWS])
+    want = expected_tensor(data[ROWS])
     assert got.dtype == want.dtype and torch.equal(got, want)
 
 
@@ -177,7 +172,7 @@ def test_random_arrays_match_zarr_python(tmp_path):
         expected = np.asarray(z[:])
         wanted = [rng.randrange(rows) for _ in range(rng.choice([1, 3, 17, 64]))]
         got = ts.ZarrSource(path).read(wanted, num_threads=rng.randint(1, 3))["X"]
-        want = expected_of(expected[wanted])
+        want = expected_tensor(expected[wanted])
         assert got.dtype == want.dtype and torch.equal(got, want), (trial, layout, dtype, shape, chunks, kwargs)
 
 
