@@ -173,6 +173,20 @@ namespace {
 
 constexpr size_t kMaxHeaderChunks = 4096;
 
+// A message just parsed: a continuation's (address, length) goes to `continuations`, a NIL message
+// (type 0) nowhere, any other to `messages`.
+void keep_message(Message message, std::vector<Message>& messages,
+                  std::vector<std::pair<uint64_t, uint64_t>>& continuations, const FormatInfo& format) {
+  if (message.type == kContinuationMessage) {
+    Reader continuation(message.data, "continuation message");
+    const uint64_t address = read_address(continuation, format);
+    const uint64_t chunk = continuation.integer(static_cast<size_t>(format.length_size));
+    continuations.emplace_back(address, chunk);
+  } else if (message.type != 0) {
+    messages.push_back(std::move(message));
+  }
+}
+
 // Messages of one chunk [data, data + size) of a version 1 header.
 void parse_v1_messages(const uint8_t* data, size_t size, std::vector<Message>& messages,
                        std::vector<std::pair<uint64_t, uint64_t>>& continuations, const FormatInfo& format) {
@@ -184,14 +198,7 @@ void parse_v1_messages(const uint8_t* data, size_t size, std::vector<Message>& m
     message.flags = reader.u8();
     reader.skip(3);
     message.data = reader.bytes(length);
-    if (message.type == kContinuationMessage) {
-      Reader continuation(message.data, "continuation message");
-      const uint64_t address = read_address(continuation, format);
-      const uint64_t chunk = continuation.integer(static_cast<size_t>(format.length_size));
-      continuations.emplace_back(address, chunk);
-    } else if (message.type != 0) {
-      messages.push_back(std::move(message));
-    }
+    keep_message(std::move(message), messages, continuations, format);
   }
 }
 
@@ -209,14 +216,7 @@ void parse_v2_messages(Reader& reader, size_t end, bool creation_order, std::vec
       corrupt(concat("object header message of type ", message.type, " claims ", length, " bytes, past its chunk"));
     }
     message.data = reader.bytes(length);
-    if (message.type == kContinuationMessage) {
-      Reader continuation(message.data, "continuation message");
-      const uint64_t address = read_address(continuation, format);
-      const uint64_t chunk = continuation.integer(static_cast<size_t>(format.length_size));
-      continuations.emplace_back(address, chunk);
-    } else if (message.type != 0) {
-      messages.push_back(std::move(message));
-    }
+    keep_message(std::move(message), messages, continuations, format);
   }
   reader.seek(end);  // a gap too small for a message
 }
