@@ -4,6 +4,7 @@ read compared with the same read of the local files."""
 
 import json
 import os
+import random
 import resource
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 import zarr
-from remote_servers import FaultProxy, RangeHTTPServer, S3Server
+from remote_servers import FAULT_KINDS, FaultProxy, RangeHTTPServer, S3Server
 from torch.utils.data import DataLoader
 
 import torch_shards as ts
@@ -402,6 +403,84 @@ def test_faults_past_the_retries_raise_naming_the_url(http):
         expected = r"plain\.h5: (dataset /values chunk .*|/contiguous: )HTTP 503 .*after 2 attempts"
         with pytest.raises(RuntimeError, match=expected):
             remote.read(torch.arange(ROWS))
+
+
+def test_a_file_of_another_format_behind_a_url_is_refused_as_on_disk(tmp_path):
+    (tmp_path / "notes.txt").write_text("neither HDF5 nor zarr\n" * 40)
+    with RangeHTTPServer(tmp_path) as server:
+        for location in (tmp_path, server.url):
+            with pytest.raises(ValueError, match=f"{location}/notes.txt is neither an HDF5 file nor a zarr store"):
+                ts.open(f"{location}/notes.txt")
+
+
+PROBED = [("cells.h5ad", "cells.h5ad", True), ("cells_v3.zarr", "cells_v3.zarr/zarr.json", True)]
+PROBED += [("cells_v3.zarr", "cells_v3.zarr/zarr.json", False), ("cells_v2.zarr", "cells_v2.zarr/.zgroup", False)]
+
+
+@pytest.mark.parametrize(("name", "asked", "consolidated"), PROBED)
+def test_a_request_failing_while_the_format_is_probed_raises_naming_the_url(http, name, asked, consolidated):
+    # The store's first bytes or its metadata not read (503 past the retries): the failure, not a verdict
+    # on the format ("neither an HDF5 file nor a zarr store" before). Without consolidated metadata the
+    # probe itself is the first to ask for a zarr store's metadata.
+    with FaultProxy(http.url) as proxy:
+        proxy.inject("status_503", count=2, path_contains=asked, method="GET")
+        with pytest.raises(RuntimeError, match=f"{proxy.url}/{asked}: .*HTTP 503 .*after 2 attempts"):
+            source_of(proxy.url, name, retries=1, consolidated=consolidated)
+        assert len(proxy.fired) == 2
+
+
+def test_random_faults_give_the_local_rows_or_an_error_naming_the_store(data_dir, http, tmp_path):
+    # Faults of every kind drawn at random (seeded): 1-3 injections of 1-3 requests each, matching any
+    # request, the store's metadata or its chunks, injected before or after the store is opened, with 0-4
+    # retries and a node-local cache or none, over every kind of store (an annbatch collection through an
+    # unsigned S3 endpoint). A read returns what the local store reads for the same rows (and so does a
+    # second read from what the cache kept), or, only where more faults fired than retries were allowed,
+    # raises naming the store; never other values, never past the timeouts.
+    put_collection_in_bucket(tmp_path)
+    rng = random.Random(0)
+    with RangeHTTPServer(tmp_path, s3_listing=True) as bucket:
+        for trial in range(40):
+            name = rng.choice(STORES + ["collection.zarr"])
+            collection = name == "collection.zarr"
+            local = ts.open(COLLECTION) if collection else source_of(data_dir, name)
+            rows = torch.tensor(rng.sample(range(len(local)), rng.randint(1, len(local))))
+            retries = rng.randint(0, 4)
+            storage = {"retries": retries, "timeout": 0.8}
+            if rng.random() < 0.3:
+                storage["cache_dir"] = tmp_path / f"cache{trial}"
+            places = [None, name, "/c/", ".zarray", "zarr.json", "/X/"]
+            faults = [
+                (rng.choice(FAULT_KINDS), rng.randint(1, 3), rng.choice(places)) for _ in range(rng.randint(1, 3))
+            ]
+            before_open = rng.random() < 0.5
+            threads = rng.randint(1, 3)
+            started = time.monotonic()
+            with FaultProxy(bucket.url if collection else http.url) as proxy:
+
+                def inject():
+                    for kind, count, where in faults:
+                        proxy.inject(kind, count=count, path_contains=where, seconds=1.2 if kind == "slow" else None)
+
+                def remote():
+                    if collection:
+                        return ts.open("s3://public/collection.zarr", endpoint_url=proxy.url, anonymous=True, **storage)
+                    return source_of(proxy.url, name, **storage)
+
+                what = (trial, name, retries, faults, before_open)
+                try:
+                    if before_open:
+                        inject()
+                    source = remote()
+                    if not before_open:
+                        inject()
+                    same_batches(local.read(rows), source.read(rows, num_threads=threads))
+                    if "cache_dir" in storage:
+                        same_batches(local.read(rows), remote().read(rows, num_threads=threads))
+                except (RuntimeError, OSError) as error:
+                    assert len(proxy.fired) > retries, (what, proxy.fired, error)
+                    store = "s3://public/collection.zarr" if collection else f"{proxy.url}/{name}"
+                    assert store in str(error), (what, error)
+            assert time.monotonic() - started < 30, what
 
 
 def test_a_slow_server_times_out_naming_the_url(http):

@@ -132,39 +132,45 @@ uint32_t lookup3_checksum(const uint8_t* data, size_t size, uint32_t initial) {
 
 // --------------------------------------------------------------- superblock
 
-FormatInfo read_format_info(const File& file) {
+std::optional<int64_t> find_superblock(const File& file) {
   for (int64_t offset = 0; offset + 8 <= file.size(); offset = offset == 0 ? 512 : offset * 2) {
     uint8_t signature[8];
     file.read_at(offset, 8, signature, "the superblock signature");
-    if (std::memcmp(signature, kSignature, 8) != 0) continue;
-    const int64_t available = std::min<int64_t>(file.size() - offset, 64);
-    const std::vector<uint8_t> bytes = file.read_at(offset, static_cast<size_t>(available), "the superblock");
-    Reader reader(bytes, "the superblock");
-    reader.skip(8);
-    const uint8_t version = reader.u8();
-    FormatInfo format;
-    if (version <= 1) {
-      reader.skip(4);  // free space, root group and shared header versions, reserved
-      format.address_size = reader.u8();
-      format.length_size = reader.u8();
-      reader.skip(1 + 4 + 4 + (version == 1 ? 4 : 0));  // reserved, group K values, flags, indexed storage K
-    } else if (version <= 3) {
-      format.address_size = reader.u8();
-      format.length_size = reader.u8();
-      reader.skip(1);  // flags
-    } else {
-      corrupt(concat("unsupported superblock version ", int{version}));
-    }
-    for (int size : {format.address_size, format.length_size}) {
-      if (size != 2 && size != 4 && size != 8) corrupt(concat("the superblock gives an invalid field size of ", size));
-    }
-    const uint64_t base = reader.integer(static_cast<size_t>(format.address_size));
-    if (base > static_cast<uint64_t>(file.size()))
-      corrupt(concat("the superblock's base address ", base, " is past the end"));
-    format.base = static_cast<int64_t>(base);
-    return format;
+    if (std::memcmp(signature, kSignature, 8) == 0) return offset;
   }
-  corrupt("no HDF5 superblock signature");
+  return std::nullopt;
+}
+
+FormatInfo read_format_info(const File& file) {
+  const std::optional<int64_t> found = find_superblock(file);
+  if (!found) corrupt("no HDF5 superblock signature");
+  const int64_t offset = *found;
+  const int64_t available = std::min<int64_t>(file.size() - offset, 64);
+  const std::vector<uint8_t> bytes = file.read_at(offset, static_cast<size_t>(available), "the superblock");
+  Reader reader(bytes, "the superblock");
+  reader.skip(8);
+  const uint8_t version = reader.u8();
+  FormatInfo format;
+  if (version <= 1) {
+    reader.skip(4);  // free space, root group and shared header versions, reserved
+    format.address_size = reader.u8();
+    format.length_size = reader.u8();
+    reader.skip(1 + 4 + 4 + (version == 1 ? 4 : 0));  // reserved, group K values, flags, indexed storage K
+  } else if (version <= 3) {
+    format.address_size = reader.u8();
+    format.length_size = reader.u8();
+    reader.skip(1);  // flags
+  } else {
+    corrupt(concat("unsupported superblock version ", int{version}));
+  }
+  for (int size : {format.address_size, format.length_size}) {
+    if (size != 2 && size != 4 && size != 8) corrupt(concat("the superblock gives an invalid field size of ", size));
+  }
+  const uint64_t base = reader.integer(static_cast<size_t>(format.address_size));
+  if (base > static_cast<uint64_t>(file.size()))
+    corrupt(concat("the superblock's base address ", base, " is past the end"));
+  format.base = static_cast<int64_t>(base);
+  return format;
 }
 
 // ------------------------------------------------------------ object headers

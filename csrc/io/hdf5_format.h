@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,10 @@ struct FormatInfo {
   int address_size = 8;
   int length_size = 8;
 };
+// Where the superblock starts: the first of 0, 512, 1024, 2048 ... bytes that
+// holds HDF5's signature; none in a file of another format. A read that fails
+// raises (behind a URL: the request's failure, never taken for "not HDF5").
+std::optional<int64_t> find_superblock(const File& file);
 // Reads the superblock (at 0, 512, 1024, 2048 ... bytes).
 FormatInfo read_format_info(const File& file);
 

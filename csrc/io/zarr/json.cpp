@@ -123,16 +123,18 @@ bool has_metadata_file(const std::string& dir, const std::string& name) {
 }
 
 std::string node_type_of(const std::string& dir) {
+  // A zarr.json that cannot be read raises (behind a URL, a request that failed after its retries names
+  // the URL): it says nothing of what the node is.
+  const std::optional<std::vector<uint8_t>> read = read_whole_file_if_exists(dir + "/zarr.json");
+  if (!read) return "";
+  const std::vector<uint8_t>& bytes = *read;
   try {
-    const std::optional<std::vector<uint8_t>> read = read_whole_file_if_exists(dir + "/zarr.json");
-    if (!read) return "";
-    const std::vector<uint8_t>& bytes = *read;
     const json value = parse_json(std::string(bytes.begin(), bytes.end()));
     if (value.is_object() && value.contains("node_type") && value["node_type"].is_string()) {
       return value["node_type"].get<std::string>();
     }
-  } catch (const std::exception&) {
-    // An unreadable zarr.json is no node; opening it reports why.
+  } catch (const json::exception&) {
+    // A zarr.json that is not JSON is no node; opening it reports why.
   }
   return "";
 }
