@@ -2,6 +2,7 @@
 (moto), both started by the tests on 127.0.0.1, a fault-injecting proxy in front of them, and every
 read compared with the same read of the local files."""
 
+import gc
 import json
 import os
 import random
@@ -436,6 +437,10 @@ def test_random_faults_give_the_local_rows_or_an_error_naming_the_store(data_dir
     # unsigned S3 endpoint). A read returns what the local store reads for the same rows (and so does a
     # second read from what the cache kept), or, only where more faults fired than retries were allowed,
     # raises naming the store; never other values, never past the timeouts.
+    # Collected now, not by one of the servers' threads mid-test: a DataLoader iterator that an earlier
+    # test's failure left in a reference cycle (the exception's frames) shuts its workers down from
+    # __del__, holding that thread for seconds (requests to it timed out in stress runs).
+    gc.collect()
     put_collection_in_bucket(tmp_path)
     rng = random.Random(0)
     with RangeHTTPServer(tmp_path, s3_listing=True) as bucket:
@@ -445,7 +450,7 @@ def test_random_faults_give_the_local_rows_or_an_error_naming_the_store(data_dir
             local = ts.open(COLLECTION) if collection else source_of(data_dir, name)
             rows = torch.tensor(rng.sample(range(len(local)), rng.randint(1, len(local))))
             retries = rng.randint(0, 4)
-            storage = {"retries": retries, "timeout": 0.8}
+            storage = {"retries": retries, "timeout": 1.5}
             if rng.random() < 0.3:
                 storage["cache_dir"] = tmp_path / f"cache{trial}"
             places = [None, name, "/c/", ".zarray", "zarr.json", "/X/"]
@@ -459,7 +464,7 @@ def test_random_faults_give_the_local_rows_or_an_error_naming_the_store(data_dir
 
                 def inject():
                     for kind, count, where in faults:
-                        proxy.inject(kind, count=count, path_contains=where, seconds=1.2 if kind == "slow" else None)
+                        proxy.inject(kind, count=count, path_contains=where, seconds=2.0 if kind == "slow" else None)
 
                 def remote():
                     if collection:
@@ -481,6 +486,30 @@ def test_random_faults_give_the_local_rows_or_an_error_naming_the_store(data_dir
                     store = "s3://public/collection.zarr" if collection else f"{proxy.url}/{name}"
                     assert store in str(error), (what, error)
             assert time.monotonic() - started < 30, what
+
+
+@pytest.mark.parametrize("kind", ["ts.DataLoader", "torch"])
+def test_faults_in_dataloader_workers_are_retried_or_reach_the_loop_naming_the_url(data_dir, http, kind):
+    def loader(source):
+        dataset = ts.ShardedDataset(source, ts.BlockShuffling(block_size=16), batch_size=32)
+        if kind == "torch":
+            return DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="fork")
+        return ts.DataLoader(dataset, num_workers=2, multiprocessing_context="fork")
+
+    with FaultProxy(http.url) as proxy:
+        # Within the retries: every row once, as the local store reads them.
+        retried = source_of(proxy.url, "sharded.zarr", retries=3)
+        proxy.inject("status_503", count=2, path_contains="/c/")
+        proxy.inject("drop_mid_body", count=1, path_contains="/c/")
+        read_as_local(list(loader(retried)), source_of(data_dir, "sharded.zarr"), ROWS)
+        assert proxy.pending() == 0
+        # Past them: a worker's error reaches the training loop, naming the shard's URL.
+        failing = source_of(proxy.url, "sharded.zarr", retries=0)
+        proxy.inject("status_503", count=1000, path_contains="/c/")
+        with pytest.raises(RuntimeError, match=rf"{proxy.url}/sharded\.zarr/c/.*HTTP 503") as caught:
+            list(loader(failing))
+    del caught
+    gc.collect()  # the failed iterator (held by the exception's frames) shuts its other worker down now
 
 
 def test_a_slow_server_times_out_naming_the_url(http):
