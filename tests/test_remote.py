@@ -430,6 +430,19 @@ def test_a_request_failing_while_the_format_is_probed_raises_naming_the_url(http
         assert len(proxy.fired) == 2
 
 
+def inject_faults(proxy, faults, slow_seconds=2.0):
+    """Injects each (kind, count, path_contains) of faults into proxy."""
+    for kind, count, where in faults:
+        proxy.inject(kind, count=count, path_contains=where, seconds=slow_seconds if kind == "slow" else None)
+
+
+def open_behind(proxy, name, storage):
+    """The store `name` opened through proxy: collection.zarr as s3://public/ of an unsigned S3 endpoint."""
+    if name == "collection.zarr":
+        return ts.open("s3://public/collection.zarr", endpoint_url=proxy.url, anonymous=True, **storage)
+    return source_of(proxy.url, name, **storage)
+
+
 def test_random_faults_give_the_local_rows_or_an_error_naming_the_store(data_dir, http, tmp_path):
     # Faults of every kind drawn at random (seeded): 1-3 injections of 1-3 requests each, matching any
     # request, the store's metadata or its chunks, injected before or after the store is opened, with 0-4
@@ -461,26 +474,18 @@ def test_random_faults_give_the_local_rows_or_an_error_naming_the_store(data_dir
             threads = rng.randint(1, 3)
             started = time.monotonic()
             with FaultProxy(bucket.url if collection else http.url) as proxy:
-
-                def inject():
-                    for kind, count, where in faults:
-                        proxy.inject(kind, count=count, path_contains=where, seconds=2.0 if kind == "slow" else None)
-
-                def remote():
-                    if collection:
-                        return ts.open("s3://public/collection.zarr", endpoint_url=proxy.url, anonymous=True, **storage)
-                    return source_of(proxy.url, name, **storage)
-
                 what = (trial, name, retries, faults, before_open)
                 try:
                     if before_open:
-                        inject()
-                    source = remote()
+                        inject_faults(proxy, faults)
+                    source = open_behind(proxy, name, storage)
                     if not before_open:
-                        inject()
+                        inject_faults(proxy, faults)
                     same_batches(local.read(rows), source.read(rows, num_threads=threads))
                     if "cache_dir" in storage:
-                        same_batches(local.read(rows), remote().read(rows, num_threads=threads))
+                        same_batches(
+                            local.read(rows), open_behind(proxy, name, storage).read(rows, num_threads=threads)
+                        )
                 except (RuntimeError, OSError) as error:
                     assert len(proxy.fired) > retries, (what, proxy.fired, error)
                     store = "s3://public/collection.zarr" if collection else f"{proxy.url}/{name}"
