@@ -11,6 +11,7 @@ num_workers=0, behave as with torch's DataLoader."""
 
 import collections
 import inspect
+import traceback
 import warnings
 import weakref
 
@@ -71,6 +72,13 @@ class _Batches:
         except StopIteration:
             self._ended = True
             return False
+        except BaseException as error:
+            # torch re-raises a worker's error from a frame whose local holds it: a reference cycle
+            # (exception, traceback, frame) that kept torch's iterator, its workers and their slabs alive
+            # until the garbage collector ran, in whichever thread and however late. The finished frames
+            # are cleared: the workers stop as soon as the loop lets go of the iterator.
+            traceback.clear_frames(error.__traceback__)
+            raise
         if not isinstance(item, Unit):
             self._other.append(item)
         else:
