@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,18 @@ std::vector<std::string> strings_from(const Bytes& file_bytes, const std::vector
   Bytes all;
   for (const Bytes& d : descriptors) all.insert(all.end(), d.begin(), d.end());
   return read_variable_strings(file, kFormat, all.data(), descriptors.size());
+}
+
+TEST(Hdf5Format, TheSuperblockIsFoundWhereItsSignatureIs) {
+  const Bytes signature = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  Bytes at_512(2048, 'x');
+  std::copy(signature.begin(), signature.end(), at_512.begin() + 512);
+  EXPECT_EQ(find_superblock(File(write_bytes("at_512.bin", at_512))), std::optional<int64_t>(512));
+  Bytes at_3(2048, 'x');  // not at 0, 512, 1024 ...: no superblock
+  std::copy(signature.begin(), signature.end(), at_3.begin() + 3);
+  EXPECT_EQ(find_superblock(File(write_bytes("at_3.bin", at_3))), std::nullopt);
+  EXPECT_EQ(find_superblock(File(write_bytes("short.bin", Bytes(5, 'x')))), std::nullopt);
+  EXPECT_THROW(read_format_info(File(write_bytes("text.bin", Bytes(4096, 'x')))), std::runtime_error);
 }
 
 TEST(Hdf5Format, VariableLengthStringsComeFromTheirHeapObjects) {
