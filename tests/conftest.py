@@ -176,6 +176,10 @@ def decoded(codes, categories):
     return [categories[code] if code >= 0 else None for code in codes.tolist()]
 
 
+# The obs columns random_anndata writes, one of each encoding torch_shards reads.
+RANDOM_OBS_COLUMNS = ["category", "integer", "float", "boolean", "string", "nullable_integer", "nullable_boolean"]
+
+
 def random_anndata(rng, n_obs):
     """An AnnData of random sizes and kinds (seeded by rng): X dense or CSR of a random dtype and density
     (rows without entries at both ends, explicit zeros or not), a CSR or dense layer, an obsm array, and

@@ -17,6 +17,7 @@ import torch
 import zarr
 from conftest import (
     PER_CELL_FIELDS,
+    RANDOM_OBS_COLUMNS,
     STRATEGIES,
     assert_field_rows,
     decoded,
@@ -142,7 +143,7 @@ def test_random_anndata_matches_anndata(tmp_path):
     # What the tests above fix, drawn at random (seeded): sizes, dtypes, densities, dense or CSR X and
     # layer, every obs encoding with missing values, .h5ad or zarr v2 / v3, rows in any order with repeats.
     rng = random.Random(0)
-    columns = ["category", "integer", "float", "boolean", "string", "nullable_integer", "nullable_boolean"]
+    columns = RANDOM_OBS_COLUMNS
     for trial in range(30):
         n_obs = rng.choice([1, 2, 7, 64, 300])
         (tmp_path / str(trial)).mkdir()

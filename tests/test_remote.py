@@ -21,7 +21,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 import zarr
-from conftest import random_anndata, write_anndata
+from conftest import RANDOM_OBS_COLUMNS, random_anndata, write_anndata
 from remote_servers import FAULT_KINDS, FaultProxy, RangeHTTPServer, S3Server
 from torch.utils.data import DataLoader
 
@@ -154,15 +154,14 @@ def test_random_anndata_behind_a_url_reads_as_on_disk(tmp_path):
     # encoding with missing values; .h5ad, zarr v2 or v3) served over HTTP, with consolidated metadata or
     # each node's own files, with a node-local cache or none: the same batches and categories as on disk.
     rng = random.Random(2)
-    columns = ["category", "integer", "float", "boolean", "string", "nullable_integer", "nullable_boolean"]
+    columns = RANDOM_OBS_COLUMNS
     with RangeHTTPServer(tmp_path) as server:
         for trial in range(24):
             n_obs = rng.choice([1, 2, 7, 64, 300])
             name = f"{trial}/" + rng.choice(["a.h5ad", "a.zarr2.zarr", "a.zarr"])
             (tmp_path / str(trial)).mkdir()
             write_anndata(random_anndata(rng, n_obs), tmp_path / name)
-            fields = {"counts": "layers/counts", "pca": "obsm/pca"}
-            options = dict(obs=columns, dense=rng.random() < 0.3, fields=fields)
+            options = dict(obs=columns, dense=rng.random() < 0.3, fields={"counts": "layers/counts", "pca": "obsm/pca"})
             storage = {"consolidated": rng.random() < 0.5}
             if rng.random() < 0.3:
                 storage["cache_dir"] = str(tmp_path / f"cache{trial}")
@@ -461,10 +460,10 @@ def test_a_request_failing_while_the_format_is_probed_raises_naming_the_url(http
         assert len(proxy.fired) == 2
 
 
-def inject_faults(proxy, faults, slow_seconds=2.0):
-    """Injects each (kind, count, path_contains) of faults into proxy."""
+def inject_faults(proxy, faults):
+    """Injects each (kind, count, path_contains) of faults into proxy ("slow": 2 s)."""
     for kind, count, where in faults:
-        proxy.inject(kind, count=count, path_contains=where, seconds=slow_seconds if kind == "slow" else None)
+        proxy.inject(kind, count=count, path_contains=where, seconds=2.0 if kind == "slow" else None)
 
 
 def open_behind(proxy, name, storage):
